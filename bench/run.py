@@ -1,0 +1,89 @@
+"""One runner for every benchmark: ``python -m bench.run [--only NAME] [--quick] [--md docs/benchmarks.md]``.
+
+Each ``bench/bench_*.py`` exposes ``run(quick: bool) -> list[dict]``; a row has ``benchmark``,
+``metric``, ``value``, ``unit``, and optionally ``target`` and ``note``. The runner prints
+one table and, with ``--md``, writes it with the machine it ran on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def machine() -> str:
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        kb = int(Path("/proc/meminfo").read_text().split()[1])
+        mem = f", {kb / 2**20:.0f} GiB RAM"
+    except (OSError, ValueError, IndexError):
+        pass
+    return f"{cpu}, {os.cpu_count()} cores{mem}, Python {platform.python_version()}, {platform.system()}"
+
+
+def fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:,.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+    return str(v)
+
+
+def table(rows: list[dict]) -> str:
+    cols = ["benchmark", "metric", "value", "unit", "target", "note"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        lines.append("| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--only", action="append", help="run only these benchmarks (module suffix)")
+    ap.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
+    ap.add_argument("--md", help="write the table with the machine to this Markdown file")
+    args = ap.parse_args(argv)
+    names = sorted(p.stem[len("bench_"):] for p in HERE.glob("bench_*.py"))
+    if args.only:
+        names = [n for n in names if n in args.only]
+    rows: list[dict] = []
+    failed = 0
+    for name in names:
+        t0 = time.perf_counter()
+        try:
+            mod = importlib.import_module(f"bench.bench_{name}")
+            got = mod.run(quick=args.quick)
+        except Exception:  # a broken benchmark is reported, the others still run
+            traceback.print_exc()
+            got = [{"benchmark": name, "metric": "error", "value": "failed", "unit": ""}]
+            failed += 1
+        rows.extend(got)
+        print(f"# {name}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    out = table(rows)
+    print(out)
+    if args.md:
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        Path(args.md).write_text(
+            "# Benchmarks\n\nProduced by `python -m bench.run --md docs/benchmarks.md`; "
+            "numbers are from one run on one machine, compare ratios within a run.\n\n"
+            f"Machine: {machine()}. Run: {when}.\n\n{out}\n"
+        )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""Truth and incident records: one JSON object per line, one shape for both.
+
+The simulator writes ground truth in this shape, the analyzer writes incidents in it, and
+``gpufleet eval`` compares the two. This is a public contract (docs/faults.md).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from gpufleet.errors import GpufleetError
+
+KINDS = (
+    "thermal_throttle",
+    "cooling_degradation",
+    "power_brake",
+    "nvlink_degradation",
+    "pcie_degradation",
+    "memory_errors",
+    "sdc",
+    "gpu_lost",
+    "straggler",
+)
+SEVERITIES = ("critical", "warning")
+
+
+def to_rfc3339(t: float | None) -> str | None:
+    """Seconds since the epoch -> RFC 3339 UTC ('2026-11-26T03:00:00Z'); None stays None."""
+    if t is None:
+        return None
+    dt = datetime.fromtimestamp(t, UTC)
+    if dt.microsecond:
+        return dt.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return dt.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def from_rfc3339(s: str | None) -> float | None:
+    if s is None:
+        return None
+    return datetime.fromisoformat(s.replace("Z", "+00:00")).astimezone(UTC).timestamp()
+
+
+@dataclass
+class Record:
+    """A fault (truth) or an incident. Times are seconds since the epoch (UTC)."""
+
+    kind: str
+    host: str | None
+    gpu: int | None
+    link: int | None
+    start: float
+    end: float | None
+    severity: str
+    impact_at: float | None = None
+    detail: str = ""
+    # incident-only (optional in truth files)
+    id: str | None = None
+    summary: str | None = None
+    cluster: str | None = None
+    rack: str | None = None
+    evidence: dict = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        for k in ("start", "end", "impact_at"):
+            d[k] = to_rfc3339(d[k])
+        d = {k: v for k, v in d.items() if v not in (None, {}, "") or k in ("gpu", "link", "end", "impact_at")}
+        return json.dumps(d, sort_keys=False, separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Record:
+        if d.get("kind") not in KINDS:
+            raise ValueError(f"unknown kind {d.get('kind')!r}")
+        if d.get("severity") not in SEVERITIES:
+            raise ValueError(f"unknown severity {d.get('severity')!r}")
+        known = set(cls.__dataclass_fields__)
+        kw = {k: v for k, v in d.items() if k in known}
+        for k in ("start", "end", "impact_at"):
+            kw[k] = from_rfc3339(kw.get(k))
+        if kw.get("start") is None:
+            raise ValueError("missing start")
+        for k in ("gpu", "link"):
+            if kw.get(k) is not None:
+                kw[k] = int(kw[k])
+        kw.setdefault("host", None)
+        kw.setdefault("gpu", None)
+        kw.setdefault("link", None)
+        kw.setdefault("end", None)
+        return cls(**kw)
+
+
+def read(path: str | Path) -> list[Record]:
+    """Read a JSON-lines record file; a malformed line is a GpufleetError naming the line."""
+    path = Path(path)
+    if not path.is_file():
+        raise GpufleetError(f"{path}: no such file")
+    out = []
+    with path.open() as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                out.append(Record.from_dict(json.loads(line)))
+            except (ValueError, TypeError, AttributeError) as exc:
+                raise GpufleetError(f"{path}:{n}: malformed record: {exc}") from None
+    return out
+
+
+def write(path: str | Path, records) -> None:
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with tmp.open("w") as f:
+        for r in records:
+            f.write(r.to_json() + "\n")
+    tmp.replace(path)
