@@ -1,0 +1,157 @@
+"""``gpufleet agent``: print one poll (``once``) or run the node agent (``run``, from agent.daemon)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import time
+
+import click
+
+from gpufleet.errors import GpufleetError
+
+FORMATS = ("table", "json", "lp")
+
+
+class _AgentGroup(click.Group):
+    """``run`` is imported only when used, so ``once`` works on its own."""
+
+    def list_commands(self, ctx):
+        return sorted(set(super().list_commands(ctx)) | {"run"})
+
+    def get_command(self, ctx, name):
+        if name == "run":
+            return _run_command()
+        return super().get_command(ctx, name)
+
+
+def _run_command():
+    try:
+        from agent.daemon import run_command
+
+        return run_command
+    except (ImportError, AttributeError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+        @click.command("run", help="Run the node agent (not available in this installation).",
+                       context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+        @click.argument("args", nargs=-1, type=click.UNPROCESSED)
+        def unavailable(args):
+            raise GpufleetError(f"'gpufleet agent run' is not available here ({reason})")
+
+        return unavailable
+
+
+@click.group("agent", cls=_AgentGroup)
+def agent():
+    """The node agent: NVML, host (and other) collectors."""
+
+
+def poll_once(collectors, now_ns: int | None = None):
+    """Run each collector once; returns (samples, problems). Adds a ``gpufleet_collector`` row
+    (duration, success) per collector; a collector that fails is reported, never fatal."""
+    from agent.model import Sample
+
+    now_ns = now_ns or time.time_ns()
+    samples, problems = [], []
+    for c in collectors:
+        t0 = time.perf_counter()
+        ok = 1
+        try:
+            samples.extend(c.collect(now_ns))
+        except GpufleetError as exc:
+            ok = 0
+            problems.append(f"{c.name}: {exc}")
+        except Exception as exc:  # one broken collector never stops the others
+            ok = 0
+            problems.append(f"{c.name}: {type(exc).__name__}: {exc}")
+        samples.append(Sample("gpufleet_collector", {"collector": c.name},
+                              {"duration_seconds": time.perf_counter() - t0, "success": ok}, now_ns))
+    return samples, problems
+
+
+@agent.command("once")
+@click.option("--backend", "backend_spec", default="nvml", show_default=True, metavar="SPEC",
+              help="nvml | sim | recorded:PATH (an NVML dump .json or nvidia-smi -q -x .xml)")
+@click.option("--format", "fmt", default="table", show_default=True, metavar="FORMAT",
+              help="table | json | lp (InfluxDB line protocol)")
+@click.option("--host", "hostname", default=None, help="host tag (default: this machine's name)")
+@click.option("--no-nvlink", is_flag=True, help="skip per-link NVLink rows")
+def once(backend_spec, fmt, hostname, no_nvlink):
+    """Poll the GPU and host collectors once and print the samples."""
+    if fmt not in FORMATS:
+        raise GpufleetError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    from agent.backends import get_backend
+    from agent.collectors.gpu import GpuCollector
+    from agent.collectors.host import HostCollector
+
+    backend = get_backend(backend_spec)
+    host = HostCollector(first_sample_s=0.2)
+    gpu = GpuCollector(backend, nvlink=not no_nvlink, deadline_s=5.0)
+    try:
+        samples, problems = poll_once([gpu, host])
+    finally:
+        gpu.close()
+    for p in problems:
+        click.echo(f"gpufleet: warning: {p}", err=True)
+    hostname = hostname or socket.gethostname()
+    for s in samples:
+        s.tags = {"host": hostname, **s.tags}
+    out = sys.stdout
+    if fmt == "json":
+        out.write(format_json(samples))
+    elif fmt == "lp":
+        from gpufleet.lineprotocol import encode
+
+        for s in samples:
+            line = encode(s.measurement, s.tags, s.fields, s.time_ns)
+            if line:
+                out.write(line + "\n")
+    else:
+        out.write(format_table(samples))
+
+
+def format_json(samples) -> str:
+    rows = [json.dumps({"measurement": s.measurement, "tags": s.tags, "fields": s.fields,
+                        "time_ns": s.time_ns}, separators=(",", ":")) for s in samples]
+    return "[\n" + ",\n".join(rows) + "\n]\n"
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.6g}" if abs(v) < 1e6 else f"{v:.0f}"
+    return str(v)
+
+
+def format_table(samples) -> str:
+    """Samples grouped by measurement; wide rows (more fields than rows) shown transposed."""
+    from gpufleet import catalogue
+
+    units = {(m.measurement, m.field): m.unit for m in catalogue.load()}
+    groups: dict[str, list] = {}
+    for s in samples:
+        groups.setdefault(s.measurement, []).append(s)
+    blocks = []
+    for meas, rows in groups.items():
+        fields = list(dict.fromkeys(k for s in rows for k in s.fields))
+        keys = [k for k in dict.fromkeys(k for s in rows for k in s.tags)
+                if k not in ("host", "uuid", "model")]
+        labels = [" ".join(f"{k}={s.tags[k]}" for k in keys if k in s.tags) or meas for s in rows]
+        if len(fields) > len(rows):
+            head = ["field", "unit", *labels]
+            body = [[f, units.get((meas, f), ""),
+                     *(_fmt(s.fields[f]) if f in s.fields else "-" for s in rows)] for f in fields]
+        else:
+            head = [*keys, *(f"{f} [{units.get((meas, f), '')}]" for f in fields)]
+            body = [[s.tags.get(k, "") for k in keys] + [_fmt(s.fields[f]) if f in s.fields else "-"
+                                                         for f in fields] for s in rows]
+        widths = [max(len(str(r[i])) for r in [head, *body]) for i in range(len(head))]
+        lines = [f"# {meas}"]
+        for r in [head, *body]:
+            lines.append("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+        models = sorted({s.tags["model"] for s in rows if "model" in s.tags})
+        if models:
+            lines.insert(1, f"# model: {', '.join(models)}")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) + "\n"

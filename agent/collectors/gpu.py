@@ -1,0 +1,505 @@
+"""The NVML GPU collector: measurements ``gpu`` (one wide row per GPU per poll) and ``gpu_nvlink``
+(one row per NVLink link per poll), in catalogue units.
+
+- **One query gate** (:meth:`GpuCollector._q`): every NVML call goes through it. NotSupported,
+  NoPermission and FunctionNotFound mean "absent" (never 0): logged once per GPU and call, and
+  remembered, so the call is not made again on that GPU. GpuIsLost marks the GPU lost; Unknown
+  and Timeout mark it stale. Any other NVML error leaves the value out of this poll only.
+- **Tiers**: the fast set is read every poll, the slow set (limits, thresholds, retired pages,
+  remapped rows, processes and job) every ``slow_interval_s`` and on the first poll.
+  ``nvmlDeviceGetFieldValues`` batches the throttle-time counters (fields 74, 269, 270, 271),
+  memory temperature (82), instant power (186) and the energy counter (83).
+- **Per-GPU isolation**: each GPU is read by its own worker thread; a poll waits at most
+  ``deadline_s`` in all. A GPU that misses the deadline is reported stale (``up=0``,
+  ``health_code=1``), one that raises GpuIsLost lost (``health_code=2``); either is quarantined
+  and retried after ``retry_s``, and never delays the other GPUs' rows.
+- **No driver**: ``collect()`` raises :class:`agent.collectors.CollectorUnavailable` with a
+  one-line reason (retried every ``retry_s``); the agent goes on with its other collectors.
+
+Counters are reported cumulative, as NVML gives them; rollover and resets are handled downstream.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import queue
+import threading
+import time
+
+import pynvml
+
+from agent.collectors import CollectorUnavailable
+from agent.model import Sample, register
+from gpufleet import catalogue
+
+log = logging.getLogger(__name__)
+
+E = pynvml
+ABSENT = {E.NVML_ERROR_NOT_SUPPORTED, E.NVML_ERROR_NO_PERMISSION, E.NVML_ERROR_FUNCTION_NOT_FOUND}
+LOST = {E.NVML_ERROR_GPU_IS_LOST}
+STALE = {E.NVML_ERROR_UNKNOWN, E.NVML_ERROR_TIMEOUT}
+HEALTH = {"up": 0, "stale": 1, "lost": 2}
+COR, UNC = E.NVML_MEMORY_ERROR_TYPE_CORRECTED, E.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+SBE = E.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS
+DBE = E.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+
+# Clock-event reason bits -> decoded flag fields
+REASON_FLAGS = (
+    ("clock_event_idle", 0x1),
+    ("clock_event_sw_power_cap", 0x4),
+    ("clock_event_hw_slowdown", 0x8),
+    ("clock_event_sync_boost", 0x10),
+    ("clock_event_sw_thermal", 0x20),
+    ("clock_event_hw_thermal", 0x40),
+    ("clock_event_hw_power_brake", 0x80),
+)
+# Batched field values: NVML field id -> catalogue field
+FIELD_IDS = {
+    74: "throttle_sw_power_cap_ns_total",
+    269: "throttle_sw_thermal_ns_total",
+    270: "throttle_hw_thermal_ns_total",
+    271: "throttle_hw_power_brake_ns_total",
+    82: "temperature_memory_celsius",
+    186: "power_instant_watts",
+    83: "energy_joules_total",
+}
+NVLINK_COUNTERS = (
+    ("crc_flit_errors_total", E.NVML_NVLINK_ERROR_DL_CRC_FLIT),
+    ("crc_data_errors_total", E.NVML_NVLINK_ERROR_DL_CRC_DATA),
+    ("replay_errors_total", E.NVML_NVLINK_ERROR_DL_REPLAY),
+    ("recovery_errors_total", E.NVML_NVLINK_ERROR_DL_RECOVERY),
+)
+MAX_LINKS = 18  # NVLink links per GPU up to Hopper; the first poll probes them
+_VALUE_MEMBER = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+
+
+def _conv():
+    """catalogue field -> (divisor or scale, python type), measurement gpu.
+
+    A scale that is 1/n is applied as a division by n, so 689959 mW reads 689.959 W exactly.
+    """
+    out = {}
+    for m in catalogue.fields("gpu"):
+        inv = 1.0 / m.scale if m.scale else 0.0
+        out[m.field] = ((-round(inv)) if m.scale < 1 and abs(inv - round(inv)) < 1e-9 else m.scale,
+                        m.python_type)
+    return out
+
+
+class _Lost(Exception):
+    pass
+
+
+class _Stale(Exception):
+    pass
+
+
+class _Worker:
+    """A daemon thread that runs one GPU's reads; a hung NVML call blocks only this GPU."""
+
+    def __init__(self, name: str):
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self.future: cf.Future | None = None
+        threading.Thread(target=self._run, name=name, daemon=True).start()
+
+    @property
+    def busy(self) -> bool:
+        return self.future is not None and not self.future.done()
+
+    def submit(self, fn, *args) -> cf.Future:
+        f: cf.Future = cf.Future()
+        self.future = f
+        self._q.put((f, fn, args))
+        return f
+
+    def _run(self):
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            f, fn, args = item
+            if not f.set_running_or_notify_cancel():
+                continue
+            try:
+                f.set_result(fn(*args))
+            except BaseException as exc:  # handed to the poll that waits on it
+                f.set_exception(exc)
+
+    def close(self):
+        self._q.put(None)
+
+
+class _Gpu:
+    """What the collector knows about one GPU between polls."""
+
+    def __init__(self, index: int):
+        self.index = index
+        self.handle = None
+        self.uuid = "unknown"
+        self.model = "unknown"
+        self.pci_bus_id: str | None = None
+        self.absent: set[str] = set()  # calls this GPU does not support (cached after first try)
+        self.logged: set[str] = set()
+        self.field_ids: list[int] = list(FIELD_IDS)
+        self.links: list[int] | None = None  # NVLink links that answer, found on the first poll
+        self.state = "up"
+        self.retry_at = 0.0
+        self.worker: _Worker | None = None
+
+    @property
+    def tags(self) -> dict[str, str]:
+        return {"gpu": str(self.index), "uuid": self.uuid, "model": self.model}
+
+
+@register("gpu")
+class GpuCollector:
+    """NVML collector. ``backend``: a backend object or a spec (``nvml``, ``sim``, ``recorded:PATH``).
+
+    ``slow_interval_s``: cadence of the slow tier; ``deadline_s``: the most a poll waits for any
+    GPU; ``retry_s``: how long a lost/stale GPU (or a node without driver) waits before a retry;
+    ``nvlink``: read per-link NVLink state and counters; ``jobs``: attribute GPUs to jobs.
+    """
+
+    name = "gpu"
+
+    def __init__(self, backend="nvml", *, slow_interval_s: float = 60.0, deadline_s: float = 2.0,
+                 retry_s: float = 30.0, nvlink: bool = True, jobs: bool = True, clock=time.monotonic):
+        if isinstance(backend, str):
+            from agent.backends import get_backend
+
+            backend = get_backend(backend)
+        self.backend = backend
+        self.slow_interval_s = float(slow_interval_s)
+        self.deadline_s = float(deadline_s)
+        self.retry_s = float(retry_s)
+        self.nvlink = nvlink
+        self.jobs = jobs
+        self._clock = clock
+        self._gpus: list[_Gpu] | None = None
+        self._init_error: str | None = None
+        self._init_retry_at = 0.0
+        self._next_slow = 0.0
+        self._conv = _conv()
+        self._resolve_job = None
+        if jobs:
+            try:
+                from agent.jobs import resolve_job
+
+                self._resolve_job = resolve_job
+            except ImportError:  # pragma: no cover - jobs module absent
+                self._resolve_job = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def _ensure_init(self) -> list[_Gpu]:
+        if self._gpus is not None:
+            return self._gpus
+        now = self._clock()
+        if self._init_error and now < self._init_retry_at:
+            raise CollectorUnavailable(self._init_error)
+        B = self.backend
+        try:
+            B.nvmlInit()
+            count = B.nvmlDeviceGetCount()
+        except (E.NVMLError, OSError) as exc:
+            self._init_error = (f"NVML is not available ({exc}): no NVIDIA driver or GPU on this node; "
+                                "GPU metrics are off")
+            self._init_retry_at = now + self.retry_s
+            raise CollectorUnavailable(self._init_error) from None
+        gpus = []
+        for i in range(count):
+            g = _Gpu(i)
+            try:
+                self._identify(g)
+            except (_Lost, _Stale) as exc:
+                self._mark(g, "lost" if isinstance(exc, _Lost) else "stale", now)
+            g.worker = _Worker(f"gpufleet-gpu{i}")
+            gpus.append(g)
+        self._gpus = gpus
+        self._init_error = None
+        return gpus
+
+    def _identify(self, g: _Gpu) -> None:
+        B = self.backend
+        try:
+            g.handle = B.nvmlDeviceGetHandleByIndex(g.index)
+        except E.NVMLError as exc:
+            g.handle = None
+            raise _Lost() if exc.value in LOST else _Stale() from None
+        name = self._q(g, "name", B.nvmlDeviceGetName)
+        uuid = self._q(g, "uuid", B.nvmlDeviceGetUUID)
+        pci = self._q(g, "pci", B.nvmlDeviceGetPciInfo)
+        g.model = _str(name) or g.model
+        g.uuid = _str(uuid) or g.uuid
+        g.pci_bus_id = _str(getattr(pci, "busId", None)) if pci is not None else None
+
+    def close(self) -> None:
+        for g in self._gpus or ():
+            if g.worker:
+                g.worker.close()
+        if self._gpus is not None:
+            try:
+                self.backend.nvmlShutdown()
+            except E.NVMLError:
+                pass
+        self._gpus = None
+
+    # -- the query gate ----------------------------------------------------------------------
+    def _q(self, g: _Gpu, key: str, fn, *args):
+        """Call ``fn(handle, *args)``; None when absent. Raises _Lost/_Stale for the GPU."""
+        if key in g.absent:
+            return None
+        try:
+            return fn(g.handle, *args)
+        except E.NVMLError as exc:
+            code = exc.value
+            if code in ABSENT:
+                g.absent.add(key)
+                if key not in g.logged:
+                    g.logged.add(key)
+                    lvl = logging.DEBUG if code == E.NVML_ERROR_NOT_SUPPORTED else logging.INFO
+                    log.log(lvl, "gpu %d: %s: %s; left out", g.index, key, exc)
+                return None
+            if code in LOST:
+                raise _Lost() from None
+            if code in STALE:
+                raise _Stale() from None
+            if key not in g.logged:
+                g.logged.add(key)
+                log.debug("gpu %d: %s: %s; left out of this poll", g.index, key, exc)
+            return None
+
+    def _put(self, f: dict, name: str, raw) -> None:
+        if raw is None:
+            return
+        scale, typ = self._conv[name]  # a negative scale -n means: divide by n
+        if typ is float:
+            f[name] = float(raw) / -scale if scale < 0 else float(raw) * scale
+        elif typ is int:
+            f[name] = int(raw) if scale == 1 else int(raw / -scale if scale < 0 else raw * scale)
+        else:
+            f[name] = str(raw)
+
+    # -- one GPU -----------------------------------------------------------------------------
+    def _read_gpu(self, g: _Gpu, slow: bool, now_ns: int) -> list[Sample]:
+        B, q, put = self.backend, self._q, self._put
+        if g.handle is None:
+            self._identify(g)
+        f: dict[str, object] = {}
+        u = q(g, "utilization", B.nvmlDeviceGetUtilizationRates)
+        if u is not None:
+            put(f, "utilization_gpu_ratio", u.gpu)
+            put(f, "utilization_memory_ratio", u.memory)
+        m = q(g, "memory", B.nvmlDeviceGetMemoryInfo)
+        if m is not None:
+            put(f, "memory_used_bytes", m.used)
+            if slow:
+                put(f, "memory_total_bytes", m.total)
+        put(f, "power_watts", q(g, "power", B.nvmlDeviceGetPowerUsage))
+        put(f, "temperature_gpu_celsius",
+            q(g, "temperature", B.nvmlDeviceGetTemperature, E.NVML_TEMPERATURE_GPU))
+        put(f, "clock_sm_mhz", q(g, "clock_sm", B.nvmlDeviceGetClockInfo, E.NVML_CLOCK_SM))
+        put(f, "clock_memory_mhz", q(g, "clock_mem", B.nvmlDeviceGetClockInfo, E.NVML_CLOCK_MEM))
+        put(f, "performance_state", q(g, "pstate", B.nvmlDeviceGetPerformanceState))
+        reasons = q(g, "clock_event_reasons", B.nvmlDeviceGetCurrentClocksEventReasons)
+        if reasons is not None:
+            reasons = int(reasons)
+            f["clock_event_reasons"] = reasons
+            for name, bit in REASON_FLAGS:
+                f[name] = 1 if reasons & bit else 0
+        put(f, "pcie_link_gen", q(g, "pcie_gen", B.nvmlDeviceGetCurrPcieLinkGeneration))
+        put(f, "pcie_link_width", q(g, "pcie_width", B.nvmlDeviceGetCurrPcieLinkWidth))
+        put(f, "pcie_replay_total", q(g, "pcie_replay", B.nvmlDeviceGetPcieReplayCounter))
+        put(f, "ecc_corrected_volatile_total", q(g, "ecc_cv", B.nvmlDeviceGetTotalEccErrors,
+                                                  COR, E.NVML_VOLATILE_ECC))
+        put(f, "ecc_uncorrected_volatile_total", q(g, "ecc_uv", B.nvmlDeviceGetTotalEccErrors,
+                                                    UNC, E.NVML_VOLATILE_ECC))
+        put(f, "fan_speed_ratio", q(g, "fan", B.nvmlDeviceGetFanSpeed))
+        self._read_fields(g, f)
+        if "energy_joules_total" not in f and 83 not in g.field_ids:
+            put(f, "energy_joules_total", q(g, "energy", B.nvmlDeviceGetTotalEnergyConsumption))
+
+        pids = None
+        if slow:
+            pids = self._read_slow(g, f)
+        f["up"] = 1
+        f["health_code"] = 0
+        out = [Sample("gpu", g.tags, f, now_ns, extra={"pci_bus_id": g.pci_bus_id, "pids": pids})]
+        if self.nvlink:
+            out.extend(self._read_nvlink(g, now_ns))
+        return out
+
+    def _read_fields(self, g: _Gpu, f: dict) -> None:
+        if not g.field_ids:
+            return
+        vals = self._q(g, "field_values", self.backend.nvmlDeviceGetFieldValues, g.field_ids)
+        if vals is None:
+            g.field_ids = []
+            return
+        keep = []
+        for v in vals:
+            fid, ret = int(v.fieldId), int(v.nvmlReturn)
+            if ret == E.NVML_SUCCESS:
+                keep.append(fid)
+                name = FIELD_IDS.get(fid)
+                if name:
+                    self._put(f, name, getattr(v.value, _VALUE_MEMBER.get(int(v.valueType), "ullVal")))
+            elif ret in ABSENT:
+                key = f"field {fid}"
+                if key not in g.logged:
+                    g.logged.add(key)
+                    log.debug("gpu %d: %s not supported; left out", g.index, key)
+            elif ret in LOST:
+                raise _Lost()
+            else:
+                keep.append(fid)  # transient: ask again next poll
+        g.field_ids = keep
+
+    def _read_slow(self, g: _Gpu, f: dict) -> list[int] | None:
+        B, q, put = self.backend, self._q, self._put
+        lim = q(g, "power_limit", B.nvmlDeviceGetEnforcedPowerLimit)
+        put(f, "power_limit_watts", lim)
+        for name, th in (("temperature_slowdown_celsius", E.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN),
+                         ("temperature_shutdown_celsius", E.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN),
+                         ("temperature_max_operating_celsius", E.NVML_TEMPERATURE_THRESHOLD_GPU_MAX),
+                         ("temperature_memory_max_celsius", E.NVML_TEMPERATURE_THRESHOLD_MEM_MAX)):
+            put(f, name, q(g, f"threshold {th}", B.nvmlDeviceGetTemperatureThreshold, th))
+        put(f, "clock_sm_max_mhz", q(g, "clock_sm_max", B.nvmlDeviceGetMaxClockInfo, E.NVML_CLOCK_SM))
+        put(f, "pcie_link_gen_max", q(g, "pcie_gen_max", B.nvmlDeviceGetMaxPcieLinkGeneration))
+        put(f, "pcie_link_width_max", q(g, "pcie_width_max", B.nvmlDeviceGetMaxPcieLinkWidth))
+        put(f, "ecc_corrected_aggregate_total", q(g, "ecc_ca", B.nvmlDeviceGetTotalEccErrors,
+                                                   COR, E.NVML_AGGREGATE_ECC))
+        put(f, "ecc_uncorrected_aggregate_total", q(g, "ecc_ua", B.nvmlDeviceGetTotalEccErrors,
+                                                     UNC, E.NVML_AGGREGATE_ECC))
+        for name, cause in (("retired_pages_sbe", SBE),
+                            ("retired_pages_dbe", DBE)):
+            pages = q(g, f"retired_pages {cause}", B.nvmlDeviceGetRetiredPages, cause)
+            if pages is not None:
+                f[name] = len(pages)
+        put(f, "retired_pages_pending", q(g, "retired_pending", B.nvmlDeviceGetRetiredPagesPendingStatus))
+        rr = q(g, "remapped_rows", B.nvmlDeviceGetRemappedRows)
+        if rr is not None:
+            for name, v in zip(("remapped_rows_correctable", "remapped_rows_uncorrectable",
+                                "remapped_rows_pending", "remapped_rows_failure"), rr, strict=False):
+                put(f, name, int(v))
+        mig = q(g, "mig_mode", B.nvmlDeviceGetMigMode)
+        if mig is not None:
+            current = int(mig[0])
+            f["mig_mode"] = current
+            n = 0
+            if current == 1:
+                slots = q(g, "mig_max", B.nvmlDeviceGetMaxMigDeviceCount) or 0
+                for i in range(int(slots)):
+                    try:
+                        B.nvmlDeviceGetMigDeviceHandleByIndex(g.handle, i)
+                        n += 1
+                    except E.NVMLError as exc:
+                        if exc.value in LOST:
+                            raise _Lost() from None
+            f["mig_device_count"] = n
+        procs = q(g, "processes", B.nvmlDeviceGetComputeRunningProcesses)
+        if procs is None:
+            return None
+        pids = sorted({int(p.pid) for p in procs})
+        f["process_count"] = len(pids)
+        proc_root = getattr(B, "proc_root", None)
+        if pids and self._resolve_job is not None and proc_root:
+            try:
+                job = self._resolve_job(pids, proc_root=proc_root)
+            except OSError as exc:
+                log.debug("gpu %d: job lookup failed: %s", g.index, exc)
+                job = None
+            if job:
+                f["job_id"] = str(job)
+        return pids
+
+    def _read_nvlink(self, g: _Gpu, now_ns: int) -> list[Sample]:
+        B, q = self.backend, self._q
+        if g.links is None:  # first poll: find the links that answer
+            states = {}
+            for link in range(MAX_LINKS):
+                st = q(g, f"nvlink_state {link}", B.nvmlDeviceGetNvLinkState, link)
+                if st is not None:
+                    states[link] = st
+            g.links = list(states)
+        else:
+            states = {link: q(g, f"nvlink_state {link}", B.nvmlDeviceGetNvLinkState, link)
+                      for link in g.links}
+        out = []
+        for link in g.links:
+            f: dict[str, object] = {}
+            st = states.get(link)
+            if st is not None:
+                f["up"] = 1 if int(st) == E.NVML_FEATURE_ENABLED else 0
+            for name, counter in NVLINK_COUNTERS:
+                v = q(g, f"nvlink_err {link} {counter}", B.nvmlDeviceGetNvLinkErrorCounter, link, counter)
+                if v is not None:
+                    f[name] = int(v)
+            if f:
+                out.append(Sample("gpu_nvlink", {**g.tags, "link": str(link)}, f, now_ns))
+        return out
+
+    # -- a poll ------------------------------------------------------------------------------
+    def _mark(self, g: _Gpu, state: str, now: float) -> None:
+        if g.state != state:
+            log.warning("gpu %d (%s): %s; retrying in %.0f s", g.index, g.uuid, state, self.retry_s)
+        g.state = state
+        g.retry_at = now + self.retry_s
+        if state == "lost":
+            g.handle = None  # ask for a fresh handle on retry
+
+    def _down_row(self, g: _Gpu, now_ns: int) -> Sample:
+        return Sample("gpu", g.tags, {"up": 0, "health_code": HEALTH[g.state]}, now_ns,
+                      extra={"pci_bus_id": g.pci_bus_id})
+
+    def collect(self, now_ns: int | None = None) -> list[Sample]:
+        if now_ns is None:
+            now_ns = time.time_ns()
+        gpus = self._ensure_init()
+        begin = getattr(self.backend, "begin_poll", None)
+        if begin is not None:
+            begin(now_ns)
+        now = self._clock()
+        slow = now >= self._next_slow
+        if slow:
+            self._next_slow = now + self.slow_interval_s
+        pending: dict[cf.Future, _Gpu] = {}
+        rows: dict[int, list[Sample]] = {}
+        for g in gpus:
+            if g.worker.busy or (g.state != "up" and now < g.retry_at):
+                if g.worker.busy and g.state == "up":
+                    self._mark(g, "stale", now)
+                rows[g.index] = [self._down_row(g, now_ns)]
+                continue
+            pending[g.worker.submit(self._read_gpu, g, slow, now_ns)] = g
+        done, not_done = cf.wait(pending, timeout=self.deadline_s)
+        for fut in not_done:
+            g = pending[fut]
+            self._mark(g, "stale", now)
+            rows[g.index] = [self._down_row(g, now_ns)]
+        for fut in done:
+            g = pending[fut]
+            try:
+                rows[g.index] = fut.result()
+                if g.state != "up":
+                    log.warning("gpu %d (%s): answering again", g.index, g.uuid)
+                g.state = "up"
+            except _Lost:
+                self._mark(g, "lost", now)
+                rows[g.index] = [self._down_row(g, now_ns)]
+            except _Stale:
+                self._mark(g, "stale", now)
+                rows[g.index] = [self._down_row(g, now_ns)]
+            except Exception as exc:  # a backend that fails in an unexpected way: isolate the GPU
+                log.warning("gpu %d: read failed: %r", g.index, exc)
+                self._mark(g, "stale", now)
+                rows[g.index] = [self._down_row(g, now_ns)]
+        return [s for i in sorted(rows) for s in rows[i]]
+
+
+def _str(v) -> str | None:
+    if v is None:
+        return None
+    if isinstance(v, bytes):
+        v = v.decode("utf-8", "replace")
+    return str(v)
