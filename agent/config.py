@@ -1,0 +1,343 @@
+"""The agent's configuration: one TOML file, validated up front, command-line overrides on top.
+
+Every key is declared in ``SCHEMA`` (section -> key -> spec); an unknown key or a bad value is a
+:class:`gpufleet.errors.ConfigError` naming the key (the CLI prints one line, exit 2). Secrets
+(InfluxDB token and password) are read from a file or an environment variable, never from the
+TOML itself, and never logged: :func:`redact_url` strips credentials from URLs before logging.
+The reference is ``docs/agent.md``; ``packaging/config/agent.toml`` holds every key.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import socket
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from gpufleet.errors import ConfigError
+
+EXPORTERS = ("file", "influx", "otlp")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|KB|MB|GB)?\s*$")
+_SIZE_UNITS = {None: 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "KB": 10**3, "MB": 10**6,
+               "GB": 10**9}
+_LABEL_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+RESERVED_LABELS = {"host", "gpu", "uuid", "model", "link", "type", "source", "sensor", "sensor_type",
+                   "unit", "collector", "exporter", "time"}
+
+
+@dataclass(frozen=True)
+class Spec:
+    kind: str  # str | bool | int | duration | size | choice | strlist | path
+    default: object
+    lo: float | None = None
+    hi: float | None = None
+    choices: tuple = ()
+
+
+SCHEMA: dict[str, dict[str, Spec]] = {
+    "agent": {
+        "interval": Spec("duration", 10.0, 1.0, 3600.0),
+        "backend": Spec("str", "nvml"),
+        "sim_node": Spec("str", ""),
+        "host": Spec("str", ""),
+        "collectors": Spec("strlist", ["gpu", "host"]),
+        "exporters": Spec("strlist", ["file"], choices=EXPORTERS),
+        "log_level": Spec("choice", "info", choices=("debug", "info", "warning", "error")),
+        "flush_timeout": Spec("duration", 5.0, 0.0, 60.0),
+    },
+    "labels": {},  # free-form operator labels: name = "value"
+    "file": {
+        "dir": Spec("path", "/var/lib/gpufleet/telemetry"),
+        "segment_bytes": Spec("size", 64 * 2**20, 4096, 2**40),
+        "segment_age": Spec("duration", 3600.0, 1.0, 7 * 86400.0),
+        "compress": Spec("bool", True),
+        "keep_bytes": Spec("size", 4 * 2**30, 0, 2**50),
+    },
+    "influx": {
+        "url": Spec("str", ""),
+        "api": Spec("choice", "v1", choices=("v1", "v2")),
+        "db": Spec("str", "gpufleet"),
+        "rp": Spec("str", ""),
+        "username": Spec("str", ""),
+        "password_file": Spec("path", ""),
+        "password_env": Spec("str", ""),
+        "bucket": Spec("str", ""),
+        "org": Spec("str", ""),
+        "token_file": Spec("path", ""),
+        "token_env": Spec("str", ""),
+        "precision": Spec("choice", "ns", choices=("ns", "s")),
+        "gzip": Spec("bool", True),
+        "batch_lines": Spec("int", 5000, 1, 5000),
+        "timeout": Spec("duration", 10.0, 0.1, 300.0),
+        "backoff_min": Spec("duration", 1.0, 0.01, 3600.0),
+        "backoff_max": Spec("duration", 60.0, 0.01, 3600.0),
+    },
+    "otlp": {
+        "endpoint": Spec("str", "http://127.0.0.1:4318/v1/metrics"),
+        "protocol": Spec("choice", "http/protobuf", choices=("http/protobuf", "grpc")),
+        "timeout": Spec("duration", 10.0, 0.1, 300.0),
+        "insecure": Spec("bool", True),
+    },
+    "spool": {
+        "dir": Spec("path", "/var/lib/gpufleet/spool"),
+        "max_bytes": Spec("size", 512 * 2**20, 65536, 2**50),
+        "segment_bytes": Spec("size", 4 * 2**20, 4096, 2**31),
+        "fsync": Spec("bool", False),
+    },
+}
+
+
+def _bad(key: str, why: str) -> ConfigError:
+    return ConfigError(f"config key '{key}': {why}")
+
+
+def _duration(key: str, v: object) -> float:
+    if isinstance(v, bool):
+        raise _bad(key, f"expected a duration like 10 or \"10s\", got {v!r}")
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, str):
+        m = _DURATION.match(v)
+        if m:
+            mult = {"ms": 0.001, None: 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}[m.group(2)]
+            return float(m.group(1)) * mult
+    raise _bad(key, f"expected a duration like 10 or \"10s\", got {v!r}")
+
+
+def _size(key: str, v: object) -> int:
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v
+    if isinstance(v, str):
+        m = _SIZE.match(v)
+        if m:
+            return int(m.group(1)) * _SIZE_UNITS[m.group(2)]
+    raise _bad(key, f"expected a size like 536870912 or \"512MiB\", got {v!r}")
+
+
+def _check(key: str, spec: Spec, v: object) -> object:
+    k = spec.kind
+    if k in ("str", "path", "choice"):
+        if not isinstance(v, str):
+            raise _bad(key, f"expected a string, got {type(v).__name__}")
+        if "\x00" in v:
+            raise _bad(key, "contains a NUL byte")
+        if k == "choice" and v not in spec.choices:
+            raise _bad(key, f"expected one of {', '.join(spec.choices)}, got {v!r}")
+        return v
+    if k == "bool":
+        if not isinstance(v, bool):
+            raise _bad(key, f"expected true or false, got {v!r}")
+        return v
+    if k == "strlist":
+        if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
+            raise _bad(key, "expected a list of names")
+        if len(set(v)) != len(v):
+            raise _bad(key, "names listed twice")
+        if spec.choices:
+            for x in v:
+                if x not in spec.choices:
+                    raise _bad(key, f"unknown name {x!r}; expected {', '.join(spec.choices)}")
+        return list(v)
+    if k == "int":
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise _bad(key, f"expected an integer, got {v!r}")
+        out: float = v
+    elif k == "duration":
+        out = _duration(key, v)
+    elif k == "size":
+        out = _size(key, v)
+    else:  # pragma: no cover - schema typo
+        raise AssertionError(k)
+    if isinstance(out, float) and not math.isfinite(out):
+        raise _bad(key, f"not a finite number: {v!r}")
+    if spec.lo is not None and out < spec.lo:
+        raise _bad(key, f"{v!r} is below the minimum {spec.lo:g}")
+    if spec.hi is not None and out > spec.hi:
+        raise _bad(key, f"{v!r} is above the maximum {spec.hi:g}")
+    return out
+
+
+def _check_label(key: str, name: object, value: object) -> str:
+    if not isinstance(name, str) or not _LABEL_KEY.match(name):
+        raise _bad(key, "label names are letters, digits and _ (not starting with a digit)")
+    if name in RESERVED_LABELS:
+        raise _bad(key, f"'{name}' is a tag the agent sets itself")
+    if not isinstance(value, str) or not value:
+        raise _bad(key, "a label value is a non-empty string")
+    return value
+
+
+def validate(doc: object) -> dict[str, dict[str, object]]:
+    """Check a parsed TOML document; return every section with defaults filled in.
+
+    Raises :class:`ConfigError` naming the first bad key. Pure: reads no file, no environment.
+    """
+    if not isinstance(doc, dict):
+        raise ConfigError("config: expected a table at the top level")
+    out: dict[str, dict[str, object]] = {}
+    for section, value in doc.items():
+        if section not in SCHEMA:
+            raise _bad(str(section), f"unknown section; expected one of {', '.join(SCHEMA)}")
+        if not isinstance(value, dict):
+            raise _bad(section, "expected a table")
+    for section, specs in SCHEMA.items():
+        given = doc.get(section, {})
+        sec: dict[str, object] = {}
+        if section == "labels":
+            for name, v in given.items():
+                sec[name] = _check_label(f"labels.{name}", name, v)
+            out[section] = sec
+            continue
+        for name in given:
+            if name not in specs:
+                raise _bad(f"{section}.{name}", "unknown key")
+        for name, spec in specs.items():
+            key = f"{section}.{name}"
+            sec[name] = _check(key, spec, given[name]) if name in given else spec.default
+        out[section] = sec
+    _cross_check(out)
+    return out
+
+
+def _cross_check(c: dict[str, dict[str, object]]) -> None:
+    a, ix = c["agent"], c["influx"]
+    b = a["backend"]
+    if not (b in ("nvml", "sim") or (b.startswith("recorded:") and len(b) > len("recorded:"))):
+        raise _bad("agent.backend", f"expected nvml, sim or recorded:PATH, got {b!r}")
+    if a["sim_node"] and b != "sim":
+        raise _bad("agent.sim_node", "needs backend = \"sim\"")
+    if ix["backoff_min"] > ix["backoff_max"]:
+        raise _bad("influx.backoff_min", "is larger than influx.backoff_max")
+    if "influx" in a["exporters"]:
+        url = ix["url"]
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 - raises on a bad port
+        except ValueError as exc:
+            raise _bad("influx.url", f"not a URL ({exc})") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise _bad("influx.url", "expected http://HOST:PORT or https://HOST:PORT")
+        if ix["api"] == "v1" and not ix["db"]:
+            raise _bad("influx.db", "needed with api = \"v1\"")
+        if ix["api"] == "v2":
+            if not ix["bucket"]:
+                raise _bad("influx.bucket", "needed with api = \"v2\"")
+    if ix["password_file"] and ix["password_env"]:
+        raise _bad("influx.password_file", "give password_file or password_env, not both")
+    if ix["token_file"] and ix["token_env"]:
+        raise _bad("influx.token_file", "give token_file or token_env, not both")
+    if "otlp" in a["exporters"]:
+        try:
+            parts = urlsplit(c["otlp"]["endpoint"])
+        except ValueError as exc:
+            raise _bad("otlp.endpoint", f"not a URL ({exc})") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise _bad("otlp.endpoint", "expected http(s)://HOST:PORT[/path]")
+    host = a["host"]
+    if host and (host.strip() != host or "\n" in host):
+        raise _bad("agent.host", "has leading/trailing white space or a newline")
+
+
+def parse_text(text: str, origin: str = "config") -> dict[str, dict[str, object]]:
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{origin}: not valid TOML: {exc}") from None
+    return validate(doc)
+
+
+def load(path: str | Path | None) -> dict[str, dict[str, object]]:
+    """Read and validate a config file; ``None`` gives the defaults."""
+    if path is None:
+        return validate({})
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: no such config file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p}: cannot read: {exc}") from None
+    return parse_text(text, str(p))
+
+
+# command-line option -> (section, key)
+OVERRIDES = {
+    "backend": ("agent", "backend"),
+    "interval": ("agent", "interval"),
+    "sim_node": ("agent", "sim_node"),
+    "host": ("agent", "host"),
+    "influx_url": ("influx", "url"),
+    "influx_api": ("influx", "api"),
+    "influx_db": ("influx", "db"),
+    "influx_bucket": ("influx", "bucket"),
+    "influx_org": ("influx", "org"),
+    "influx_token_file": ("influx", "token_file"),
+    "spool_dir": ("spool", "dir"),
+    "file_dir": ("file", "dir"),
+}
+
+
+def apply_overrides(cfg: dict, *, exporters: tuple[str, ...] = (), labels: tuple[str, ...] = (),
+                    **opts) -> dict:
+    """Layer command-line values over a validated config and validate the result again."""
+    doc = {s: dict(v) for s, v in cfg.items()}
+    for opt, value in opts.items():
+        if value is None:
+            continue
+        if opt not in OVERRIDES:
+            raise ConfigError(f"unknown override {opt!r}")
+        section, key = OVERRIDES[opt]
+        doc[section][key] = value
+    if exporters:
+        names = []
+        for e in exporters:
+            names.extend(x.strip() for x in e.split(",") if x.strip())
+        doc["agent"]["exporters"] = names
+    for lab in labels:
+        if "=" not in lab:
+            raise ConfigError(f"--label {lab!r}: expected NAME=VALUE")
+        k, v = lab.split("=", 1)
+        doc["labels"][k] = v
+    return validate(doc)
+
+
+def read_secret(cfg_section: dict, file_key: str, env_key: str) -> str | None:
+    """The secret named by ``<x>_file`` (first line, stripped) or ``<x>_env``; None when neither."""
+    f, e = cfg_section.get(file_key) or "", cfg_section.get(env_key) or ""
+    if f:
+        try:
+            val = Path(f).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"config key 'influx.{file_key}': cannot read {f}: "
+                              f"{exc.strerror or exc.__class__.__name__}") from None
+        if not val:
+            raise ConfigError(f"config key 'influx.{file_key}': {f} is empty")
+        return val
+    if e:
+        val = os.environ.get(e)
+        if not val:
+            raise ConfigError(f"config key 'influx.{env_key}': environment variable {e} is not set")
+        return val
+    return None
+
+
+def hostname(cfg: dict) -> str:
+    return cfg["agent"]["host"] or socket.gethostname()
+
+
+def redact_url(url: str) -> str:
+    """``http://user:secret@h:8086/x?token=t`` -> ``http://***@h:8086/x?token=***``."""
+    try:
+        p = urlsplit(url)
+    except ValueError:
+        return "<unparseable url>"
+    netloc = p.netloc
+    if "@" in netloc:
+        netloc = "***@" + netloc.rsplit("@", 1)[1]
+    query = re.sub(r"(?i)((?:^|&)(?:token|password|p|u|auth)[^=&]*=)[^&]*", r"\1***", p.query)
+    return urlunsplit((p.scheme, netloc, p.path, query, p.fragment))

@@ -1,0 +1,410 @@
+"""``gpufleet agent run``: the node agent's main loop.
+
+Every ``interval`` seconds: run each collector once (timed and isolated: one failing never stops
+the others), add the agent's own rows (``gpufleet_collector``, ``gpufleet_agent``), hand them to
+the pipeline in one observation pass and collect OpenTelemetry once (exporters: ``file``,
+``influx`` through the disk spool, ``otlp``). systemd: ``READY=1`` after the first successful
+poll, ``WATCHDOG=1`` after every completed tick, ``STATUS=`` a summary, ``STOPPING=1``.
+Signals: SIGHUP reloads the config (an invalid one is rejected, the old keeps running);
+SIGTERM/SIGINT stop, flushing the spool as far as the backend allows within ``flush_timeout``
+(5 s), exit 0.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import signal
+import threading
+import time
+from pathlib import Path
+
+import click
+
+from agent import config as agent_config
+from agent.model import Sample
+from gpufleet.errors import ConfigError, GpufleetError
+
+log = logging.getLogger("gpufleet.agent")
+
+
+def _make_sim_node(host: str):
+    try:
+        from gpufleet.sim.node import SimNode
+    except ImportError as exc:
+        raise ConfigError(f"--sim-node needs the simulator (gpufleet.sim.node): {exc}") from None
+    maker = getattr(SimNode, "from_host", None)
+    try:
+        return maker(host) if maker is not None else SimNode(host)
+    except GpufleetError:
+        raise
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"--sim-node {host!r}: {exc}") from None
+
+
+def _construct(cls, **available):
+    """Build a collector, passing the keyword arguments its constructor accepts."""
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return cls()
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return cls(**available)
+    return cls(**{k: v for k, v in available.items() if k in params})
+
+
+def _load_collector(name: str, load):
+    """A registered collector by name, or a site collector given as ``package.module:Class``."""
+    if ":" not in name:
+        return load(name)
+    import importlib
+
+    mod, _, attr = name.partition(":")
+    try:
+        return getattr(importlib.import_module(mod), attr)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigError(f"config key 'agent.collectors': cannot load {name!r}: {exc}") from None
+
+
+class Agent:
+    """Everything one configuration builds: collectors, pipeline, exporters, spool, sender."""
+
+    def __init__(self, cfg: dict):
+        from agent.pipeline import Pipeline
+        from agent.pipeline.lineprotocol import LineProtocolExporter
+
+        self.cfg = cfg
+        a = cfg["agent"]
+        self.interval = float(a["interval"])
+        self.host = a["host"] or a["sim_node"] or agent_config.hostname(cfg)
+        exporters = a["exporters"]
+        self.spool = None
+        self.sender = None
+        self.file = None
+        secret = None
+        ix = cfg["influx"]
+        if "influx" in exporters:
+            if ix["api"] == "v2":
+                secret = agent_config.read_secret(ix, "token_file", "token_env")
+            else:
+                secret = agent_config.read_secret(ix, "password_file", "password_env")
+        self._closed = False
+        self.collectors = self._build_collectors(cfg)
+        sinks = []
+        try:
+            if "influx" in exporters:
+                from agent.pipeline.influx import InfluxSender, SpoolSink
+                from agent.spool import Spool
+
+                sp = cfg["spool"]
+                self.spool = Spool(sp["dir"], sp["max_bytes"], sp["segment_bytes"], sp["fsync"])
+                wake = threading.Event()
+                self.sender = InfluxSender(self.spool, ix, secret, wake)
+                sinks.append(SpoolSink(self.spool, ix["batch_lines"], wake))
+            if "file" in exporters:
+                from agent.pipeline.filesink import FileSink
+
+                f = cfg["file"]
+                self.file = FileSink(f["dir"], self.host, f["segment_bytes"], f["segment_age"], f["compress"],
+                                     f["keep_bytes"])
+                sinks.append(self.file)
+            precision = ix["precision"] if "influx" in exporters else "ns"
+            exps = [LineProtocolExporter(sinks, precision=precision)] if sinks else []
+            self.lp = exps[0] if exps else None
+            if "otlp" in exporters:
+                from agent.pipeline.otlp import make_exporter
+
+                exps.append(make_exporter(cfg["otlp"]))
+            self.pipeline = Pipeline(self.host, cfg["labels"], exps)
+        except BaseException:
+            self._close_parts()
+            raise
+        if self.sender is not None:
+            self.sender.start()
+        self.ticks = 0
+        self.ok_ticks = 0
+        self.last_summary = ""
+        self.stats: dict[str, tuple[float, bool]] = {}
+        self._errors_logged: set[str] = set()
+        self.timing = {"collect": 0.0, "otel": 0.0, "encode_export": 0.0}
+
+    def _build_collectors(self, cfg: dict) -> list:
+        from agent.collectors import load
+
+        a = cfg["agent"]
+        backend = None
+        sim_node = None
+        needs_backend = any(n in ("gpu",) for n in a["collectors"])
+        if needs_backend:
+            from agent.backends import get_backend
+
+            if a["sim_node"]:
+                sim_node = _make_sim_node(a["sim_node"])
+            backend = get_backend(a["backend"], sim_node=sim_node)
+        out = []
+        for name in a["collectors"]:
+            cls = _load_collector(name, load)
+            try:
+                out.append(_construct(cls, backend=backend, host=self.host, hostname=self.host,
+                                      config=cfg, interval=self.interval))
+            except GpufleetError:
+                raise
+            except Exception as exc:
+                log.error("collector %s could not start: %s; carrying on without it", name, exc)
+        return out
+
+    # ------------------------------------------------------------------ one tick
+    def tick(self, now_ns: int | None = None) -> bool:
+        now_ns = time.time_ns() if now_ns is None else now_ns
+        samples: list[Sample] = []
+        ok_any = not self.collectors
+        t_all = time.perf_counter()
+        for c in self.collectors:
+            name = getattr(c, "name", type(c).__name__)
+            t0 = time.perf_counter()
+            try:
+                got = c.collect(now_ns)
+                samples.extend(got or ())
+                ok = True
+                self._errors_logged.discard(name)
+            except Exception as exc:  # isolated: one failing collector never stops the others
+                ok = False
+                if name not in self._errors_logged:
+                    self._errors_logged.add(name)
+                    if isinstance(exc, GpufleetError):
+                        log.warning("collector %s: %s", name, exc)
+                    else:
+                        log.warning("collector %s failed: %s: %s", name, type(exc).__name__, exc,
+                                    exc_info=log.isEnabledFor(logging.DEBUG))
+            dt = time.perf_counter() - t0
+            self.stats[name] = (dt, ok)
+            ok_any = ok_any or ok
+            samples.append(Sample("gpufleet_collector", {"collector": name},
+                                  {"duration_seconds": dt, "success": int(ok)}, now_ns))
+        t1 = time.perf_counter()
+        samples.extend(self._self_rows(now_ns))
+        self.pipeline.observe(samples)
+        self.pipeline.collect(now_ns)
+        t2 = time.perf_counter()
+        enc = self.lp.encode_seconds if self.lp is not None else 0.0
+        self.timing = {"collect": t1 - t_all, "otel": max(0.0, t2 - t1 - enc), "encode_export": enc}
+        self.ticks += 1
+        self.ok_ticks += int(ok_any)
+        self.last_points = self.pipeline.points
+        return ok_any
+
+    def _self_rows(self, now_ns: int) -> list[Sample]:
+        if self.spool is None or self.sender is None:
+            return []
+        f = {"spool_bytes": self.spool.bytes, "spool_points": self.spool.points,
+             "dropped_points_total": self.spool.dropped_points + self.spool.rejected_points,
+             "retries_total": self.sender.retries_total}
+        if self.sender.last_latency is not None:
+            f["export_latency_seconds"] = self.sender.last_latency
+        return [Sample("gpufleet_agent", {"exporter": "influx"}, f, now_ns)]
+
+    def summary(self) -> str:
+        ok = sum(1 for _, good in self.stats.values() if good)
+        pts = getattr(self, "last_points", 0)
+        s = f"tick {self.ticks}: {ok}/{len(self.stats)} collectors ok, {pts} points"
+        if self.spool is not None:
+            s += f"; spool {self.spool.points} points, {self.spool.bytes} B"
+            if self.sender is not None and self.sender.failures:
+                s += f"; influx failing ({self.sender.last_error})"
+        return s
+
+    # ------------------------------------------------------------------ shutdown
+    def close(self, flush_timeout: float = 5.0) -> bool:
+        """Stop: flush the spool as far as the backend allows within ``flush_timeout``."""
+        if self._closed:
+            return True
+        drained = True
+        if self.sender is not None:
+            drained = self.sender.flush(flush_timeout)
+        for c in self.collectors:
+            close = getattr(c, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception as exc:
+                    log.debug("collector close: %s", exc)
+        try:
+            self.pipeline.shutdown()
+        except Exception as exc:
+            log.debug("pipeline shutdown: %s", exc)
+        self._close_parts()
+        return drained
+
+    def _close_parts(self) -> None:
+        self._closed = True
+        if self.sender is not None:
+            self.sender.close()
+        if self.spool is not None:
+            self.spool.close()
+        if self.file is not None:
+            self.file.close()
+
+
+class Daemon:
+    """The loop, signals, reload and systemd notifications around an :class:`Agent`."""
+
+    def __init__(self, load_config, notifier=None):
+        from agent.notify import Notifier
+
+        self.load_config = load_config
+        self.cfg = load_config()
+        self.notifier = notifier or Notifier()
+        self.wake = threading.Event()
+        self.stop_requested = False
+        self.reload_requested = False
+        self.agent = Agent(self.cfg)
+        self.ready_sent = False
+
+    def _on_stop(self, signum, frame):
+        self.stop_requested = True
+        self.wake.set()
+
+    def _on_hup(self, signum, frame):
+        self.reload_requested = True
+        self.wake.set()
+
+    def reload(self) -> bool:
+        self.notifier.reloading()
+        try:
+            new_cfg = self.load_config()
+        except GpufleetError as exc:
+            log.error("reload rejected, the running configuration stays: %s", exc)
+            self.notifier.status(f"reload rejected: {exc}")
+            return False
+        old_cfg = self.cfg
+        self.agent.close(flush_timeout=1.0)
+        try:
+            self.agent = Agent(new_cfg)
+            self.cfg = new_cfg
+            _setup_logging(new_cfg["agent"]["log_level"])
+            log.info("configuration reloaded")
+            return True
+        except GpufleetError as exc:
+            log.error("reload rejected, the running configuration stays: %s", exc)
+            self.agent = Agent(old_cfg)
+            return False
+        finally:
+            self.notifier.send("READY=1")
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_stop)
+        signal.signal(signal.SIGINT, self._on_stop)
+        signal.signal(signal.SIGHUP, self._on_hup)
+        log.info("agent started: host %s, interval %gs, exporters %s%s", self.agent.host, self.agent.interval,
+                 ",".join(self.cfg["agent"]["exporters"]),
+                 f", influx {self.agent.sender.url_for_logs}" if self.agent.sender else "")
+        next_t = time.time()
+        while not self.stop_requested:
+            if self.reload_requested:
+                self.reload_requested = False
+                self.reload()
+                next_t = time.time()
+            now = time.time()
+            if now < next_t:
+                self.wake.wait(next_t - now)
+                self.wake.clear()
+                continue
+            ok = self.agent.tick()
+            if ok and not self.ready_sent:
+                self.ready_sent = self.notifier.ready(self.agent.summary()) or True
+            self.notifier.send("WATCHDOG=1", f"STATUS={self.agent.summary()}")
+            interval = self.agent.interval
+            next_t += interval
+            if next_t < time.time():  # overran: skip the missed ticks, keep the phase
+                next_t += ((time.time() - next_t) // interval + 1) * interval
+        budget = float(self.cfg["agent"]["flush_timeout"])
+        self.notifier.stopping("stopping: flushing the spool")
+        t0 = time.monotonic()
+        drained = self.agent.close(flush_timeout=max(0.0, budget - 0.3))
+        left = self.agent.spool.points if self.agent.spool is not None else 0
+        log.info("agent stopped in %.1fs%s", time.monotonic() - t0,
+                 "" if drained else f"; {left} points stay in the spool for the next start")
+        self.notifier.close()
+        return 0
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("gpufleet").setLevel(level.upper())
+
+
+@click.command("run")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="agent.toml (default: built-in defaults; see docs/agent.md).")
+@click.option("--backend", default=None, help="nvml | sim | recorded:PATH")
+@click.option("--interval", default=None, help="poll and export interval, e.g. 10s (1s .. 1h)")
+@click.option("--exporter", "exporters", multiple=True, help="file | influx | otlp (repeatable)")
+@click.option("--influx-url", default=None)
+@click.option("--influx-api", default=None, help="v1 (POST /write) | v2 (influxdb-client WriteApi)")
+@click.option("--influx-db", default=None)
+@click.option("--influx-bucket", default=None)
+@click.option("--influx-org", default=None)
+@click.option("--influx-token-file", default=None, help="file holding the v2 token")
+@click.option("--spool-dir", default=None)
+@click.option("--file-dir", default=None, help="directory of the file exporter")
+@click.option("--host", default=None, help="host tag (default: the machine's host name)")
+@click.option("--sim-node", default=None, help="play this node of the simulated fleet (with --backend sim)")
+@click.option("--label", "labels", multiple=True, help="operator label NAME=VALUE (repeatable)")
+@click.option("--log-level", default=None, type=click.Choice(["debug", "info", "warning", "error"]))
+def run_command(config_path, backend, interval, exporters, influx_url, influx_api, influx_db, influx_bucket,
+                influx_org, influx_token_file, spool_dir, file_dir, host, sim_node, labels, log_level):
+    """Run the node agent: poll every source each interval and export through OpenTelemetry."""
+
+    def load_config() -> dict:
+        cfg = agent_config.load(Path(config_path) if config_path else None)
+        cfg = agent_config.apply_overrides(
+            cfg, exporters=exporters, labels=labels, backend=backend, interval=interval,
+            influx_url=influx_url, influx_api=influx_api, influx_db=influx_db, influx_bucket=influx_bucket,
+            influx_org=influx_org,
+            influx_token_file=influx_token_file, spool_dir=spool_dir, file_dir=file_dir, host=host,
+            sim_node=sim_node)
+        if log_level:
+            cfg["agent"]["log_level"] = log_level
+        return cfg
+
+    cfg = load_config()
+    _setup_logging(cfg["agent"]["log_level"])
+    daemon = Daemon(load_config)
+    code = daemon.run()
+    if code:
+        raise click.exceptions.Exit(code)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m agent.daemon``: the same command outside the ``gpufleet`` group."""
+    from gpufleet.cli import main as gpufleet_main
+
+    return gpufleet_main(["agent", "run", *(argv or [])]) if _agent_cli_present() else _standalone(argv)
+
+
+def _agent_cli_present() -> bool:
+    try:
+        from agent import cli  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _standalone(argv) -> int:
+    try:
+        run_command.main(args=argv, prog_name="gpufleet agent run", standalone_mode=False)
+    except GpufleetError as exc:
+        click.echo(f"gpufleet: error: {exc}", err=True)
+        return exc.exit_code
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

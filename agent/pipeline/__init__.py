@@ -1,0 +1,193 @@
+"""The export pipeline: samples -> OpenTelemetry SDK -> exporters.
+
+One :class:`Pipeline` per agent: a ``MeterProvider`` whose ``Resource`` carries ``host.name``,
+``service.name``, ``service.version`` and the operator labels; one instrument per catalogue
+``otel`` name; one :class:`TickReader` that the daemon collects once per tick, right after the
+poll (so the export interval is the poll interval).
+
+Per tick: :meth:`Pipeline.observe` takes every collector's samples in one pass and files each
+value under its instrument; the SDK then calls each observable instrument's single callback,
+which hands back the observations filed for it (sources are polled once per tick, never once
+per instrument). ``info`` and ``event`` entries are recorded on synchronous gauges with delta
+temporality, whose attribute sets the SDK releases at every collection: a job id or an event
+seen once is exported once and never again. Observable instruments are cumulative; the SDK
+exports an attribute set only when its callback observed it in this collection, so a GPU that
+disappears leaves no stale points behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Sequence
+
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
+from opentelemetry.sdk.metrics import _Gauge as Gauge  # the synchronous gauge class readers key on
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    MetricExporter,
+    MetricExportResult,
+    MetricReader,
+    MetricsData,
+)
+from opentelemetry.sdk.resources import Resource
+
+from agent.model import Sample
+from agent.pipeline.mapping import EVENT_TIME, Catalogue
+from gpufleet import __version__
+
+log = logging.getLogger("gpufleet.agent.pipeline")
+
+SERVICE_NAME = "gpufleet-agent"
+SCOPE = "gpufleet.agent"
+
+
+class TickReader(MetricReader):
+    """A reader collected by the daemon once per tick; hands each collection to its exporters.
+
+    ``tick_ns`` is the poll time of the collection in progress: exporters that write rows use it
+    as the row timestamp (every sample of a tick was taken at that time).
+    """
+
+    def __init__(self, exporters: Sequence[MetricExporter] = ()):
+        super().__init__(preferred_temporality={Gauge: AggregationTemporality.DELTA})
+        self.exporters = list(exporters)
+        self.tick_ns = 0
+        self.results: dict[str, MetricExportResult] = {}
+
+    def collect_tick(self, tick_ns: int) -> None:
+        self.tick_ns = tick_ns
+        self.collect()
+
+    def _receive_metrics(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs) -> None:
+        for exp in self.exporters:
+            name = getattr(exp, "name", type(exp).__name__)
+            try:
+                if hasattr(exp, "export_tick"):
+                    res = exp.export_tick(metrics_data, self.tick_ns)
+                else:
+                    res = exp.export(metrics_data, timeout_millis=timeout_millis)
+            except Exception:  # an exporter that raises is logged; the others still get the data
+                log.exception("exporter %s failed", name)
+                res = MetricExportResult.FAILURE
+            self.results[name] = res
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs) -> None:
+        for exp in self.exporters:
+            try:
+                exp.shutdown(timeout_millis=timeout_millis)
+            except Exception:
+                log.exception("exporter shutdown failed")
+
+
+class Pipeline:
+    """Samples in, one OpenTelemetry collection per tick out to the exporters."""
+
+    def __init__(self, host: str, labels: dict[str, str] | None = None,
+                 exporters: Sequence[MetricExporter] = (), catalogue: Catalogue | None = None):
+        self.cat = catalogue or Catalogue()
+        self.host = host
+        self.labels = dict(labels or {})
+        attrs = {"host.name": host, "service.name": SERVICE_NAME, "service.version": __version__}
+        attrs.update(self.labels)
+        self.resource = Resource.create(attrs)
+        self.reader = TickReader(exporters)
+        self.provider = MeterProvider(resource=self.resource, metric_readers=[self.reader],
+                                      exemplar_filter=AlwaysOffExemplarFilter())
+        meter = self.provider.get_meter(SCOPE, __version__)
+        self._obs: list[list[Observation]] = [[] for _ in self.cat.instruments]
+        self._sync: dict[int, object] = {}
+        for slot, inst in enumerate(self.cat.instruments):
+            kw = {"unit": inst.unit, "description": inst.description}
+            if inst.kind in ("info", "event"):
+                self._sync[slot] = meter.create_gauge(inst.name, **kw)
+                continue
+            cb = self._callback(slot)
+            if inst.kind == "counter":
+                meter.create_observable_counter(inst.name, callbacks=[cb], **kw)
+            elif inst.kind == "updowncounter":
+                meter.create_observable_up_down_counter(inst.name, callbacks=[cb], **kw)
+            else:
+                meter.create_observable_gauge(inst.name, callbacks=[cb], **kw)
+        self.unknown: set[tuple[str, str]] = set()
+        self.points = 0
+
+    def _callback(self, slot: int):
+        obs = self._obs
+
+        def callback(options: CallbackOptions) -> Iterable[Observation]:
+            return obs[slot]
+
+        return callback
+
+    def observe(self, samples: Iterable[Sample]) -> int:
+        """File every sample's fields under their instruments (one pass); returns the point count."""
+        obs = [[] for _ in self.cat.instruments]
+        forward = self.cat.forward
+        sync = self._sync
+        n = 0
+        for s in samples:
+            entries = forward.get(s.measurement)
+            if entries is None:
+                self._unknown(s.measurement, "*")
+                continue
+            tags = {k: v for k, v in s.tags.items() if k != "host" and v is not None and v != ""}
+            for fname, value in s.fields.items():
+                if value is None:
+                    continue
+                e = entries.get(fname)
+                if e is None:
+                    self._unknown(s.measurement, fname)
+                    continue
+                kind = e.metric.kind
+                if kind == "event":
+                    continue
+                if kind == "info":
+                    a = dict(tags)
+                    if e.fixed:
+                        a.update(e.fixed)
+                    a[e.info_key] = str(value)
+                    sync[e.slot].set(1, a)
+                    n += 1
+                    continue
+                if isinstance(value, bool):
+                    value = int(value)
+                elif not isinstance(value, (int, float)):
+                    continue
+                a = tags
+                if e.fixed:
+                    a = dict(tags)
+                    a.update(e.fixed)
+                obs[e.slot].append(Observation(value, a))
+                n += 1
+            ev = None
+            for fname, value in s.fields.items():
+                e = entries.get(fname)
+                if e is None or e.metric.kind != "event" or value is None:
+                    continue
+                if ev is None:
+                    ev = dict(tags)
+                    ev[EVENT_TIME] = int(s.time_ns)
+                    slot = e.slot
+                ev[e.event_key] = int(value) if isinstance(value, bool) else value
+            if ev is not None:
+                sync[slot].set(1, ev)
+                n += 1
+        self._obs[:] = obs
+        self.points = n
+        return n
+
+    def _unknown(self, measurement: str, field: str) -> None:
+        if (measurement, field) not in self.unknown:
+            self.unknown.add((measurement, field))
+            log.warning("sample field %s.%s is not in the catalogue; not exported", measurement, field)
+
+    def collect(self, tick_ns: int | None = None) -> None:
+        """One OpenTelemetry collection: every instrument read once, exporters called."""
+        self.reader.collect_tick(tick_ns if tick_ns is not None else time.time_ns())
+        for lst in self._obs:
+            lst.clear()
+
+    def shutdown(self) -> None:
+        self.provider.shutdown()
