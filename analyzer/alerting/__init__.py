@@ -1,0 +1,35 @@
+"""On-call alerting: sinks (Alertmanager, PagerDuty, Slack, signed webhook, console), the
+notifier that delivers incidents to them exactly once each, and HTML incident pages.
+
+Entry points for the analyzer and the demo::
+
+    sinks = load_sinks(config.get("sink", []), cli_sink_options)   # ConfigError before sending
+    notifier = Notifier(sinks, state_path, page_base_url=None)
+    notifier.update(incidents, now)      # cheap; delivery runs in background workers
+    notifier.close()                     # bounded flush
+    write_pages(incidents, data, out_dir, page_base_url=None) -> list[Path]
+
+``write_pages`` imports matplotlib when called, not when this package is imported.
+"""
+
+from __future__ import annotations
+
+from analyzer.alerting.base import REGISTRY, Alert, Delivery, Outcome, Sink
+from analyzer.alerting.config import load_sinks
+from analyzer.alerting.notifier import Notifier, incident_key
+
+__all__ = ["REGISTRY", "Alert", "Delivery", "Notifier", "Outcome", "Sink", "incident_key", "load_sinks",
+           "page_name", "write_pages"]
+
+
+def write_pages(incidents, data_points_or_path, out_dir, page_base_url=None):
+    """Write one HTML page per incident plus index.html into ``out_dir``; returns the paths."""
+    from analyzer.alerting.pages import write_pages as _write
+
+    return _write(incidents, data_points_or_path, out_dir, page_base_url=page_base_url)
+
+
+def page_name(key: str) -> str:
+    from analyzer.alerting.pages import page_name as _name
+
+    return _name(key)

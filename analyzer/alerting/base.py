@@ -1,0 +1,195 @@
+"""The sink interface, the alert a sink renders, and HTTP delivery shared by every sink.
+
+A sink turns one :class:`Alert` (a group of incidents, firing or resolved) into one request
+and says what happened with it: :class:`Outcome` ``sent``, ``retry`` (timeout, connection
+error, 5xx, 429: try again later, honouring ``Retry-After``) or ``failed`` (any other 4xx:
+give up and log the response). Sinks register by name in :data:`REGISTRY`.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from typing import ClassVar
+from urllib.parse import urlsplit
+
+log = logging.getLogger("gpufleet.alerting")
+
+REGISTRY: dict[str, type[Sink]] = {}
+
+
+def register(cls: type[Sink]) -> type[Sink]:
+    REGISTRY[cls.type] = cls
+    return cls
+
+
+@dataclass
+class Alert:
+    """What one notification says: one incident group, firing or resolved.
+
+    ``gpu``/``link`` are the opening incident's (stable labels); ``gpus``/``links`` list every
+    member of the group. Times are seconds since the epoch.
+    """
+
+    key: str
+    status: str  # "firing" | "resolved"
+    kind: str
+    severity: str
+    start: float
+    end: float | None = None
+    host: str | None = None
+    gpu: int | None = None
+    link: int | None = None
+    gpus: list[int] = field(default_factory=list)
+    links: list[int] = field(default_factory=list)
+    cluster: str | None = None
+    rack: str | None = None
+    summary: str = ""
+    description: str = ""
+    page_url: str | None = None
+    incidents: list[str] = field(default_factory=list)
+    evidence: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Alert:
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+@dataclass
+class Outcome:
+    status: str  # "sent" | "retry" | "failed"
+    detail: str = ""
+    retry_after: float | None = None
+    code: int | None = None
+
+
+def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
+    """Parse a ``Retry-After`` header: delta-seconds or an HTTP date; None when absent/garbage."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError, IndexError):
+        return None
+    return max(0.0, when - (time.time() if now is None else now))
+
+
+def redact_url(url: str) -> str:
+    """Scheme and host only: paths and queries of webhook URLs carry tokens."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<invalid URL>"
+    if not parts.scheme or not parts.hostname:
+        return "<invalid URL>"
+    port = f":{parts.port}" if parts.port else ""
+    rest = "/***" if (parts.path not in ("", "/") or parts.query) else ""
+    return f"{parts.scheme}://{parts.hostname}{port}{rest}"
+
+
+@dataclass
+class Delivery:
+    """Retry, timeout and rate-limit settings of one sink (seconds; rate in notifications/minute)."""
+
+    timeout: float = 5.0
+    backoff: float = 1.0
+    backoff_max: float = 60.0
+    give_up_after: float = 86400.0
+    rate_limit: float | None = 60.0
+    burst: int = 10
+
+
+class Sink:
+    """One alert destination. Subclasses set ``type`` and implement :meth:`render`.
+
+    ``render(alert)`` is pure: it returns the JSON document to POST. ``deliver`` sends it and
+    classifies the answer. ``repost_interval`` (seconds) asks the notifier to re-send active
+    alerts on that period through :meth:`repost` (Alertmanager expires alerts it stops hearing
+    about).
+    """
+
+    type: ClassVar[str] = ""
+    repost_interval: float | None = None
+
+    def __init__(self, name: str, url: str, delivery: Delivery | None = None, **options):
+        self.name = name
+        self.url = url
+        self.delivery = delivery or Delivery()
+        self.options = options
+        self._session = None
+
+    # -- to override -------------------------------------------------------------------
+    def render(self, alert: Alert) -> dict | list:
+        raise NotImplementedError
+
+    def headers(self, body: bytes) -> dict[str, str]:
+        return {}
+
+    def target_url(self) -> str:
+        return self.url
+
+    def secrets(self) -> list[str]:
+        """Strings that must never be logged (keys, tokens, secret URL paths)."""
+        out = []
+        parts = urlsplit(self.url)
+        if parts.path not in ("", "/"):
+            out.append(parts.path)
+        if parts.query:
+            out.append(parts.query)
+        return out
+
+    def repost(self, alerts: list[Alert]) -> Outcome:
+        return Outcome("sent")
+
+    # -- shared ------------------------------------------------------------------------
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name} {redact_url(self.url)}>"
+
+    def redact(self, text: str) -> str:
+        for s in sorted(self.secrets(), key=len, reverse=True):
+            if s and len(s) >= 4:
+                text = text.replace(s, "***")
+        return text
+
+    def deliver(self, alert: Alert) -> Outcome:
+        return self.post(self.render(alert))
+
+    def post(self, doc) -> Outcome:
+        import requests
+
+        if self._session is None:
+            self._session = requests.Session()
+        body = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+        headers = {"Content-Type": "application/json", "User-Agent": "gpufleet-alerting"}
+        headers.update(self.headers(body))
+        try:
+            r = self._session.post(self.target_url(), data=body, headers=headers,
+                                   timeout=self.delivery.timeout)
+        except requests.Timeout:
+            return Outcome("retry", f"timeout after {self.delivery.timeout:g} s")
+        except requests.RequestException as exc:
+            return Outcome("retry", self.redact(f"{type(exc).__name__}: {exc}"))
+        text = self.redact(r.text[:500])
+        if 200 <= r.status_code < 300:
+            return Outcome("sent", code=r.status_code)
+        if r.status_code == 429 or r.status_code >= 500:
+            return Outcome("retry", f"HTTP {r.status_code}: {text}",
+                           retry_after_seconds(r.headers.get("Retry-After")), r.status_code)
+        return Outcome("failed", f"HTTP {r.status_code}: {text}", code=r.status_code)
+
+    def close(self) -> None:
+        if self._session is not None:
+            self._session.close()
+            self._session = None

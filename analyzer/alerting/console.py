@@ -1,0 +1,38 @@
+"""Console: one line per firing/resolved notification on standard error (the demo's sink)."""
+
+from __future__ import annotations
+
+import sys
+
+from analyzer.alerting.base import Alert, Outcome, Sink, register
+from gpufleet.records import to_rfc3339
+
+
+def line(alert: Alert) -> str:
+    where = " ".join(f"{k}={v}" for k, v in (("host", alert.host),
+                                              ("gpu", ",".join(map(str, alert.gpus)) or None),
+                                              ("link", ",".join(map(str, alert.links)) or None))
+                     if v is not None)
+    when = to_rfc3339(alert.end if alert.status == "resolved" and alert.end else alert.start)
+    out = f"{alert.status.upper():8} [{alert.severity}] {alert.kind} {where} at {when}: {alert.summary}"
+    if alert.page_url:
+        out += f" ({alert.page_url})"
+    return out
+
+
+@register
+class ConsoleSink(Sink):
+    type = "console"
+
+    def __init__(self, name="console", url="", delivery=None, **options):
+        super().__init__(name, url, delivery, **options)
+
+    def secrets(self) -> list[str]:
+        return []
+
+    def render(self, alert: Alert) -> str:
+        return line(alert)
+
+    def deliver(self, alert: Alert) -> Outcome:
+        print("gpufleet: alert: " + line(alert), file=sys.stderr, flush=True)
+        return Outcome("sent")

@@ -1,0 +1,322 @@
+"""Incident pages: one self-contained HTML file per incident, plus ``index.html``.
+
+Each page holds the summary, the incident's fields, its evidence table, the GPU events (XIDs)
+in the window, a short list of what to check, and a PNG (matplotlib, Agg, embedded as a data
+URI) of the affected GPU's key signals against its peers on the same node around the incident
+window: the GPU in red, each peer in grey, the peers' median dashed, the incident shaded.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import re
+from pathlib import Path
+
+from gpufleet.errors import GpufleetError
+from gpufleet.records import Record, to_rfc3339
+
+# kind -> panels: (measurement, field, label, "value" | "rate")
+PANELS: dict[str, list[tuple[str, str, str, str]]] = {
+    "thermal_throttle": [
+        ("gpu", "temperature_gpu_celsius", "GPU temperature (°C)", "value"),
+        ("gpu", "power_watts", "Power (W)", "value"),
+        ("gpu", "clock_sm_mhz", "SM clock (MHz)", "value"),
+        ("gpu", "throttle_hw_thermal_ns_total", "HW thermal slowdown (share of time)", "share"),
+    ],
+    "cooling_degradation": [
+        ("gpu", "temperature_gpu_celsius", "GPU temperature (°C)", "value"),
+        ("gpu", "temperature_memory_celsius", "Memory temperature (°C)", "value"),
+        ("gpu", "power_watts", "Power (W)", "value"),
+        ("gpu", "clock_sm_mhz", "SM clock (MHz)", "value"),
+    ],
+    "power_brake": [
+        ("gpu", "power_watts", "Power (W)", "value"),
+        ("gpu", "clock_sm_mhz", "SM clock (MHz)", "value"),
+        ("gpu", "throttle_hw_power_brake_ns_total", "HW power brake (share of time)", "share"),
+    ],
+    "nvlink_degradation": [
+        ("gpu_nvlink", "crc_flit_errors_total", "NVLink CRC flit errors (/s)", "rate"),
+        ("gpu_nvlink", "crc_data_errors_total", "NVLink CRC data errors (/s)", "rate"),
+        ("gpu_nvlink", "replay_errors_total", "NVLink replays (/s)", "rate"),
+        ("gpu_nvlink", "recovery_errors_total", "NVLink recoveries (/s)", "rate"),
+        ("gpu_nvlink", "up", "Link up", "value"),
+    ],
+    "pcie_degradation": [
+        ("gpu", "pcie_replay_total", "PCIe replays (/s)", "rate"),
+        ("gpu", "pcie_link_width", "PCIe link width (lanes)", "value"),
+        ("gpu", "pcie_link_gen", "PCIe generation", "value"),
+        ("gpu", "utilization_gpu_ratio", "GPU utilization", "value"),
+    ],
+    "memory_errors": [
+        ("gpu", "ecc_corrected_volatile_total", "Corrected ECC errors (/s)", "rate"),
+        ("gpu", "ecc_uncorrected_volatile_total", "Uncorrected ECC errors (count)", "value"),
+        ("gpu", "remapped_rows_pending", "Row remap pending", "value"),
+        ("gpu", "remapped_rows_uncorrectable", "Rows remapped (uncorrectable)", "value"),
+    ],
+    "sdc": [
+        ("gpu_canary", "passed", "Canary passed (1) / failed (0)", "value"),
+        ("gpu_canary", "mismatches", "Canary mismatching elements", "value"),
+        ("gpu", "temperature_gpu_celsius", "GPU temperature (°C)", "value"),
+    ],
+    "gpu_lost": [
+        ("gpu", "up", "GPU answered the poll", "value"),
+        ("gpu", "power_watts", "Power (W)", "value"),
+        ("gpu", "utilization_gpu_ratio", "GPU utilization", "value"),
+    ],
+    "straggler": [
+        ("gpu", "utilization_gpu_ratio", "GPU utilization", "value"),
+        ("gpu", "clock_sm_mhz", "SM clock (MHz)", "value"),
+        ("gpu", "power_watts", "Power (W)", "value"),
+        ("gpu", "temperature_gpu_celsius", "GPU temperature (°C)", "value"),
+    ],
+}
+
+CHECKS = {
+    "thermal_throttle": ["Compare inlet temperature and fan/BMC sensors with the node's neighbours.",
+                         "Check the GPU's heatsink seating and airflow; drain the node if it persists."],
+    "cooling_degradation": ["Look for a failing fan, a blocked filter or a rising inlet in the rack.",
+                            "Act before the GPU reaches its slowdown temperature."],
+    "power_brake": ["Check the node's PSUs and the BMC's power events (SEL).",
+                    "A power brake on every GPU points at the node or its feed, not at one GPU."],
+    "nvlink_degradation": ["Check the link's peer GPU and the NVSwitch/baseboard for the same link.",
+                           "Rising replays and recoveries call for a reseat or a baseboard swap."],
+    "pcie_degradation": ["Compare link generation and width with the maximum; check the riser and slot.",
+                         "Replays under load slow every transfer to and from this GPU."],
+    "memory_errors": ["Check pending/failed row remaps: a reset applies pending remaps.",
+                      "A failed remap or repeated uncorrectable errors mean the GPU should be replaced."],
+    "sdc": ["Drain the GPU now: it returned a wrong answer without any error.",
+            "Rerun the canary after a reset; replace the GPU if it fails again."],
+    "gpu_lost": ["Look for XID 79 (fallen off the bus) in the events; check dmesg on the node.",
+                 "A reset or a reboot brings it back; repeated losses call for a swap."],
+    "straggler": ["Compare clocks, power and temperature with its peers: a slow GPU slows its whole job.",
+                  "Look for throttling, a degraded link or a noisy neighbour on the node."],
+}
+
+PRE, POST = 900.0, 900.0
+
+
+def page_name(key: str) -> str:
+    """File name of an incident's page: readable and unique for any incident key."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", key).strip("_")[:80] or "incident"
+    return f"incident-{slug}-{hashlib.sha1(key.encode()).hexdigest()[:8]}.html"
+
+
+def window(r: Record, last: float | None) -> tuple[float, float]:
+    end = r.end if r.end is not None else (last if last and last > r.start else r.start + 600)
+    pad = max(PRE, 0.25 * (end - r.start))
+    return r.start - pad, end + max(POST, 0.1 * (end - r.start))
+
+
+def _series(points: list[tuple[float, object]], mode: str, lo: float, hi: float):
+    import numpy as np
+
+    pts = [(t, v) for t, v in points if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if not pts:
+        return None
+    t = np.array([p[0] for p in pts], dtype=float)
+    v = np.array([p[1] for p in pts], dtype=float)
+    if mode in ("rate", "share"):
+        if len(t) < 2:
+            return None
+        dt, dv = np.diff(t), np.diff(v)
+        ok = (dt > 0) & (dv >= 0)  # a counter reset is a gap, not a negative rate
+        t, v = t[1:][ok], (dv[ok] / dt[ok])
+        if mode == "share":
+            v = v / 1e9
+    sel = (t >= lo) & (t <= hi)
+    if not sel.any():
+        return None
+    return t[sel], v[sel]
+
+
+def plot(r: Record, data, lo: float, hi: float) -> bytes | None:
+    """One PNG with a panel per signal; None when the data holds none of them."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.dates as mdates
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    panels = []
+    for meas, field, label, mode in PANELS.get(r.kind, PANELS["straggler"]):
+        target, peers = [], []
+        for key in data.keys(meas, r.host):
+            s = _series(data.data[key].get(field, []), mode, lo, hi)
+            if s is None:
+                continue
+            _, _, gpu, link = key
+            mine = r.gpu is None or gpu == r.gpu
+            if mine and meas == "gpu_nvlink" and r.link is not None:
+                mine = link == r.link
+            name = f"GPU {gpu}" + (f" link {link}" if link is not None else "")
+            (target if mine else peers).append((name, s))
+        if target or peers:
+            panels.append((label, target, peers))
+    if not panels:
+        return None
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 1.9 * len(panels) + 0.6), sharex=True, squeeze=False)
+    epoch = mdates.date2num(np.datetime64("1970-01-01T00:00:00"))
+    x = lambda t: epoch + t / 86400.0  # noqa: E731
+    end = r.end if r.end is not None else hi
+    for ax, (label, target, peers) in zip(axes[:, 0], panels, strict=True):
+        ax.axvspan(x(r.start), x(end), color="#f5c2c0", alpha=0.5, lw=0)
+        for i, (_, (t, v)) in enumerate(peers[:16]):
+            ax.plot(x(t), v, color="#9a9a9a", lw=0.8, alpha=0.7, label="peers" if i == 0 else None)
+        if len(peers) >= 2:
+            grid = np.linspace(lo, hi, 300)
+            stack = [np.interp(grid, t, v, left=np.nan, right=np.nan) for _, (t, v) in peers if len(t) > 1]
+            if stack:
+                med = np.nanmedian(np.vstack(stack), axis=0) if len(stack) > 1 else stack[0]
+                ax.plot(x(grid), med, color="#333333", lw=1.2, ls="--", label="peer median")
+        colors = ["#d62728", "#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
+        for i, (name, (t, v)) in enumerate(target[:16]):
+            style = "o-" if len(t) < 40 else "-"
+            ax.plot(x(t), v, style, color=colors[i % len(colors)], lw=1.8, ms=3, label=name)
+        ax.set_ylabel(label, fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left", ncol=4, frameon=False)
+    axes[-1, 0].xaxis.set_major_formatter(mdates.DateFormatter("%H:%M\n%Y-%m-%d"))
+    axes[-1, 0].set_xlim(x(lo), x(hi))
+    where = f"{r.host} GPU {r.gpu}" if r.gpu is not None else f"{r.host} (all GPUs)"
+    fig.suptitle(f"{r.kind} on {where}: signals vs peers (UTC, incident shaded)", fontsize=9)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _flatten(d, prefix=""):
+    for k, v in (d or {}).items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            yield from _flatten(v, key + ".")
+        elif isinstance(v, float):
+            yield key, f"{v:.6g}"
+        elif isinstance(v, (list, tuple)):
+            yield key, json.dumps(v)[:500]
+        else:
+            yield key, str(v)
+
+
+PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{{ r.kind }} on {{ where }} ({{ r.severity }})</title>
+<style>
+body{font:14px/1.45 system-ui,sans-serif;margin:1.5em auto;max-width:60em;padding:0 1em;color:#222}
+h1{font-size:1.35em;margin:.2em 0}.sev{display:inline-block;padding:.1em .5em;border-radius:.3em;
+color:#fff;background:{{ '#b3261e' if r.severity == 'critical' else '#b26a00' }}}
+table{border-collapse:collapse;margin:.5em 0 1em}td,th{border:1px solid #ddd;padding:.25em .6em;
+text-align:left;vertical-align:top}th{background:#f4f4f4}img{max-width:100%;border:1px solid #ddd}
+.muted{color:#666}.state{font-weight:600}
+</style></head><body>
+<p class="muted"><a href="index.html">All incidents</a></p>
+<h1><span class="sev">{{ r.severity }}</span> {{ summary }}</h1>
+<p class="state">{{ 'Resolved' if r.end is not none else 'Active' }} · {{ where }} · started {{ start }}
+{%- if r.end is not none %} · ended {{ end }} ({{ duration }}){% endif %}</p>
+{% if r.detail %}<p>{{ r.detail }}</p>{% endif %}
+<h2>Incident</h2>
+<table>{% for k, v in fields %}<tr><th>{{ k }}</th><td>{{ v }}</td></tr>{% endfor %}</table>
+<h2>Evidence</h2>
+{% if evidence %}<table><tr><th>signal</th><th>value</th></tr>
+{% for k, v in evidence %}<tr><td>{{ k }}</td><td>{{ v }}</td></tr>{% endfor %}</table>
+{% else %}<p class="muted">The incident carries no evidence.</p>{% endif %}
+<h2>Signals</h2>
+{% if png %}<img id="signals" alt="{{ r.kind }} signals of {{ where }} against its peers"
+ src="data:image/png;base64,{{ png }}">
+{% else %}<p class="muted">No telemetry for this GPU in {{ lo }} .. {{ hi }}.</p>{% endif %}
+{% if events %}<h2>GPU events in the window</h2>
+<table><tr><th>time</th><th>gpu</th><th>type</th><th>code</th><th>message</th></tr>
+{% for e in events %}<tr><td>{{ e[0] }}</td><td>{{ e[1] }}</td><td>{{ e[2] }}</td><td>{{ e[3] }}</td>
+<td>{{ e[4] }}</td></tr>{% endfor %}</table>{% endif %}
+<h2>What to check</h2>
+<ul>{% for c in checks %}<li>{{ c }}</li>{% endfor %}</ul>
+<p class="muted">Window {{ lo }} .. {{ hi }} (UTC). Generated by gpufleet.</p>
+</body></html>
+"""
+
+INDEX = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>gpufleet incidents</title>
+<style>body{font:14px/1.45 system-ui,sans-serif;margin:1.5em auto;max-width:70em;padding:0 1em}
+table{border-collapse:collapse}td,th{border:1px solid #ddd;padding:.25em .6em;text-align:left}
+th{background:#f4f4f4}.critical{color:#b3261e;font-weight:600}</style></head><body>
+<h1>Incidents ({{ rows|length }})</h1>
+<table><tr><th>start</th><th>end</th><th>severity</th><th>kind</th><th>host</th><th>gpu</th><th>link</th>
+<th>summary</th></tr>
+{% for r, name, summary in rows %}<tr><td>{{ r.start|ts }}</td>
+<td>{{ r.end|ts if r.end is not none else 'active' }}</td>
+<td class="{{ r.severity }}">{{ r.severity }}</td><td>{{ r.kind }}</td><td>{{ r.host or '' }}</td>
+<td>{{ '' if r.gpu is none else r.gpu }}</td><td>{{ '' if r.link is none else r.link }}</td>
+<td><a href="{{ name }}">{{ summary }}</a></td></tr>{% endfor %}
+</table></body></html>
+"""
+
+
+def _duration(s: float) -> str:
+    s = int(round(s))
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h} h {m} min" if h else (f"{m} min {sec} s" if m else f"{sec} s")
+
+
+def write_pages(incidents, data_points_or_path, out_dir, page_base_url: str | None = None) -> list[Path]:
+    """Write a page per incident and ``index.html``; returns the paths (pages first, index last)."""
+    import jinja2
+
+    from analyzer.alerting.data import load
+    from analyzer.alerting.notifier import default_summary, incident_key
+
+    incidents = sorted(incidents, key=lambda r: (r.start, r.kind, r.host or ""))
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise GpufleetError(f"{out}: cannot create: {exc.strerror}") from None
+    hosts = {r.host for r in incidents}
+    rough = [window(r, r.start + 6 * 3600) for r in incidents]
+    data = load(data_points_or_path, hosts, rough) if incidents else None
+    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
+    env.filters["ts"] = to_rfc3339
+    page_t, index_t = env.from_string(PAGE), env.from_string(INDEX)
+    paths, rows = [], []
+    base = page_base_url.rstrip("/") if page_base_url else None
+    for r in incidents:
+        key = incident_key(r)
+        name = page_name(key)
+        lo, hi = window(r, data.last_time(r.host))
+        png = plot(r, data, lo, hi)
+        where = (r.host or "fleet") + (f" GPU {r.gpu}" if r.gpu is not None else "") + (
+            f" link {r.link}" if r.link is not None else "")
+        fields = [("key", key), ("kind", r.kind), ("severity", r.severity)]
+        for k in ("cluster", "rack", "host", "gpu", "link"):
+            v = getattr(r, k)
+            if v is not None:
+                fields.append((k, v))
+        fields += [("start", to_rfc3339(r.start)), ("end", to_rfc3339(r.end) or "active")]
+        if r.impact_at is not None:
+            fields.append(("impact at", to_rfc3339(r.impact_at)))
+        if base:
+            fields.append(("page", f"{base}/{name}"))
+        events = [(to_rfc3339(p.time / 1e9), p.tags.get("gpu", ""), p.tags.get("type", ""),
+                   p.fields.get("code", ""), p.fields.get("message", ""))
+                  for p in data.events if p.tags.get("host") == r.host and lo * 1e9 <= p.time <= hi * 1e9
+                  and (r.gpu is None or p.tags.get("gpu") in (None, str(r.gpu)))][:50]
+        summary = r.summary or default_summary(r)
+        html = page_t.render(
+            r=r, where=where, summary=summary, start=to_rfc3339(r.start), end=to_rfc3339(r.end),
+            duration=_duration((r.end or r.start) - r.start), fields=fields,
+            evidence=list(_flatten(r.evidence)), png=base64.b64encode(png).decode() if png else None,
+            events=events, checks=CHECKS.get(r.kind, []), lo=to_rfc3339(lo), hi=to_rfc3339(hi))
+        path = out / name
+        path.write_text(html, encoding="utf-8")
+        paths.append(path)
+        rows.append((r, name, summary))
+    index = out / "index.html"
+    index.write_text(index_t.render(rows=rows), encoding="utf-8")
+    return paths + [index]
