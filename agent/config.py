@@ -169,7 +169,18 @@ def _check_label(key: str, name: object, value: object) -> str:
         raise _bad(key, f"'{name}' is a tag the agent sets itself")
     if not isinstance(value, str) or not value:
         raise _bad(key, "a label value is a non-empty string")
+    _check_tag_value(key, value)
     return value
+
+
+def _check_tag_value(key: str, value: str) -> None:
+    """What InfluxDB line protocol cannot carry in a tag value, refused up front."""
+    if "\n" in value or "\r" in value:
+        raise _bad(key, "a tag value cannot hold a newline")
+    if re.search(r"\\(?=[ ,=]|$)", value):
+        raise _bad(key, "a backslash before a space, comma, '=' or at the end cannot be stored in a tag")
+    if value.strip() != value:
+        raise _bad(key, "has leading or trailing white space")
 
 
 def validate(doc: object) -> dict[str, dict[str, object]]:
@@ -238,9 +249,9 @@ def _cross_check(c: dict[str, dict[str, object]]) -> None:
             raise _bad("otlp.endpoint", f"not a URL ({exc})") from None
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise _bad("otlp.endpoint", "expected http(s)://HOST:PORT[/path]")
-    host = a["host"]
-    if host and (host.strip() != host or "\n" in host):
-        raise _bad("agent.host", "has leading/trailing white space or a newline")
+    for key in ("host", "sim_node"):
+        if a[key]:
+            _check_tag_value(f"agent.{key}", a[key])
 
 
 def parse_text(text: str, origin: str = "config") -> dict[str, dict[str, object]]:
