@@ -90,11 +90,11 @@ def redact_url(url: str) -> str:
     """Scheme and host only: paths and queries of webhook URLs carry tokens."""
     try:
         parts = urlsplit(url)
+        port = f":{parts.port}" if parts.port else ""
     except ValueError:
         return "<invalid URL>"
     if not parts.scheme or not parts.hostname:
         return "<invalid URL>"
-    port = f":{parts.port}" if parts.port else ""
     rest = "/***" if (parts.path not in ("", "/") or parts.query) else ""
     return f"{parts.scheme}://{parts.hostname}{port}{rest}"
 

@@ -30,6 +30,9 @@ class ConsoleSink(Sink):
     def secrets(self) -> list[str]:
         return []
 
+    def __repr__(self) -> str:
+        return f"<ConsoleSink {self.name} stderr>"
+
     def render(self, alert: Alert) -> str:
         return line(alert)
 
