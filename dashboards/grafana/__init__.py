@@ -1,0 +1,1 @@
+"""Generated Grafana dashboards (JSON); regenerate with python -m dashboards.generate."""

@@ -1,0 +1,1 @@
+"""Provisioning templates for Grafana (data files, read by dashboards.provisioning)."""
