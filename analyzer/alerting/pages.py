@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import re
+import warnings
 from pathlib import Path
 
 from gpufleet.errors import GpufleetError
@@ -158,6 +159,10 @@ def plot(r: Record, data, lo: float, hi: float) -> bytes | None:
             panels.append((label, target, peers))
     if not panels:
         return None
+    # a panel where every GPU shows one and the same constant says nothing: leave it out
+    flat = [len({float(v) for _, (_, vs) in tg + pe for v in vs}) <= 1 for _, tg, pe in panels]
+    if not all(flat):
+        panels = [p for p, f in zip(panels, flat, strict=True) if not f]
     fig, axes = plt.subplots(len(panels), 1, figsize=(9, 1.9 * len(panels) + 0.6), sharex=True, squeeze=False)
     epoch = mdates.date2num(np.datetime64("1970-01-01T00:00:00"))
     x = lambda t: epoch + t / 86400.0  # noqa: E731
@@ -170,7 +175,9 @@ def plot(r: Record, data, lo: float, hi: float) -> bytes | None:
             grid = np.linspace(lo, hi, 300)
             stack = [np.interp(grid, t, v, left=np.nan, right=np.nan) for _, (t, v) in peers if len(t) > 1]
             if stack:
-                med = np.nanmedian(np.vstack(stack), axis=0) if len(stack) > 1 else stack[0]
+                with warnings.catch_warnings():  # grid points no peer covers stay NaN (gaps)
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    med = np.nanmedian(np.vstack(stack), axis=0) if len(stack) > 1 else stack[0]
                 ax.plot(x(grid), med, color="#333333", lw=1.2, ls="--", label="peer median")
         colors = ["#d62728", "#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
         for i, (name, (t, v)) in enumerate(target[:16]):
