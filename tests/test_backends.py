@@ -176,3 +176,24 @@ def test_sim_accepts_any_source_and_rejects_others():
     assert b.nvmlDeviceGetPowerUsage(b.nvmlDeviceGetHandleByIndex(0)) == 12500
     with pytest.raises(GpufleetError, match="no gpus"):
         get_backend("sim", sim_node=object())
+
+
+def test_sim_source_with_numpy_values_and_nan():
+    """A source backed by numpy arrays (as the full simulator is): exact integers, NaN = absent."""
+    import numpy as np
+
+    class NumpyNode:
+        def gpus(self, t):
+            return [{"index": np.int64(0), "uuid": "GPU-n", "model": "M", "health": "up",
+                     "power_watts": np.float64(512.25), "fan_speed_ratio": np.float64("nan"),
+                     "throttle_sw_power_cap_ns_total": np.int64(2**60 + 1),
+                     "nvlink": [{"up": np.int64(1), "crc_flit_errors_total": np.int64(3)}]}]
+
+    b = get_backend("sim", sim_node=NumpyNode())
+    b.begin_poll(0)
+    h = b.nvmlDeviceGetHandleByIndex(0)
+    assert b.nvmlDeviceGetPowerUsage(h) == 512250
+    assert b.nvmlDeviceGetFieldValues(h, [74])[0].value.ullVal == 2**60 + 1
+    assert b.nvmlDeviceGetNvLinkErrorCounter(h, 0, pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT) == 3
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        b.nvmlDeviceGetFanSpeed(h)

@@ -17,6 +17,7 @@ the collector's own conversions run exactly as on hardware. A ``lost`` GPU raise
 from __future__ import annotations
 
 import math
+import numbers
 import time
 import uuid as _uuid
 
@@ -69,6 +70,13 @@ _LINK_COUNTERS = (("replay_errors_total", pynvml.NVML_NVLINK_ERROR_DL_REPLAY),
                   ("crc_data_errors_total", pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA))
 
 
+def _nvml(v, factor) -> int:
+    """A catalogue value (Python or numpy number) -> NVML's integer units (integers stay exact)."""
+    if isinstance(v, numbers.Integral):
+        return int(v) * factor
+    return int(round(float(v) * factor))
+
+
 def state_to_answers(s: dict, procs: ProcTree | None = None) -> DeviceAnswers:
     """One GPU's simulated state (catalogue units) -> its NVML answers (NVML units)."""
     dev = DeviceAnswers()
@@ -85,21 +93,24 @@ def state_to_answers(s: dict, procs: ProcTree | None = None) -> DeviceAnswers:
     elif health == "stale":
         dev.fail_all = pynvml.NVML_ERROR_UNKNOWN
 
-    g = s.get
+    def g(name):  # absent, None or NaN: the GPU does not report it
+        v = s.get(name)
+        return None if v is None or (isinstance(v, float) and v != v) else v
+
     if g("utilization_gpu_ratio") is not None and g("utilization_memory_ratio") is not None:
-        a["nvmlDeviceGetUtilizationRates"] = {"gpu": round(s["utilization_gpu_ratio"] * 100),
-                                              "memory": round(s["utilization_memory_ratio"] * 100)}
+        a["nvmlDeviceGetUtilizationRates"] = {"gpu": _nvml(s["utilization_gpu_ratio"], 100),
+                                              "memory": _nvml(s["utilization_memory_ratio"], 100)}
     if g("memory_used_bytes") is not None and g("memory_total_bytes") is not None:
         total, used = int(s["memory_total_bytes"]), int(s["memory_used_bytes"])
         a["nvmlDeviceGetMemoryInfo"] = {"total": total, "used": used, "free": max(total - used, 0)}
     for name, key, factor in _CALLS:
         v = g(name)
         if v is not None:
-            a[key] = round(v * factor)
+            a[key] = _nvml(v, factor)
     for name, fid, vtype, factor in _FIELDS:
         v = g(name)
         if v is not None:
-            dev.fields[fid] = (pynvml.NVML_SUCCESS, vtype, round(v * factor))
+            dev.fields[fid] = (pynvml.NVML_SUCCESS, vtype, _nvml(v, factor))
     reasons = g("clock_event_reasons")
     if reasons is None and any(g(f) is not None for f, _ in _FLAGS):
         reasons = sum(bit for f, bit in _FLAGS if g(f))
