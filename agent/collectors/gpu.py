@@ -158,13 +158,15 @@ class GpuCollector:
 
     ``slow_interval_s``: cadence of the slow tier; ``deadline_s``: the most a poll waits for any
     GPU; ``retry_s``: how long a lost/stale GPU (or a node without driver) waits before a retry;
-    ``nvlink``: read per-link NVLink state and counters; ``jobs``: attribute GPUs to jobs.
+    ``nvlink``: read per-link NVLink state and counters; ``jobs``: attribute GPUs to jobs;
+    ``interval``: the agent's poll period, when known: the deadline is at most half of it.
     """
 
     name = "gpu"
 
     def __init__(self, backend="nvml", *, slow_interval_s: float = 60.0, deadline_s: float = 2.0,
-                 retry_s: float = 30.0, nvlink: bool = True, jobs: bool = True, clock=time.monotonic):
+                 retry_s: float = 30.0, nvlink: bool = True, jobs: bool = True, interval: float | None = None,
+                 clock=time.monotonic):
         if isinstance(backend, str):
             from agent.backends import get_backend
 
@@ -172,6 +174,8 @@ class GpuCollector:
         self.backend = backend
         self.slow_interval_s = float(slow_interval_s)
         self.deadline_s = float(deadline_s)
+        if interval:
+            self.deadline_s = min(self.deadline_s, 0.5 * float(interval))
         self.retry_s = float(retry_s)
         self.nvlink = nvlink
         self.jobs = jobs
