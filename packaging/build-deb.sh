@@ -79,6 +79,7 @@ find "$VENV" -name '*.pyc' -print -quit | grep -q . || die "byte-compilation pro
 # 2. units, sysusers, configs, docs
 install -D -m 0644 "$SRC/packaging/systemd/gpufleet-agent.service" "$STAGE$UNITDIR/gpufleet-agent.service"
 install -D -m 0644 "$SRC/packaging/systemd/gpufleet-analyzer.service" "$STAGE$UNITDIR/gpufleet-analyzer.service"
+install -D -m 0644 "$SRC/packaging/systemd/gpufleet-analyzer@.service" "$STAGE$UNITDIR/gpufleet-analyzer@.service"
 install -D -m 0644 "$SRC/packaging/sysusers.d/gpufleet.conf" "$STAGE/usr/lib/sysusers.d/gpufleet.conf"
 mkdir -p "$STAGE/etc/gpufleet"
 CONFFILES=""
