@@ -416,7 +416,7 @@ def fleet_overview() -> dict:
             "Fewer than expected: GPUs lost, stale or their node is down.",
         ),
         stat(
-            "Open incidents",
+            "Incidents firing",
             [
                 target(
                     f"SELECT count({fi('id')}) FROM \"incident\" WHERE {fi('state')} = 'firing' AND {FLEET}",
