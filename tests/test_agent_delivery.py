@@ -105,7 +105,8 @@ class _FaultProxy(http.server.ThreadingHTTPServer):
                 if not proxy.sent_429:
                     proxy.sent_429 = True
                     return self._answer(429, b'{"error":"slow down"}', {"Retry-After": "1"})
-                hdrs = {k: v for k, v in self.headers.items() if k.lower() in ("content-encoding", "content-type")}
+                hdrs = {k: v for k, v in self.headers.items()
+                        if k.lower() in ("content-encoding", "content-type")}
                 r = requests.post(proxy.target + self.path, data=body, headers=hdrs, timeout=10)
                 self._answer(r.status_code, r.content)
 

@@ -60,7 +60,8 @@ def test_hostile_labels_round_trip_exactly(tmp_path, influxdb):
     assert all(p.tags["host"] == host for p in points)
     assert all(p.tags[k] == v for p in points for k, v in HOSTILE.items())
     assert compare(points, influxdb, "fleet") == len(points)
-    res = influxdb.query('SHOW TAG VALUES FROM "gpu" WITH KEY IN ("host", "rack", "cluster", "room")', db="fleet")
+    q = 'SHOW TAG VALUES FROM "gpu" WITH KEY IN ("host", "rack", "cluster", "room")'
+    res = influxdb.query(q, db="fleet")
     got = {(k, v) for k, v in res["results"][0]["series"][0]["values"]}
     assert got == {("host", host), *HOSTILE.items()}
 
