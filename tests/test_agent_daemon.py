@@ -54,7 +54,8 @@ def test_notify_reload_stop_and_failing_collector(tmp_path):
     log = (tmp_path / "agent.log").read_text()
     assert "reload rejected" in log and "bogus" in log and "configuration reloaded" in log
     points = read_lp_dir(tmp_path / "lp")
-    col = {(p.tags["collector"], p.fields["success"]) for p in points if p.measurement == "gpufleet_collector"}
+    col = {(p.tags["collector"], p.fields["success"]) for p in points
+           if p.measurement == "gpufleet_collector"}
     assert ("broken", 0) in col and ("gpu", 1) in col and ("host", 1) in col
     assert any(p.measurement == "gpu" for p in points)
 
