@@ -1,0 +1,31 @@
+"""Detectors: one module per fault kind, all with the contract in ``base``."""
+
+from __future__ import annotations
+
+from analyzer.detectors.base import Detector, Hits
+from analyzer.detectors.cooling_degradation import CoolingDegradation
+from analyzer.detectors.gpu_lost import GpuLost
+from analyzer.detectors.memory_errors import MemoryErrors
+from analyzer.detectors.nvlink_degradation import NvlinkDegradation
+from analyzer.detectors.pcie_degradation import PcieDegradation
+from analyzer.detectors.power_brake import PowerBrake
+from analyzer.detectors.sdc import SilentDataCorruption
+from analyzer.detectors.straggler import Straggler
+from analyzer.detectors.thermal_throttle import ThermalThrottle
+
+REGISTRY: dict[str, type[Detector]] = {c.kind: c for c in (
+    ThermalThrottle, CoolingDegradation, PowerBrake, NvlinkDegradation, PcieDegradation,
+    MemoryErrors, SilentDataCorruption, GpuLost, Straggler)}
+
+
+def build(params: dict[str, dict], poll_seconds: float = 10.0) -> list[Detector]:
+    out = []
+    for kind, cls in REGISTRY.items():
+        p = dict(params.get(kind, {}))
+        if kind == "straggler":
+            p.setdefault("poll_seconds", poll_seconds)
+        out.append(cls(**p))
+    return out
+
+
+__all__ = ["Detector", "Hits", "REGISTRY", "build"]

@@ -1,0 +1,137 @@
+"""The detector contract, scikit-learn style.
+
+``__init__`` only stores parameters (the config's ``[detectors.NAME]`` table); ``fit(window)``
+learns from a window and returns ``self`` (learned state ends in ``_``; detectors are fitted
+window after window, so learning is incremental); ``score(window)`` gives one number per row
+of the detector's table, higher = more abnormal, NaN where it cannot judge; ``detect(window)``
+turns scores into :class:`Hits` with the configured thresholds. Dwell, persistence and
+merging into incidents are the engine's (``analyzer.engine``), driven by the same parameters.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from analyzer.frame import Table, Window
+
+
+@dataclass
+class Hits:
+    """Rows where a detector's condition holds. ``gpu``/``link``: -1 = not that scope."""
+
+    kind: str
+    host: np.ndarray            # host id (Registry.hosts)
+    gpu: np.ndarray             # GPU id (Registry) or -1 (node/rack scope)
+    link: np.ndarray            # link number or -1
+    t: np.ndarray
+    score: np.ndarray
+    critical: np.ndarray        # bool per hit
+    evidence: list[dict] = field(default_factory=list)   # one per hit, or empty
+    rack: np.ndarray | None = None  # rack id per hit for rack scope (host = -1)
+
+    def __len__(self):
+        return len(self.t)
+
+    @classmethod
+    def none(cls, kind: str) -> Hits:
+        z = np.zeros(0, np.int64)
+        return cls(kind, z, z, z, np.zeros(0), np.zeros(0), np.zeros(0, bool))
+
+
+class Detector:
+    """Base class: parameter handling and the default fit (nothing to learn)."""
+
+    kind = "base"
+    table = "gpu"
+
+    def __init__(self, **params):
+        for k, v in params.items():
+            setattr(self, k, v)
+
+    def get_params(self) -> dict:
+        names = [p for p in inspect.signature(type(self).__init__).parameters if p != "self"]
+        return {k: getattr(self, k) for k in names if k != "params"}
+
+    def fit(self, window: Window) -> Detector:
+        self.n_windows_ = getattr(self, "n_windows_", 0) + 1
+        return self
+
+    def score(self, window: Window) -> np.ndarray:
+        raise NotImplementedError
+
+    def detect(self, window: Window) -> Hits:
+        raise NotImplementedError
+
+    # helpers ---------------------------------------------------------------
+    def _gpu_hits(self, window: Window, tab: Table, mask: np.ndarray, score: np.ndarray,
+                  critical: np.ndarray | bool = False, evidence=None, ent_is_link: bool = False) -> Hits:
+        mask = mask & (tab.new if tab.new is not None else True)
+        idx = np.flatnonzero(mask)
+        reg = window.reg
+        if ent_is_link:
+            gids = np.array([reg.link_gpu[e] for e in tab.ent[idx].tolist()], np.int64)
+            links = np.array([reg.link_no[e] if reg.link_no[e] is not None else -1
+                              for e in tab.ent[idx].tolist()], np.int64)
+        else:
+            gids = tab.ent[idx]
+            links = np.full(len(idx), -1, np.int64)
+        hosts = np.array([reg.gpu_node[g] for g in gids.tolist()], np.int64)
+        crit = np.broadcast_to(np.asarray(critical), mask.shape)[idx].astype(bool)
+        ev = [evidence(i) for i in idx.tolist()] if evidence is not None else []
+        return Hits(self.kind, hosts, gids, links, tab.t[idx], np.asarray(score, float)[idx], crit, ev)
+
+
+def share(tab: Table, counter: str) -> np.ndarray:
+    """Share of the time between polls a nanosecond counter accumulated (0..1, NaN unknown)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.clip(tab.delta(counter) / (tab.dt() * 1e9), 0, 1)
+
+
+def nz(v: np.ndarray) -> np.ndarray:
+    """NaN -> 0 for flags and counts."""
+    return np.nan_to_num(v, nan=0.0)
+
+
+def concat(kind: str, parts: list[Hits]) -> Hits:
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return Hits.none(kind)
+    if len(parts) == 1:
+        return parts[0]
+    ev: list[dict] = []
+    for p in parts:
+        ev.extend(p.evidence if p.evidence else [{}] * len(p))
+    racks = None
+    if any(p.rack is not None for p in parts):
+        racks = np.concatenate([p.rack if p.rack is not None else np.full(len(p), -1) for p in parts])
+    return Hits(kind, *(np.concatenate([getattr(p, f) for p in parts])
+                        for f in ("host", "gpu", "link", "t", "score", "critical")), ev, racks)
+
+
+def group_median(inv: np.ndarray, v: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray]:
+    """Median and count of ``v`` per group (NaN values ignored); NaN for empty groups."""
+    ok = np.isfinite(v)
+    inv, v = inv[ok], v[ok]
+    cnt = np.bincount(inv, minlength=n_groups)
+    med = np.full(n_groups, np.nan)
+    if not len(v):
+        return med, cnt
+    order = np.lexsort((v, inv))
+    vs = v[order]
+    start = np.concatenate([[0], np.cumsum(cnt)[:-1]])
+    has = cnt > 0
+    lo = start[has] + (cnt[has] - 1) // 2
+    hi = start[has] + cnt[has] // 2
+    med[has] = (vs[lo] + vs[hi]) / 2
+    return med, cnt
+
+
+def buckets(t: np.ndarray, seconds: float, extra: np.ndarray | None = None):
+    """Group rows by time bucket (and an extra integer key): (inverse, number of groups)."""
+    b = np.floor(t / seconds).astype(np.int64)
+    key = b if extra is None else b * 1_000_003 + extra
+    u, inv = np.unique(key, return_inverse=True)
+    return inv, len(u)

@@ -1,0 +1,243 @@
+"""cooling_degradation: a GPU (or a node, or a rack) running hotter than it should, before it throttles.
+
+Reads gpu.temperature_gpu_celsius, power_watts, temperature_slowdown_celsius and the thermal
+clock-event flags, plus a host's inlet temperature where bmc_sensor reports one (a sensor
+whose name contains "inlet"). Model, per GPU: ``T - inlet - b*P - c(t) = a_i + noise`` with a
+pooled slope ``b`` (°C/W), the fleet's common mode ``c(t)`` (median over GPUs at that time:
+fleet-wide inlet swings cancel) and a per-GPU offset ``a_i`` learned robustly (median, MAD)
+over the GPU's first ``learn_seconds`` of steady load. The smoothed excess over that model,
+above ``excess_celsius`` and ``sigma`` robust deviations, on steady loaded rows that are not yet
+throttling, is a hit. When at least ``node_share`` of a node's GPUs (and ``node_min_gpus``) are
+hot together the hit moves to the node (gpu = null), and to the rack when ``rack_min_nodes``
+nodes of one rack are.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from analyzer.detectors.base import Detector, Hits, buckets, group_median, nz
+from analyzer.detectors.thermal_throttle import thermal_bits
+from analyzer.frame import Window
+
+DEFAULT_SLOPE = 0.04  # °C per W, from the real H200 trace (39 -> 61 °C for 80 -> 690 W)
+
+
+class CoolingDegradation(Detector):
+    kind = "cooling_degradation"
+
+    def __init__(self, min_power_watts=250.0, learn_seconds=1800.0, min_learn_samples=30, excess_celsius=5.0,
+                 sigma=4.0, fleet_spread_celsius=8.0, smooth_seconds=300.0, throttle_margin_celsius=3.0,
+                 node_share=0.5, node_min_gpus=2, rack_min_nodes=2, dwell_seconds=600.0, gap_seconds=120.0,
+                 resolve_seconds=3600.0):
+        self.min_power_watts = min_power_watts
+        self.learn_seconds = learn_seconds
+        self.min_learn_samples = min_learn_samples
+        self.excess_celsius = excess_celsius
+        self.sigma = sigma
+        self.fleet_spread_celsius = fleet_spread_celsius
+        self.smooth_seconds = smooth_seconds
+        self.throttle_margin_celsius = throttle_margin_celsius
+        self.node_share = node_share
+        self.node_min_gpus = node_min_gpus
+        self.rack_min_nodes = rack_min_nodes
+        self.dwell_seconds = dwell_seconds
+        self.gap_seconds = gap_seconds
+        self.resolve_seconds = resolve_seconds
+
+    # ------------------------------------------------------------------ features
+    def _inlet(self, window: Window) -> np.ndarray:
+        """Inlet °C per GPU row (NaN where the node reports none)."""
+        tab = window.gpu
+        bmc = window.bmc
+        out = np.full(len(tab), np.nan)
+        if not len(bmc) or "inlet" not in bmc.cols:
+            return out
+        host_rows = bmc.ent
+        node = window.node_of[tab.ent]
+        # latest inlet reading per host at or before each GPU row
+        order = np.lexsort((bmc.t, host_rows))
+        h, t, v = host_rows[order], bmc.t[order], bmc.cols["inlet"][order]
+        key = h.astype(np.float64) * 1e7 + (t - t.min())
+        q = node.astype(np.float64) * 1e7 + (tab.t - t.min())
+        j = np.searchsorted(key, q, side="right") - 1
+        ok = (j >= 0) & (h[np.maximum(j, 0)] == node)
+        out[ok] = v[j[ok]]
+        return out
+
+    def _features(self, window: Window):
+        tab = window.gpu
+        temp = tab.col("temperature_gpu_celsius")
+        power = tab.col("power_watts")
+        pprev = tab.prev(power)
+        steady = (power >= self.min_power_watts) & (np.abs(power - pprev) < 40.0) & (temp > 0) & (temp < 150)
+        throttled = thermal_bits(tab) > 0
+        inlet = self._inlet(window)
+        slope = getattr(self, "slope_", DEFAULT_SLOPE)
+        u = temp - np.where(np.isfinite(inlet), inlet, 0.0) - slope * power
+        u = np.where(steady & ~throttled, u, np.nan)
+        inv, ng = buckets(tab.t, 60.0)
+        med, cnt = group_median(inv, u, ng)
+        c = np.where(cnt[inv] >= 4, med[inv], np.nan)
+        return u - c, steady, throttled, temp, power
+
+    # ------------------------------------------------------------------ learning
+    def fit(self, window: Window) -> CoolingDegradation:
+        tab = window.gpu
+        if not hasattr(self, "slope_"):
+            self.slope_ = self._fit_slope(window)
+        self.first_seen_ = getattr(self, "first_seen_", {})
+        self.samples_ = getattr(self, "samples_", {})
+        self.offset_ = getattr(self, "offset_", {})
+        self.scale_ = getattr(self, "scale_", {})
+        if not len(tab):
+            return self
+        v, *_ = self._features(window)
+        fs = self.first_seen_
+        for e, t0 in zip(*_first_rows(tab), strict=True):
+            fs.setdefault(e, t0)
+        ok = np.isfinite(v)
+        ents = tab.ent[ok]
+        vals = v[ok]
+        ts = tab.t[ok]
+        learning = np.array([ts[i] - fs[e] <= self.learn_seconds and e not in self.offset_
+                             for i, e in enumerate(ents.tolist())], bool) if len(ents) else np.zeros(0, bool)
+        for e in np.unique(ents[learning]).tolist():
+            self.samples_.setdefault(e, []).extend(vals[learning & (ents == e)].tolist())
+        # freeze a GPU's baseline once its learning period is over (or it has plenty of samples)
+        t_end = tab.t.max()
+        for e in list(self.samples_):
+            s = self.samples_[e]
+            if (t_end - fs.get(e, t_end) > self.learn_seconds and len(s) >= self.min_learn_samples) \
+                    or len(s) >= 20 * self.min_learn_samples:
+                arr = np.asarray(s)
+                med = float(np.median(arr))
+                self.offset_[e] = med
+                self.scale_[e] = max(1.4826 * float(np.median(np.abs(arr - med))), 0.25)
+                del self.samples_[e]
+        return self
+
+    def _fit_slope(self, window: Window) -> float:
+        tab = window.gpu
+        t, p = tab.col("temperature_gpu_celsius"), tab.col("power_watts")
+        ok = np.isfinite(t) & np.isfinite(p) & (p > 50) & (thermal_bits(tab) == 0)
+        if ok.sum() < 50:
+            return DEFAULT_SLOPE
+        ent = tab.ent[ok]
+        u, inv = np.unique(ent, return_inverse=True)
+        tm = np.bincount(inv, t[ok]) / np.bincount(inv)
+        pm = np.bincount(inv, p[ok]) / np.bincount(inv)
+        dt_, dp = t[ok] - tm[inv], p[ok] - pm[inv]
+        var = float((dp * dp).sum())
+        if var < 1e4 * len(u):  # power barely moves: keep the physical default
+            return DEFAULT_SLOPE
+        return float(np.clip((dt_ * dp).sum() / var, 0.01, 0.1))
+
+    # ------------------------------------------------------------------ scoring
+    def _excess(self, window: Window):
+        tab = window.gpu
+        v, steady, throttled, temp, power = self._features(window)
+        off = getattr(self, "offset_", {})
+        sc = getattr(self, "scale_", {})
+        ents = tab.ent.tolist()
+        a = np.array([off.get(e, np.nan) for e in ents])
+        s = np.array([sc.get(e, np.nan) for e in ents])
+        fleet_a = np.median(list(off.values())) if len(off) >= 4 else np.nan
+        # a GPU whose learned offset is itself far off the fleet's was hot from the start
+        base = np.where(np.isfinite(a), a, np.nan)
+        r = tab.rolling_mean(v - base, self.smooth_seconds)
+        from_fleet = tab.rolling_mean(v - fleet_a, self.smooth_seconds) - self.fleet_spread_celsius
+        thr = np.fmax(self.excess_celsius, self.sigma * s)
+        return r, thr, from_fleet, steady, throttled, temp, power, v
+
+    def score(self, window: Window) -> np.ndarray:
+        r, thr, from_fleet, *_ = self._excess(window)
+        return np.fmax(r / thr, from_fleet / self.excess_celsius)
+
+    def detect(self, window: Window) -> Hits:
+        tab = window.gpu
+        r, thr, from_fleet, steady, throttled, temp, power, v = self._excess(window)
+        slow = tab.ffill("temperature_slowdown_celsius")
+        slow = np.where(np.isfinite(slow), slow, 89.0)
+        below = ~throttled & (temp < slow - self.throttle_margin_celsius)
+        hot = ((nz(r) > thr) | (nz(from_fleet) > 0)) & steady & below & np.isfinite(v)
+        sc = self.score(window)
+        new = tab.new if tab.new is not None else np.ones(len(tab), bool)
+        hot &= new
+        if not hot.any():
+            return Hits.none(self.kind)
+        node = window.node_of[tab.ent]
+        rack = window.rack_of[tab.ent]
+        # node scope: share of the node's evaluated GPUs hot in the same minute
+        inv, ng = buckets(tab.t, 60.0, node)
+        evald = np.isfinite(v) & new
+        n_eval = np.bincount(inv, weights=evald.astype(float), minlength=ng)
+        gpus_in_bucket = np.zeros(ng)
+        np.add.at(gpus_in_bucket, inv, 0)  # placeholder for clarity
+        hot_g = _distinct_count(inv, tab.ent, hot, ng)
+        ev_g = _distinct_count(inv, tab.ent, evald, ng)
+        node_hot = (hot_g >= self.node_min_gpus) & (hot_g >= self.node_share * np.maximum(ev_g, 1))
+        del n_eval
+        row_node_hot = node_hot[inv] & hot
+        # rack scope: nodes of a rack hot together in the same minute
+        rinv, rng_ = buckets(tab.t, 60.0, rack)
+        node_key_hot = np.where(row_node_hot, node, -1)
+        rack_nodes = _distinct_count(rinv, node_key_hot, row_node_hot, rng_)
+        rack_hot = rack_nodes >= self.rack_min_nodes
+        row_rack_hot = rack_hot[rinv] & row_node_hot
+        gpu_rows = hot & ~row_node_hot
+        node_rows = row_node_hot & ~row_rack_hot
+        parts = []
+        idx = np.flatnonzero(gpu_rows)
+        if len(idx):
+            parts.append(self._mk(window, idx, node[idx], tab.ent[idx], None, tab.t[idx], sc[idx], r, thr, temp,
+                                  power, "gpu"))
+        for rows, scope in ((node_rows, "node"), (row_rack_hot, "rack")):
+            idx = np.flatnonzero(rows)
+            if not len(idx):
+                continue
+            # one hit per node (rack) and minute: the hottest GPU's row speaks for it
+            grp = (node if scope == "node" else rack)[idx] * 10**7 + np.floor(tab.t[idx] / 60).astype(np.int64)
+            order = np.lexsort((-sc[idx], grp))
+            first = np.ones(len(order), bool)
+            first[1:] = grp[order][1:] != grp[order][:-1]
+            sel = idx[order[first]]
+            if scope == "node":
+                parts.append(self._mk(window, sel, node[sel], np.full(len(sel), -1), None, tab.t[sel], sc[sel], r,
+                                      thr, temp, power, scope, hot_g[inv[sel]]))
+            else:
+                parts.append(self._mk(window, sel, np.full(len(sel), -1), np.full(len(sel), -1), rack[sel],
+                                      tab.t[sel], sc[sel], r, thr, temp, power, scope, rack_nodes[rinv[sel]]))
+        from analyzer.detectors.base import concat
+        return concat(self.kind, parts)
+
+    def _mk(self, window, idx, hosts, gids, racks, t, score, r, thr, temp, power, scope, count=None):
+        ev = []
+        for j, i in enumerate(idx.tolist()):
+            d = {"signals": ["temperature_gpu_celsius", "power_watts"], "scope": scope,
+                 "excess_celsius": _r(r[i]), "threshold_celsius": _r(thr[i]),
+                 "temperature_gpu_celsius": _r(temp[i]), "power_watts": _r(power[i]),
+                 "slope_c_per_w": round(getattr(self, "slope_", DEFAULT_SLOPE), 4)}
+            if count is not None:
+                d["hot_gpus" if scope == "node" else "hot_nodes"] = int(count[j])
+            ev.append(d)
+        return Hits(self.kind, np.asarray(hosts, np.int64), np.asarray(gids, np.int64),
+                    np.full(len(idx), -1, np.int64), t, score, np.zeros(len(idx), bool), ev,
+                    None if racks is None else np.asarray(racks, np.int64))
+
+
+def _r(x):
+    return None if not np.isfinite(x) else round(float(x), 2)
+
+
+def _first_rows(tab):
+    f = tab.first_of_entity()
+    return tab.ent[f].tolist(), tab.t[f].tolist()
+
+
+def _distinct_count(inv: np.ndarray, ent: np.ndarray, mask: np.ndarray, n: int) -> np.ndarray:
+    """Per group: how many distinct entities have a row with ``mask`` set."""
+    if not mask.any():
+        return np.zeros(n, np.int64)
+    pairs = np.unique(np.stack([inv[mask], ent[mask]], 1), axis=0)
+    return np.bincount(pairs[:, 0], minlength=n)

@@ -1,0 +1,72 @@
+"""gpu_lost: a GPU that fell off the bus or stopped answering.
+
+Reads gpu_event XID 79 (fallen off the bus), gpu.health_code == 2 (NVML GPU_IS_LOST), and
+absence: a GPU with no rows for ``lost_after_seconds`` while another GPU of its node still
+reports (a whole node going quiet is the node or its agent, not a lost GPU).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from analyzer.detectors.base import Detector, Hits, concat
+from analyzer.frame import Window
+
+
+class GpuLost(Detector):
+    kind = "gpu_lost"
+
+    def __init__(self, xids=(79,), lost_after_seconds=180.0, dwell_seconds=0.0, gap_seconds=86400.0,
+                 resolve_seconds=86400.0):
+        self.xids = xids
+        self.lost_after_seconds = lost_after_seconds
+        self.dwell_seconds = dwell_seconds
+        self.gap_seconds = gap_seconds
+        self.resolve_seconds = resolve_seconds
+
+    def score(self, window: Window) -> np.ndarray:
+        return (window.gpu.col("health_code") == 2).astype(float)
+
+    def detect(self, window: Window) -> Hits:
+        tab = window.gpu
+        lost = self.score(window) > 0
+        parts = [self._gpu_hits(window, tab, lost, lost.astype(float), True,
+                                lambda i: {"signals": ["gpu.health_code"], "health_code": 2})]
+        ev = window.event
+        code = ev.col("code")
+        typ = ev.text.get("type")
+        is_xid = np.ones(len(ev), bool) if typ is None else np.array(
+            [t is None or str(t).lower() == "xid" for t in typ], bool)
+        x = is_xid & np.isin(code, list(self.xids))
+        parts.append(self._gpu_hits(window, ev, x, x.astype(float), True,
+                                    lambda i: {"signals": ["gpu_event xid"], "xid": int(code[i])}))
+        parts.append(self._silent(window))
+        return concat(self.kind, parts)
+
+    def _silent(self, window: Window) -> Hits:
+        last = window.last_seen
+        if not len(last):
+            return Hits.none(self.kind)
+        node = window.node_of
+        # latest row of any *other* GPU of the node: max and second max per node
+        n_nodes = int(node.max()) + 1 if len(node) else 0
+        best = np.full(n_nodes, -np.inf)
+        np.maximum.at(best, node, last)
+        is_best = last == best[node]
+        tmp = np.where(is_best, -np.inf, last)
+        second = np.full(n_nodes, -np.inf)
+        np.maximum.at(second, node, tmp)
+        # several GPUs sharing the best time: the other one also reports then
+        nbest = np.bincount(node[is_best], minlength=n_nodes)
+        other = np.where(is_best & (nbest[node] == 1), second[node], best[node])
+        quiet = other - last
+        cond = np.isfinite(last) & (quiet >= self.lost_after_seconds) & (last >= window.start - 2 * 86400)
+        cond &= (other >= window.start) & (other < window.end)
+        g = np.flatnonzero(cond)
+        if not len(g):
+            return Hits.none(self.kind)
+        hosts = node[g]
+        return Hits(self.kind, hosts, g.astype(np.int64), np.full(len(g), -1), last[g] + 1.0,
+                    quiet[g] / self.lost_after_seconds, np.ones(len(g), bool),
+                    [{"signals": ["absence"], "last_seen_seconds_before_peers": round(float(quiet[i]), 1)}
+                     for i in g.tolist()])

@@ -1,0 +1,98 @@
+"""memory_errors: device memory failing.
+
+Reads gpu.ecc_uncorrected_volatile_total (any increase: a double-bit error),
+ecc_corrected_volatile_total (single-bit storms, judged against the fleet's own rate in the
+window), remapped_rows_pending / remapped_rows_failure / retired_pages_pending, and XID events
+48 (DBE), 63/64 (row remap), 92 (high SBE rate), 94/95 (contained/uncontained ECC) from
+gpu_event (tag type=xid, field code).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from analyzer.detectors.base import Detector, Hits, concat, nz
+from analyzer.frame import Window
+
+CRITICAL_XIDS = {48, 64, 95}
+
+
+class MemoryErrors(Detector):
+    kind = "memory_errors"
+
+    def __init__(self, xids=(48, 63, 64, 92, 94, 95), sbe_rate_min=0.05, sbe_fleet_factor=50.0,
+                 dwell_seconds=0.0, gap_seconds=3600.0, resolve_seconds=7200.0):
+        self.xids = xids
+        self.sbe_rate_min = sbe_rate_min
+        self.sbe_fleet_factor = sbe_fleet_factor
+        self.dwell_seconds = dwell_seconds
+        self.gap_seconds = gap_seconds
+        self.resolve_seconds = resolve_seconds
+
+    def fit(self, window: Window) -> MemoryErrors:
+        tab = window.gpu
+        d = tab.delta("ecc_corrected_volatile_total")
+        dt = tab.dt()
+        ok = np.isfinite(d) & np.isfinite(dt) & (dt > 0)
+        # fleet rate per GPU-second, exponentially weighted across windows, robust to one storm:
+        # the per-GPU rates' 99th percentile, not their mean
+        if ok.sum() > 10:
+            rate = d[ok] / dt[ok]
+            p99 = float(np.quantile(rate, 0.99))
+            prev = getattr(self, "fleet_sbe_rate_", None)
+            self.fleet_sbe_rate_ = p99 if prev is None else 0.9 * prev + 0.1 * p99
+        else:
+            self.fleet_sbe_rate_ = getattr(self, "fleet_sbe_rate_", 0.0)
+        return self
+
+    def _rates(self, tab):
+        d = tab.delta("ecc_corrected_volatile_total")
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return tab.rolling_mean(d / tab.dt(), 120.0)
+
+    def score(self, window: Window) -> np.ndarray:
+        tab = window.gpu
+        thr = max(self.sbe_rate_min, self.sbe_fleet_factor * getattr(self, "fleet_sbe_rate_", 0.0))
+        sbe = nz(self._rates(tab)) / thr
+        dbe = nz(tab.delta("ecc_uncorrected_volatile_total"))
+        flags = nz(tab.col("remapped_rows_pending")) + 10 * nz(tab.col("remapped_rows_failure")) \
+            + nz(tab.col("retired_pages_pending"))
+        return np.fmax(np.fmax(sbe, dbe * 10), flags)
+
+    def detect(self, window: Window) -> Hits:
+        tab = window.gpu
+        thr = max(self.sbe_rate_min, self.sbe_fleet_factor * getattr(self, "fleet_sbe_rate_", 0.0))
+        rate = nz(self._rates(tab))
+        dbe = nz(tab.delta("ecc_uncorrected_volatile_total"))
+        pend = nz(tab.col("remapped_rows_pending"))
+        fail = nz(tab.col("remapped_rows_failure"))
+        rpend = nz(tab.col("retired_pages_pending"))
+        hit = (rate > thr) | (dbe > 0) | (pend > 0) | (fail > 0) | (rpend > 0)
+        crit = (dbe > 0) | (fail > 0)
+
+        def ev(i):
+            sig = [n for n, on in (("ecc_corrected_volatile_total", rate[i] > thr),
+                                   ("ecc_uncorrected_volatile_total", dbe[i] > 0),
+                                   ("remapped_rows_pending", pend[i] > 0),
+                                   ("remapped_rows_failure", fail[i] > 0),
+                                   ("retired_pages_pending", rpend[i] > 0)) if on]
+            return {"signals": sig, "sbe_rate_per_s": round(float(rate[i]), 4),
+                    "sbe_threshold_per_s": round(thr, 4), "new_dbe": int(dbe[i])}
+
+        parts = [self._gpu_hits(window, tab, hit, self.score(window), crit, ev)]
+        parts.append(self._xid_hits(window))
+        return concat(self.kind, parts)
+
+    def _xid_hits(self, window: Window) -> Hits:
+        ev_tab = window.event
+        code = ev_tab.col("code")
+        typ = ev_tab.text.get("type")
+        is_xid = np.ones(len(ev_tab), bool) if typ is None else np.array(
+            [t is None or str(t).lower() == "xid" for t in typ], bool)
+        hit = is_xid & np.isin(code, list(self.xids))
+        crit = np.isin(code, list(CRITICAL_XIDS))
+
+        def ev(i):
+            return {"signals": ["gpu_event xid"], "xid": int(code[i])}
+
+        return self._gpu_hits(window, ev_tab, hit, np.where(hit, 1.0, 0.0), crit, ev)

@@ -1,0 +1,84 @@
+"""nvlink_degradation: one NVLink link getting worse (CRC -> replay -> recovery -> down).
+
+Reads gpu_nvlink.crc_flit_errors_total, crc_data_errors_total, replay_errors_total,
+recovery_errors_total and up, per link. DCGM's fixed rules are the floor (any new replay or
+recovery; CRC at or above ``crc_rate_max`` per second); on top, a CRC rate far above the
+fleet's own per-link rate (learned, robust) flags the growth early, and a link that is down
+while its GPU's other links are up is flagged at once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from analyzer.detectors.base import Detector, Hits, nz
+from analyzer.frame import Window
+
+
+class NvlinkDegradation(Detector):
+    kind = "nvlink_degradation"
+    table = "nvlink"
+
+    def __init__(self, crc_rate_max=100.0, crc_rate_min=1.0, crc_fleet_factor=20.0, dwell_seconds=0.0,
+                 gap_seconds=600.0, resolve_seconds=3600.0):
+        self.crc_rate_max = crc_rate_max
+        self.crc_rate_min = crc_rate_min
+        self.crc_fleet_factor = crc_fleet_factor
+        self.dwell_seconds = dwell_seconds
+        self.gap_seconds = gap_seconds
+        self.resolve_seconds = resolve_seconds
+
+    def _crc_rate(self, tab):
+        d = nz(tab.delta("crc_flit_errors_total")) + nz(tab.delta("crc_data_errors_total"))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            r = d / tab.dt()
+        return r
+
+    def fit(self, window: Window) -> NvlinkDegradation:
+        r = self._crc_rate(window.nvlink)
+        r = r[np.isfinite(r)]
+        if len(r) > 20:
+            p99 = float(np.quantile(r, 0.99))
+            prev = getattr(self, "fleet_crc_rate_", None)
+            self.fleet_crc_rate_ = p99 if prev is None else 0.9 * prev + 0.1 * p99
+        else:
+            self.fleet_crc_rate_ = getattr(self, "fleet_crc_rate_", 0.0)
+        return self
+
+    def _threshold(self) -> float:
+        return min(self.crc_rate_max,
+                   max(self.crc_rate_min, self.crc_fleet_factor * getattr(self, "fleet_crc_rate_", 0.0)))
+
+    def score(self, window: Window) -> np.ndarray:
+        tab = window.nvlink
+        crc = nz(self._crc_rate(tab)) / self._threshold()
+        rep = nz(tab.delta("replay_errors_total")) + nz(tab.delta("recovery_errors_total"))
+        down = (tab.col("up") == 0).astype(float)
+        return np.fmax(np.fmax(crc, rep), 10 * down)
+
+    def detect(self, window: Window) -> Hits:
+        tab = window.nvlink
+        thr = self._threshold()
+        crc = nz(self._crc_rate(tab))
+        rep = nz(tab.delta("replay_errors_total"))
+        rec = nz(tab.delta("recovery_errors_total"))
+        up = tab.col("up")
+        down = up == 0
+        # a link down on a GPU whose other links are down too is the GPU, not the link
+        if down.any():
+            gid = np.array([window.reg.link_gpu[e] for e in tab.ent.tolist()], np.int64)
+            key = gid * 10**7 + np.round(tab.t).astype(np.int64) % 10**7
+            _, inv, cnt = np.unique(key, return_inverse=True, return_counts=True)
+            ndown = np.bincount(inv, weights=down.astype(float))
+            down &= ndown[inv] < np.maximum(cnt[inv] / 2, 1.5)
+        hit = (crc > thr) | (rep > 0) | (rec > 0) | down
+        crit = down | (rec > 0)
+
+        def ev(i):
+            return {"signals": [n for n, on in (("crc_errors", crc[i] > thr), ("replay_errors", rep[i] > 0),
+                                                ("recovery_errors", rec[i] > 0), ("link_down", down[i])) if on],
+                    "crc_rate_per_s": round(float(crc[i]), 3), "crc_threshold_per_s": round(thr, 3),
+                    "new_replays": int(rep[i]), "new_recoveries": int(rec[i]),
+                    "up": None if np.isnan(up[i]) else int(up[i])}
+
+        return self._gpu_hits(window, tab, hit, self.score(window), crit, ev, ent_is_link=True)

@@ -1,0 +1,109 @@
+"""straggler: a GPU persistently slower than its peers doing the same work, with no reason bit.
+
+Reads gpu.clock_sm_mhz, power_watts, utilization_gpu_ratio, job_id (slow tier, carried
+forward) and the clock-event reasons. Peers are the busy GPUs of the same job in the same
+poll (all GPUs of the node when no job is reported): the job moves through its phases in
+lockstep, so each feature is normalised by the peers' median at that instant. A robust
+covariance (scikit-learn ``MinCovDet``) fitted on the fleet's peer-normalised features gives a
+Mahalanobis distance; a hit needs that distance above ``distance``, a clock at least
+``min_slowdown`` below the peers', no thermal/brake reason, and persistence (the engine's dwell).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+
+from analyzer.detectors.base import Detector, Hits, buckets, group_median, nz
+from analyzer.detectors.thermal_throttle import thermal_bits
+from analyzer.frame import Window
+
+EXPLAINED = 0x20 | 0x40 | 0x80 | 0x8  # thermal, power brake, hw slowdown: a known reason
+
+
+class Straggler(Detector):
+    kind = "straggler"
+
+    def __init__(self, min_peers=3, min_slowdown=0.06, distance=4.0, busy_utilization=0.5, fit_rows=20000,
+                 dwell_seconds=300.0, gap_seconds=60.0, resolve_seconds=1800.0, poll_seconds=10.0):
+        self.min_peers = min_peers
+        self.min_slowdown = min_slowdown
+        self.distance = distance
+        self.busy_utilization = busy_utilization
+        self.fit_rows = fit_rows
+        self.dwell_seconds = dwell_seconds
+        self.gap_seconds = gap_seconds
+        self.resolve_seconds = resolve_seconds
+        self.poll_seconds = poll_seconds
+
+    def _features(self, window: Window):
+        tab = window.gpu
+        clock = tab.col("clock_sm_mhz")
+        power = tab.col("power_watts")
+        util = tab.col("utilization_gpu_ratio")
+        busy = (util >= self.busy_utilization) & (clock > 0) & (power > 0)
+        jobs = tab.ffill_text("job_id")
+        node = window.node_of[tab.ent]
+        jkey = np.array([zlib.crc32(j.encode()) if j else -1 for j in jobs.tolist()], np.int64)
+        group = np.where(jkey >= 0, jkey * 2, node * 2 + 1)
+        inv, ng = buckets(tab.t, self.poll_seconds, group % 1_000_003)
+        feats = []
+        n = None
+        for v in (clock, power, util):
+            med, cnt = group_median(inv, np.where(busy, v, np.nan), ng)
+            n = cnt
+            with np.errstate(invalid="ignore", divide="ignore"):
+                feats.append(np.log(v / med[inv]))
+        X = np.stack(feats, 1)
+        valid = busy & (n[inv] >= self.min_peers + 1) & np.isfinite(X).all(1)
+        return X, valid
+
+    def fit(self, window: Window) -> Straggler:
+        if hasattr(self, "location_"):
+            return self
+        X, valid = self._features(window)
+        X = X[valid]
+        if len(X) < 200:
+            return self
+        if len(X) > self.fit_rows:
+            X = X[np.random.default_rng(0).choice(len(X), self.fit_rows, replace=False)]
+        from sklearn.covariance import MinCovDet
+
+        try:
+            mcd = MinCovDet(random_state=0, support_fraction=0.9).fit(X)
+        except (ValueError, np.linalg.LinAlgError):
+            return self
+        cov = mcd.covariance_ + np.eye(X.shape[1]) * 1e-6
+        self.location_ = mcd.location_
+        self.precision_ = np.linalg.inv(cov)
+        return self
+
+    def score(self, window: Window) -> np.ndarray:
+        X, valid = self._features(window)
+        out = np.full(len(X), np.nan)
+        if not hasattr(self, "location_"):
+            return out
+        d = X[valid] - self.location_
+        out[valid] = np.sqrt(np.einsum("ij,jk,ik->i", d, self.precision_, d))
+        return out
+
+    def detect(self, window: Window) -> Hits:
+        if not hasattr(self, "location_"):
+            return Hits.none(self.kind)
+        tab = window.gpu
+        X, valid = self._features(window)
+        sc = self.score(window)
+        reasons = tab.col("clock_event_reasons")
+        r = np.where(np.isfinite(reasons) & (reasons >= 0), reasons, 0).astype(np.int64)
+        explained = ((r & EXPLAINED) != 0) | (thermal_bits(tab) > 0) | (nz(tab.col("clock_event_hw_power_brake")) > 0)
+        slow = X[:, 0] < np.log(1 - self.min_slowdown)
+        hit = valid & slow & (nz(sc) > self.distance) & ~explained
+
+        def ev(i):
+            return {"signals": ["clock_sm_mhz", "power_watts", "utilization_gpu_ratio"],
+                    "clock_vs_peers": round(float(np.exp(X[i, 0])), 3),
+                    "power_vs_peers": round(float(np.exp(X[i, 1])), 3),
+                    "robust_distance": round(float(sc[i]), 2), "threshold_distance": self.distance}
+
+        return self._gpu_hits(window, tab, hit, sc, False, ev)

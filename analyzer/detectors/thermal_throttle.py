@@ -1,0 +1,63 @@
+"""thermal_throttle: clocks held down because the GPU is too hot.
+
+Reads gpu.clock_event_sw_thermal, clock_event_hw_thermal (or bits 0x20/0x40 of
+clock_event_reasons) and the throttle-time counters throttle_sw_thermal_ns_total /
+throttle_hw_thermal_ns_total, so throttling that starts and ends between two polls counts.
+Power capping (0x4) and idle (0x1) are not throttling and are never read as such.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from analyzer.detectors.base import Detector, Hits, nz, share
+from analyzer.frame import Window
+
+SW_THERMAL, HW_THERMAL = 0x20, 0x40
+
+
+def thermal_bits(tab) -> np.ndarray:
+    """1 where a thermal reason is active, from the decoded flags or the bitmask."""
+    flags = np.fmax(tab.col("clock_event_sw_thermal"), tab.col("clock_event_hw_thermal"))
+    reasons = tab.col("clock_event_reasons")
+    ok = np.isfinite(reasons) & (reasons >= 0) & (reasons < 2**63)
+    bits = np.zeros(len(tab), float)
+    r = reasons[ok].astype(np.int64)
+    bits[ok] = ((r & (SW_THERMAL | HW_THERMAL)) != 0).astype(float)
+    return np.fmax(nz(flags) > 0, bits).astype(float)
+
+
+class ThermalThrottle(Detector):
+    kind = "thermal_throttle"
+
+    def __init__(self, min_share=0.05, dwell_seconds=10.0, gap_seconds=35.0, resolve_seconds=900.0):
+        self.min_share = min_share
+        self.dwell_seconds = dwell_seconds
+        self.gap_seconds = gap_seconds
+        self.resolve_seconds = resolve_seconds
+
+    def score(self, window: Window) -> np.ndarray:
+        tab = window.gpu
+        s = np.fmax(share(tab, "throttle_sw_thermal_ns_total"), share(tab, "throttle_hw_thermal_ns_total"))
+        return np.fmax(nz(s), thermal_bits(tab))
+
+    def detect(self, window: Window) -> Hits:
+        tab = window.gpu
+        sc = self.score(window)
+        bits = thermal_bits(tab)
+        hit = (bits > 0) | (sc >= self.min_share)
+        temp = tab.col("temperature_gpu_celsius")
+        slow = tab.ffill("temperature_slowdown_celsius")
+        clock = tab.col("clock_sm_mhz")
+
+        def ev(i):
+            return {"signals": ["clock_event_sw_thermal/hw_thermal", "throttle_*_thermal_ns_total"],
+                    "thermal_bits": int(bits[i]), "throttle_share": round(float(sc[i]), 3),
+                    "threshold_share": self.min_share, "temperature_gpu_celsius": _f(temp[i]),
+                    "temperature_slowdown_celsius": _f(slow[i]), "clock_sm_mhz": _f(clock[i])}
+
+        return self._gpu_hits(window, tab, hit, sc, False, ev)
+
+
+def _f(x):
+    return None if x is None or not np.isfinite(x) else round(float(x), 2)

@@ -1,0 +1,232 @@
+"""Incident engine: detector hits -> incidents (one per fault, not one per sample).
+
+Per (kind, scope key) the engine follows runs of hits: hits closer than the detector's
+``gap_seconds`` form a run; a run that lasts ``dwell_seconds`` opens an incident whose start is
+the run's first hit (so latency is the physics', not the dwell's); an open incident absorbs
+later hits until none came for ``resolve_seconds`` of data time, then it resolves with ``end``
+= its last hit. A node (rack) incident absorbs the GPU (node) incidents of its kind that
+began within ``absorb_seconds``; a kind listed in ``fold`` that lands on a GPU an open incident
+of the named kind covers becomes evidence of that incident instead of a second page.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from analyzer.detectors.base import Hits
+from analyzer.frame import Registry
+from gpufleet.records import Record
+
+SUMMARY = {
+    "thermal_throttle": "thermal throttling (clocks held down by temperature)",
+    "cooling_degradation": "running hotter than its power, inlet and peers predict",
+    "power_brake": "hardware power brake slowing the GPU",
+    "nvlink_degradation": "NVLink errors growing",
+    "pcie_degradation": "PCIe link degraded",
+    "memory_errors": "device memory errors",
+    "sdc": "silent data corruption: canary result mismatch",
+    "gpu_lost": "GPU lost (fell off the bus or stopped reporting)",
+    "straggler": "straggler: persistently slower than its job peers",
+}
+
+
+@dataclass
+class _State:
+    kind: str
+    key: tuple
+    run_start: float = 0.0
+    run_hits: int = 0
+    last_hit: float = -np.inf
+    incident: Record | None = None
+    peak: float = -np.inf
+    hits: int = 0
+    critical: bool = False
+    first_evidence: dict = field(default_factory=dict)
+    peak_evidence: dict = field(default_factory=dict)
+
+
+class Engine:
+    def __init__(self, detector_params: dict[str, dict], absorb_seconds: float = 3600.0,
+                 fold: dict[str, list[str]] | None = None):
+        self.params = detector_params
+        self.absorb_seconds = absorb_seconds
+        self.fold = fold or {}
+        self.states: dict[tuple, _State] = {}
+        self.closed: list[Record] = []
+        self.absorbed: list[Record] = []   # incidents merged into a wider one (kept for online resolve)
+        self.watermark = -np.inf
+
+    # ------------------------------------------------------------------ input
+    def add(self, hits: Hits, reg: Registry, rack_names: list[str]) -> None:
+        if not len(hits):
+            return
+        p = self.params.get(hits.kind, {})
+        dwell = float(p.get("dwell_seconds", 0.0))
+        gap = float(p.get("gap_seconds", 60.0))
+        resolve = float(p.get("resolve_seconds", 900.0))
+        racks = hits.rack if hits.rack is not None else np.full(len(hits), -1)
+        order = np.lexsort((hits.t, hits.link, hits.gpu, hits.host, racks))
+        ev = hits.evidence
+        for i in order.tolist():
+            key = (hits.kind, int(hits.host[i]), int(hits.gpu[i]), int(hits.link[i]), int(racks[i]))
+            st = self.states.get(key)
+            if st is None:
+                st = self.states[key] = _State(hits.kind, key)
+            t = float(hits.t[i])
+            e = ev[i] if ev else {}
+            if st.incident is not None and t - st.last_hit > resolve:
+                self._close(st)
+            if st.incident is not None:
+                self._extend(st, t, float(hits.score[i]), bool(hits.critical[i]), e)
+                continue
+            if t - st.last_hit > gap or st.run_hits == 0:
+                st.run_start, st.run_hits = t, 0
+                st.critical, st.peak, st.hits = False, -np.inf, 0
+                st.first_evidence = e
+            st.run_hits += 1
+            self._extend(st, t, float(hits.score[i]), bool(hits.critical[i]), e)
+            if t - st.run_start >= dwell:
+                st.incident = self._open(st, reg, rack_names)
+
+    def _extend(self, st: _State, t: float, score: float, critical: bool, e: dict) -> None:
+        st.last_hit = max(st.last_hit, t)
+        st.hits += 1
+        st.critical |= critical
+        if score > st.peak or not st.peak_evidence:
+            st.peak = score
+            st.peak_evidence = e
+        if st.incident is not None:
+            st.incident.severity = "critical" if st.critical else st.incident.severity
+            st.incident.evidence.update(self._evidence(st))
+
+    def _evidence(self, st: _State) -> dict:
+        return {"hits": st.hits, "last_hit": _iso(st.last_hit), "first": st.first_evidence,
+                "peak": st.peak_evidence, "peak_score": None if not np.isfinite(st.peak) else round(st.peak, 3)}
+
+    def _open(self, st: _State, reg: Registry, rack_names: list[str]) -> Record:
+        kind, host, gpu, link, rack = st.key
+        if host >= 0:
+            hname = reg.hosts[host]
+            rname = reg.host_rack[host]
+            cluster = reg.host_cluster[host]
+        else:
+            hname, cluster = None, None
+            rname = rack_names[rack] if 0 <= rack < len(rack_names) else None
+            if rname is not None:
+                cluster = next((c for r, c in zip(reg.host_rack, reg.host_cluster, strict=True) if r == rname), None)
+        gidx = reg.gpu_index[gpu] if gpu >= 0 else None
+        lno = link if link >= 0 else None
+        where = hname or (f"rack {rname}" if rname else "fleet")
+        if gidx is not None:
+            where += f" GPU {gidx}"
+        elif hname:
+            where += " (node: several GPUs)"
+        if lno is not None:
+            where += f" link {lno}"
+        summary = f"{where}: {SUMMARY.get(kind, kind)}"
+        pe = st.peak_evidence or st.first_evidence
+        detail = ", ".join(f"{k}={v}" for k, v in pe.items() if k != "signals" and v is not None)
+        if detail:
+            summary += f" ({detail})"
+        rec = Record(kind=kind, host=hname, gpu=gidx, link=lno, start=st.run_start, end=None,
+                     severity="critical" if st.critical or kind in ("sdc", "gpu_lost") else "warning",
+                     cluster=cluster, rack=rname, summary=summary)
+        rec.id = incident_id(rec)
+        rec.evidence = {"signals": sorted({s for e in (st.first_evidence, st.peak_evidence)
+                                           for s in e.get("signals", [])}),
+                        "thresholds": {k: v for k, v in self.params.get(kind, {}).items()
+                                       if not isinstance(v, list)}}
+        rec.evidence.update(self._evidence(st))
+        self._consolidate(rec, st)
+        return rec
+
+    def _consolidate(self, rec: Record, st: _State) -> None:
+        """A wider incident absorbs narrower ones of its kind that began shortly before it."""
+        kind = rec.kind
+        if rec.gpu is not None and rec.link is None and rec.host is not None:
+            return
+        for other in list(self.states.values()):
+            inc = other.incident
+            if other is st or inc is None or other.kind != kind:
+                continue
+            inside = (rec.host is not None and inc.host == rec.host and inc.gpu is not None) or \
+                     (rec.host is None and rec.rack is not None and inc.rack == rec.rack and inc.host is not None)
+            if inside and abs(inc.start - rec.start) <= self.absorb_seconds:
+                rec.start = min(rec.start, inc.start)
+                rec.evidence.setdefault("absorbed", []).append(inc.id)
+                inc.end = other.last_hit
+                self.absorbed.append(inc)
+                other.incident = None
+                other.run_hits = 0
+        rec.id = incident_id(rec)
+
+    def _close(self, st: _State) -> None:
+        inc = st.incident
+        inc.end = st.last_hit
+        self.closed.append(inc)
+        st.incident = None
+        st.run_hits = 0
+
+    def advance(self, watermark: float) -> None:
+        """Data time has reached ``watermark``: resolve what has been quiet long enough."""
+        self.watermark = max(self.watermark, watermark)
+        for st in self.states.values():
+            if st.incident is not None:
+                resolve = float(self.params.get(st.kind, {}).get("resolve_seconds", 900.0))
+                if self.watermark - st.last_hit > resolve:
+                    self._close(st)
+            elif st.run_hits and self.watermark - st.last_hit > float(
+                    self.params.get(st.kind, {}).get("gap_seconds", 60.0)):
+                st.run_hits = 0
+
+    # ------------------------------------------------------------------ output
+    def open_incidents(self) -> list[Record]:
+        return [st.incident for st in self.states.values() if st.incident is not None]
+
+    def incidents(self) -> list[Record]:
+        """Every incident so far (closed and open), folds applied, sorted by start."""
+        out = self._folded(self.closed + self.open_incidents())
+        return sorted(out, key=lambda r: (r.start, r.kind, r.host or "", r.gpu or -1, r.link or -1))
+
+    def _folded(self, recs: list[Record]) -> list[Record]:
+        if not self.fold:
+            return recs
+        keep = []
+        for r in recs:
+            hosts = self.fold.get(r.kind)
+            if hosts:
+                cover = [o for o in recs if o.kind in hosts and _covers(o, r)]
+                if cover:
+                    target = min(cover, key=lambda o: o.start)
+                    target.evidence.setdefault("impact", []).append(
+                        {"kind": r.kind, "start": _iso(r.start), "id": r.id})
+                    if target.impact_at is None or r.start < target.impact_at:
+                        target.impact_at = r.start
+                    continue
+            keep.append(r)
+        return keep
+
+
+def _covers(o: Record, r: Record) -> bool:
+    """Does incident ``o`` (its time span and scope) cover incident ``r``?"""
+    if o.start > r.start + 1800 or (o.end is not None and o.end + 1800 < r.start):
+        return False
+    if o.host is None:
+        return o.rack is not None and o.rack == r.rack
+    if o.host != r.host:
+        return False
+    return o.gpu is None or o.gpu == r.gpu
+
+
+def incident_id(r: Record) -> str:
+    key = f"{r.kind}|{r.cluster}|{r.rack}|{r.host}|{r.gpu}|{r.link}|{int(r.start)}"
+    return hashlib.sha1(key.encode()).hexdigest()[:16]
+
+
+def _iso(t: float):
+    from gpufleet.records import to_rfc3339
+
+    return to_rfc3339(round(t, 3)) if np.isfinite(t) else None

@@ -1,0 +1,232 @@
+"""Windows of parsed telemetry, as the detectors see them.
+
+Rows of each measurement are mapped to stable entity ids (a GPU is ``(host, gpu)``, a link
+``(host, gpu, link)``), sorted by entity and time, de-duplicated (the last copy of a point
+wins) and held as float columns where NaN means absent. A :class:`Window` carries the rows
+of ``[start, end)`` plus a little context before ``start`` (for counter deltas and smoothing);
+detectors report only on rows with ``new`` set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from analyzer.parse import Rows, SeriesIndex
+
+
+class Registry:
+    """Stable ids for GPUs, links and hosts across windows, with their labels."""
+
+    def __init__(self):
+        self.gpu_ids: dict[tuple[str, str], int] = {}
+        self.gpu_host: list[str] = []
+        self.gpu_index: list[int | None] = []
+        self.gpu_node: list[int] = []
+        self.gpu_model: list[str | None] = []
+        self.host_ids: dict[str, int] = {}
+        self.hosts: list[str] = []
+        self.host_rack: list[str | None] = []
+        self.host_cluster: list[str | None] = []
+        self.link_ids: dict[tuple[str, str, str], int] = {}
+        self.link_gpu: list[int] = []
+        self.link_no: list[int | None] = []
+        self._sid_gpu: dict[int, int] = {}
+        self._sid_link: dict[int, int] = {}
+        self._sid_host: dict[int, int] = {}
+
+    def host(self, tags: dict) -> int:
+        h = tags.get("host", "")
+        i = self.host_ids.get(h)
+        if i is None:
+            i = self.host_ids[h] = len(self.hosts)
+            self.hosts.append(h)
+            self.host_rack.append(tags.get("rack"))
+            self.host_cluster.append(tags.get("cluster"))
+        else:
+            if self.host_rack[i] is None and tags.get("rack"):
+                self.host_rack[i] = tags["rack"]
+            if self.host_cluster[i] is None and tags.get("cluster"):
+                self.host_cluster[i] = tags["cluster"]
+        return i
+
+    def gpu(self, tags: dict) -> int:
+        key = (tags.get("host", ""), tags.get("gpu", ""))
+        i = self.gpu_ids.get(key)
+        if i is None:
+            i = self.gpu_ids[key] = len(self.gpu_host)
+            self.gpu_host.append(key[0])
+            self.gpu_index.append(_int(key[1]))
+            self.gpu_node.append(self.host(tags))
+            self.gpu_model.append(tags.get("model"))
+        else:
+            self.host(tags)
+        return i
+
+    def link(self, tags: dict) -> int:
+        key = (tags.get("host", ""), tags.get("gpu", ""), tags.get("link", ""))
+        i = self.link_ids.get(key)
+        if i is None:
+            i = self.link_ids[key] = len(self.link_gpu)
+            self.link_gpu.append(self.gpu(tags))
+            self.link_no.append(_int(key[2]))
+        return i
+
+    def entity(self, rows: Rows, series: SeriesIndex, kind: str) -> np.ndarray:
+        """Entity id per row: kind 'gpu', 'link' or 'host'."""
+        cache, fn = {"gpu": (self._sid_gpu, self.gpu), "link": (self._sid_link, self.link),
+                     "host": (self._sid_host, self.host)}[kind]
+        u, inv = np.unique(rows.sid, return_inverse=True)
+        ids = np.empty(len(u), np.int64)
+        for j, s in enumerate(u.tolist()):
+            e = cache.get(s)
+            if e is None:
+                e = cache[s] = fn(series.tags[s])
+            ids[j] = e
+        return ids[inv]
+
+    def arrays(self):
+        """(gpu -> node id, gpu -> rack id) as arrays, racks numbered in first-seen order."""
+        racks: dict = {}
+        for r in self.host_rack:
+            if r is not None:
+                racks.setdefault(r, len(racks))
+        # a host without a rack label is a rack of its own (never merged with other unlabelled hosts)
+        host_rack = np.array([racks[r] if r is not None else 10**6 + i for i, r in enumerate(self.host_rack)],
+                             np.int64)
+        node = np.array(self.gpu_node, np.int64)
+        return node, host_rack[node] if len(node) else node
+
+    def labels(self, gid: int) -> dict:
+        h = self.gpu_node[gid]
+        return {"host": self.gpu_host[gid], "gpu": self.gpu_index[gid],
+                "rack": self.host_rack[h], "cluster": self.host_cluster[h]}
+
+
+def _int(s):
+    try:
+        return int(s)
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass
+class Table:
+    """Rows of one measurement for one window, sorted by (entity, time), duplicates removed."""
+
+    ent: np.ndarray
+    t: np.ndarray                  # seconds since the epoch
+    cols: dict[str, np.ndarray] = field(default_factory=dict)
+    text: dict[str, np.ndarray] = field(default_factory=dict)
+    new: np.ndarray | None = None  # rows inside the window proper
+
+    @classmethod
+    def build(cls, ent: np.ndarray, t_ns: np.ndarray, cols: dict, text: dict | None = None) -> Table:
+        order = np.lexsort((np.arange(len(ent)), t_ns, ent))
+        ent, t_ns = ent[order], t_ns[order]
+        keep = np.ones(len(ent), bool)
+        if len(ent) > 1:
+            keep[:-1] = (ent[1:] != ent[:-1]) | (t_ns[1:] != t_ns[:-1])  # last copy wins
+        idx = order[keep]
+        tab = cls(ent[keep], t_ns[keep] / 1e9)
+        tab.cols = {k: v[idx] for k, v in cols.items()}
+        tab.text = {k: v[idx] for k, v in (text or {}).items()}
+        return tab
+
+    @classmethod
+    def empty(cls) -> Table:
+        return cls(np.zeros(0, np.int64), np.zeros(0))
+
+    def __len__(self):
+        return len(self.t)
+
+    def col(self, name: str) -> np.ndarray:
+        v = self.cols.get(name)
+        if v is None:
+            return np.full(len(self.t), np.nan)
+        return v
+
+    def first_of_entity(self) -> np.ndarray:
+        f = np.ones(len(self.ent), bool)
+        if len(f) > 1:
+            f[1:] = self.ent[1:] != self.ent[:-1]
+        return f
+
+    def prev(self, v: np.ndarray) -> np.ndarray:
+        out = np.empty(len(v), dtype=float)
+        if len(v):
+            out[0] = np.nan
+            out[1:] = v[:-1]
+            out[self.first_of_entity()] = np.nan
+        return out
+
+    def dt(self) -> np.ndarray:
+        return self.t - self.prev(self.t)
+
+    def delta(self, name: str) -> np.ndarray:
+        """Counter increase since the entity's previous row; NaN at resets, rollovers and gaps."""
+        v = self.col(name)
+        d = v - self.prev(v)
+        d[d < 0] = np.nan
+        return d
+
+    def ffill(self, name: str) -> np.ndarray:
+        """Forward-fill a slow-tier column within each entity."""
+        v = self.col(name).copy()
+        if not len(v):
+            return v
+        idx = np.where(np.isnan(v), 0, np.arange(len(v)))
+        starts = np.flatnonzero(self.first_of_entity())
+        # reset the carry at each entity start: positions before the first valid value stay NaN
+        np.maximum.accumulate(idx, out=idx)
+        seg = np.searchsorted(starts, np.arange(len(v)), side="right") - 1
+        ok = idx >= starts[seg]
+        out = np.where(ok, v[idx], np.nan)
+        return out
+
+    def ffill_text(self, name: str) -> np.ndarray:
+        v = self.text.get(name)
+        if v is None:
+            return np.full(len(self.t), None, dtype=object)
+        out = v.copy()
+        first = self.first_of_entity()
+        last = None
+        for i in range(len(out)):
+            if first[i]:
+                last = None
+            if out[i] is None:
+                out[i] = last
+            else:
+                last = out[i]
+        return out
+
+    def rolling_mean(self, v: np.ndarray, seconds: float) -> np.ndarray:
+        """Mean of the entity's non-NaN values over the trailing ``seconds`` (inclusive)."""
+        ok = ~np.isnan(v)
+        c = np.concatenate([[0.0], np.cumsum(np.where(ok, v, 0.0))])
+        n = np.concatenate([[0], np.cumsum(ok)])
+        t0 = self.t.min() if len(self.t) else 0.0
+        key = self.ent.astype(np.float64) * 1e7 + (self.t - t0)  # exact while a window spans < 1e7 s
+        lo = np.searchsorted(key, key - seconds, side="left")
+        hi = np.arange(len(v)) + 1
+        cnt = n[hi] - n[lo]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(cnt > 0, (c[hi] - c[lo]) / np.maximum(cnt, 1), np.nan)
+
+
+@dataclass
+class Window:
+    start: float
+    end: float
+    reg: Registry
+    gpu: Table
+    nvlink: Table
+    event: Table
+    canary: Table
+    host: Table
+    bmc: Table
+    node_of: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    rack_of: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    last_seen: np.ndarray = field(default_factory=lambda: np.zeros(0))       # per GPU, up to window end
+    host_last_seen: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per host (host rows)
