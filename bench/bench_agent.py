@@ -1,0 +1,110 @@
+"""Agent benchmarks: export throughput into InfluxDB 1.6.7 vs a raw POST, CPU per GPU per tick, RSS.
+
+- throughput: the influx sender draining a spool of real agent lines (batches of 5000, gzip)
+  into a local InfluxDB 1.6.7, next to a raw ``requests`` POST of the same lines in the same run;
+- CPU per GPU per tick with the sim backend (8 GPUs, 18 NVLink links each), file + influx
+  exporters on, split into collection / OpenTelemetry SDK / encoding+export;
+- RSS of a real ``gpufleet agent run`` process with 8 simulated GPUs.
+"""
+
+from __future__ import annotations
+
+import gzip
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+
+
+def _agent(tmp: Path, url: str):
+    from agent import config
+    from agent.daemon import Agent
+
+    cfg = config.validate({"agent": {"backend": "sim", "interval": 1, "exporters": ["file", "influx"],
+                                     "host": "bench"},
+                           "influx": {"url": url, "db": "bench"},
+                           "file": {"dir": str(tmp / "lp")}, "spool": {"dir": str(tmp / "spool")}})
+    return Agent(cfg)
+
+
+def run(quick: bool) -> list[dict]:
+    from tests.servers import InfluxDB1
+
+    rows = []
+    ticks = 10 if quick else 60
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        with InfluxDB1(tmp / "influx") as srv:
+            srv.create_db("bench")
+            srv.create_db("raw")
+            ag = _agent(tmp, srv.url)
+            ag.sender.stop_event.set()  # measure the tick alone; drain afterwards
+            t = time.time_ns() - ticks * 10**9
+            ag.tick(t)
+            split = {"collect": 0.0, "otel": 0.0, "encode_export": 0.0}
+            c0 = time.process_time()
+            for i in range(ticks):
+                ag.tick(t + (i + 1) * 10**9)
+                for k in split:
+                    split[k] += ag.timing[k]
+            cpu = (time.process_time() - c0) / ticks / 8
+            for k, v in split.items():
+                rows.append({"benchmark": "agent", "metric": f"per GPU per tick: {k} (wall)",
+                         "value": v / ticks / 8 * 1e3,
+                             "unit": "ms", "note": "wall time of the part, sim backend, 8 GPUs x 18 links"})
+            rows.append({"benchmark": "agent", "metric": "CPU per GPU per tick: total", "value": cpu * 1e3,
+                         "unit": "ms", "target": "<= 0.5", "note": "process CPU, file + influx exporters"})
+            n_sdk = ag.pipeline.points
+            rows.append({"benchmark": "agent", "metric": "OpenTelemetry SDK per data point",
+                         "value": split["otel"] / ticks / n_sdk * 1e6, "unit": "us",
+                         "note": f"{n_sdk} data points per tick"})
+            # throughput: make a large spool of real lines, drain it, then raw POST the same lines
+            lines = []
+            base = ag.spool.read_batch(10**9)[0]
+            reps = 3 if quick else 12
+            for r in range(reps):
+                shift = (r + 1) * 10**12
+                for ln in base:
+                    head, fields, ts = ln.rsplit(" ", 2)
+                    lines.append(f"{head} {fields} {int(ts) - shift}")
+            ag.spool.append(lines[:0])
+            for i in range(0, len(lines), 5000):
+                ag.spool.append(lines[i:i + 5000])
+            nfields = sum(ln.rsplit(" ", 2)[1].count("=") for ln in ag.spool.read_batch(10**9)[0])
+            t0 = time.perf_counter()
+            while ag.sender.step() != "empty":
+                pass
+            dt_agent = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            all_lines = base + lines
+            for i in range(0, len(all_lines), 5000):
+                body = gzip.compress(("\n".join(all_lines[i:i + 5000]) + "\n").encode(), 1)
+                r = requests.post(srv.url + "/write", params={"db": "raw", "precision": "ns"}, data=body,
+                                  headers={"Content-Encoding": "gzip"}, timeout=60)
+                assert r.status_code == 204, r.text
+            dt_raw = time.perf_counter() - t0
+            ag.close(0)
+            rows.append({"benchmark": "agent", "metric": "export throughput (spool -> InfluxDB 1.6.7)",
+                         "value": nfields / dt_agent, "unit": "field values/s", "target": ">= 500000",
+                         "note": f"{len(all_lines)} lines"})
+            rows.append({"benchmark": "agent", "metric": "raw requests POST of the same lines",
+                         "value": nfields / dt_raw, "unit": "field values/s"})
+            rows.append({"benchmark": "agent", "metric": "exporter / raw POST", "value": dt_raw / dt_agent,
+                         "unit": "ratio"})
+        # RSS of a real agent process
+        proc = subprocess.Popen([sys.executable, "-m", "gpufleet", "agent", "run", "--backend", "sim",
+                                 "--interval", "1", "--exporter", "file", "--file-dir", str(tmp / "lp2")],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(4 if quick else 15)
+        rss = 0
+        for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1]) / 1024
+        proc.terminate()
+        proc.wait(10)
+        rows.append({"benchmark": "agent", "metric": "RSS of agent run, 8 simulated GPUs", "value": rss,
+                     "unit": "MB", "target": "<= 60"})
+    return rows
