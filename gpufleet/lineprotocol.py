@@ -88,8 +88,8 @@ _UNESC_STR = re.compile(r'\\(["\\nr])')
 _STR_ESC = {'"': '"', "\\": "\\", "n": "\n", "r": "\r"}
 
 
-def _split_unescaped(s: str, sep: str) -> list[str]:
-    """Split on ``sep`` not preceded by a backslash escape and not inside double quotes."""
+def _split_unescaped(s: str, sep: str, quotes: bool = True, maxsplit: int = -1) -> list[str]:
+    """Split on ``sep`` not preceded by a backslash escape (nor inside double quotes, if ``quotes``)."""
     out, buf, i, n, quoted = [], [], 0, len(s), False
     while i < n:
         c = s[i]
@@ -97,9 +97,9 @@ def _split_unescaped(s: str, sep: str) -> list[str]:
             buf.append(s[i:i + 2])
             i += 2
             continue
-        if c == '"':
+        if c == '"' and quotes:
             quoted = not quoted
-        elif c == sep and not quoted:
+        elif c == sep and not quoted and maxsplit != len(out):
             out.append("".join(buf))
             buf = []
             i += 1
@@ -135,17 +135,20 @@ def _parse_value(raw: str) -> object:
 def parse_line(line: str) -> Point:
     """Parse one line of line protocol. Raises ParseError for anything malformed."""
     line = line.rstrip("\n")
-    sections = _split_unescaped(line, " ")
-    sections = [s for s in sections if s != ""]
+    # measurement and tags end at the first unescaped space; quotes are literal there
+    head_rest = _split_unescaped(line, " ", quotes=False, maxsplit=1)
+    if len(head_rest) != 2:
+        raise ParseError("expected 2 or 3 sections, got 1")
+    sections = [head_rest[0]] + [s for s in _split_unescaped(head_rest[1], " ") if s != ""]
     if len(sections) not in (2, 3):
         raise ParseError(f"expected 2 or 3 sections, got {len(sections)}")
-    head = _split_unescaped(sections[0], ",")
+    head = _split_unescaped(sections[0], ",", quotes=False)
     measurement = _unkey(head[0])
     if not measurement:
         raise ParseError("empty measurement")
     tags: dict[str, str] = {}
     for t in head[1:]:
-        kv = _split_unescaped(t, "=")
+        kv = _split_unescaped(t, "=", quotes=False)
         if len(kv) != 2 or not kv[0]:
             raise ParseError(f"bad tag {t!r}")
         tags[_unkey(kv[0])] = _unkey(kv[1])

@@ -34,3 +34,10 @@ def test_round_trip(meas, tag, sval, ival, fval):
 def test_parse_rejects_garbage(bad):
     with pytest.raises(lp.ParseError):
         lp.parse_line(bad)
+
+
+def test_quotes_in_tags_are_literal():
+    line = lp.encode("gpu", {"host": 'say "hi" there', "rack": '"'}, {"v": 1, "s": "a b"}, 7)
+    p = lp.parse_line(line)
+    assert p.tags == {"host": 'say "hi" there', "rack": '"'}
+    assert p.fields == {"v": 1, "s": "a b"}
