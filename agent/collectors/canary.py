@@ -124,10 +124,12 @@ class TorchEngine:
 
     def flip_bits(self, out, count: int, bit: int) -> None:
         t = self.torch
-        view = out.view(t.int16 if out.element_size() == 2 else t.int32).reshape(-1)
+        width = 8 * out.element_size()
+        view = out.view(t.int16 if width == 16 else t.int32).reshape(-1)
         idx = t.linspace(0, view.numel() - 1, steps=count, device=out.device).long()
-        mask = (1 << bit) if bit < 15 else -(1 << 15)
-        view[idx] ^= mask
+        bit = bit % width
+        mask = (1 << bit) if bit < width - 1 else -(1 << (width - 1))  # the sign bit, as a signed int
+        view[idx] = view[idx] ^ mask
 
     def host(self, out) -> np.ndarray:
         t = self.torch
