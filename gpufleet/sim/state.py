@@ -1,0 +1,336 @@
+"""The evolving state of a set of simulated GPUs: physics, error counters, links, health, events.
+
+:class:`SimState` is shared by the fleet generator (all GPUs, fixed steps) and by
+:class:`gpufleet.sim.node.SimNode` (one node, whatever steps the agent's polls make).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from gpufleet.sim.fleet import Fault, Fleet
+from gpufleet.sim.physics import Physics
+
+N_ERR = 4  # nvlink counters: crc_flit, crc_data, replay, recovery
+
+XID_TEXT = {
+    48: "DBE (Double Bit Error) ECC Error",
+    63: "Row Remapper: New row marked for remapping, reset gpu to activate.",
+    64: "Row Remapper: Failed to mark row for remapping",
+    74: "NVLink: fatal error detected on link {link}",
+    79: "GPU has fallen off the bus.",
+    92: "High single-bit ECC error rate",
+    94: "Contained: SM (0x1). RST: No, D-RST: No",
+    95: "Uncontained: LTC TAG (0x2,0x0). RST: Yes, D-RST: No",
+}
+GOOD_DIGEST = hashlib.sha256(b"gpufleet-canary-4096-fp32").hexdigest()
+
+
+class SimState:
+    """State of the GPUs ``idx`` (global indices) of ``fleet``; :meth:`step` advances them."""
+
+    def __init__(self, fleet: Fleet, idx: np.ndarray):
+        self.fleet = fleet
+        self.idx = np.asarray(idx, dtype=np.int64)
+        n = self.n = len(self.idx)
+        m = fleet.model
+        self.pos = {int(g): k for k, g in enumerate(self.idx)}
+        self.faults = [f for f in fleet.faults if self._touches(f)]
+        inlet0 = fleet.inlet(np.array([0.0]))[0][fleet.gpu_rack[self.idx]]
+        self.phys = Physics(n, m, inlet0)
+        # the driver was loaded days before the run: counters start from history
+        hist = np.random.default_rng(np.random.SeedSequence([fleet.seed, 0xC0DE])).uniform(1, 20, fleet.n)[
+            self.idx
+        ]
+        self.phys.energy_j += hist * 86400 * 310.0
+        self.phys.t_cap += hist * 86400 * 0.4
+        self.eff = fleet.eff[self.idx]
+        self.g0 = fleet.g_gpu[self.idx] * fleet.g_node[fleet.gpu_node[self.idx]]
+        # lifetime counters (the driver's volatile counters = lifetime - offset at the last reload)
+        self.pcie = np.zeros(n, dtype=np.int64)
+        self.sbe = np.zeros(n, dtype=np.int64)
+        self.dbe = np.zeros(n, dtype=np.int64)
+        self.sbe_agg0 = np.asarray(
+            np.random.default_rng(np.random.SeedSequence([fleet.seed, 0xA66])).poisson(3.0, fleet.n)[
+                self.idx
+            ],
+            dtype=np.int64,
+        )
+        self.remap_corr = np.zeros(n, dtype=np.int64)
+        self.remap_unc = np.zeros(n, dtype=np.int64)
+        self.remap_pending = np.zeros(n, dtype=np.int64)
+        self.remap_fail = np.zeros(n, dtype=np.int64)
+        self.off = {k: np.zeros(n) for k in ("energy", "cap", "swth", "hwth", "brake")}
+        self.off_i = {k: np.zeros(n, dtype=np.int64) for k in ("pcie", "sbe", "dbe")}
+        self.width = np.full(n, m.pcie_width, dtype=np.int64)
+        self.gen = np.full(n, m.pcie_gen, dtype=np.int64)
+        self.lost = np.zeros(n, dtype=bool)
+        # NVLink: only links with a fault carry state; every other link is up with zero counters
+        self.links: dict[tuple[int, int], dict] = {}
+        for f in self.faults:
+            if f.kind == "nvlink_degradation":
+                self.links[(self.pos[f.gpu], f.link)] = {
+                    "life": np.zeros(N_ERR, dtype=np.int64),
+                    "off": np.zeros(N_ERR, dtype=np.int64),
+                    "up": 1,
+                    "fault": f,
+                }
+        self.done: set[tuple[int, str]] = set()  # one-shot events already fired
+        self.first: dict[int, float] = {}  # id(fault) -> first time its signature showed
+        self.bg_sbe = fleet.scenario.nuisances["background_sbe_per_gpu_day"] / 86400.0
+
+    def _touches(self, f: Fault) -> bool:
+        fl = self.fleet
+        if f.gpu is not None:
+            return int(f.gpu) in self.pos
+        if f.scope == "node":
+            return any(fl.gpu_node[g] == f.node for g in self.idx)
+        if f.scope == "rack":
+            return any(fl.gpu_rack[g] == f.rack for g in self.idx)
+        return False
+
+    def _gpus_of(self, f: Fault) -> np.ndarray:
+        fl = self.fleet
+        if f.gpu is not None:
+            return np.array([self.pos[int(f.gpu)]])
+        if f.scope == "node":
+            return np.nonzero(fl.gpu_node[self.idx] == f.node)[0]
+        return np.nonzero(fl.gpu_rack[self.idx] == f.rack)[0]
+
+    def driver_reload(self) -> None:
+        """Volatile counters restart from zero; a pending row remap is applied."""
+        p = self.phys
+        self.off["energy"] = p.energy_j.copy()
+        self.off["cap"], self.off["swth"] = p.t_cap.copy(), p.t_swth.copy()
+        self.off["hwth"], self.off["brake"] = p.t_hwth.copy(), p.t_brake.copy()
+        self.off_i["pcie"], self.off_i["sbe"], self.off_i["dbe"] = (
+            self.pcie.copy(),
+            self.sbe.copy(),
+            self.dbe.copy(),
+        )
+        self.remap_pending[:] = 0
+        for st in self.links.values():
+            st["off"] = st["life"].copy()
+
+    def reload_gpus(self, sel: np.ndarray) -> None:
+        """Driver reload on some GPUs only (a node's): offsets of those GPUs move."""
+        p = self.phys
+        for k, arr in (
+            ("energy", p.energy_j),
+            ("cap", p.t_cap),
+            ("swth", p.t_swth),
+            ("hwth", p.t_hwth),
+            ("brake", p.t_brake),
+        ):
+            self.off[k][sel] = arr[sel]
+        for k, arr in (("pcie", self.pcie), ("sbe", self.sbe), ("dbe", self.dbe)):
+            self.off_i[k][sel] = arr[sel]
+        self.remap_pending[sel] = 0
+        for (k, _), st in self.links.items():
+            if sel[k]:
+                st["off"] = st["life"].copy()
+
+    def step(
+        self,
+        t: float,
+        dt: float,
+        phase: np.ndarray,
+        inlet: np.ndarray,
+        rng: np.random.Generator,
+        events: list | None = None,
+        jobs: np.ndarray | None = None,
+    ) -> dict:
+        """Advance to run time ``t`` (seconds since the run start) over ``dt``.
+
+        ``phase``/``inlet`` are the GPUs' workload phase codes and inlet °C over the step.
+        XIDs that fire are appended to ``events`` as (t, local gpu, code, message, job).
+        """
+        n = self.n
+        g = self.g0.copy()
+        brake = np.zeros(n, dtype=bool)
+        strag = np.ones(n)
+        inlet = inlet.copy()
+        t0 = t - dt
+        tt = np.array([t])
+        for f in self.faults:
+            if not f.active(tt)[0] and f.kind not in ("memory_errors", "gpu_lost", "pcie_degradation"):
+                continue
+            sel = self._gpus_of(f)
+            k = f.kind
+            if k == "cooling_degradation":
+                r = f.ramp(tt)[0]
+                if f.scope == "rack":
+                    inlet[sel] += 12.0 * f.severity * r
+                elif f.scope == "node":
+                    g[sel] *= 1.0 + 1.1 * f.severity * r
+                else:
+                    g[sel] *= 1.0 + 1.1 * f.severity * r
+            elif k == "thermal_throttle":
+                g[sel] *= 1.0 + 1.5 * f.severity
+            elif k == "power_brake":
+                if any(a <= t < b for a, b in f.params["episodes"]):
+                    brake[sel] = True
+            elif k == "straggler":
+                strag[sel] = 1.0 - 0.13 * f.severity
+            elif k == "gpu_lost":
+                if t >= f.onset and not self.lost[sel[0]]:
+                    self.lost[sel] = True
+                    if events is not None:
+                        events.append((f.onset, int(sel[0]), 79, XID_TEXT[79], None))
+            elif k == "memory_errors":
+                self._memory(f, int(sel[0]), t0, t, dt, rng, events, jobs)
+            elif k == "pcie_degradation":
+                self._pcie(f, int(sel[0]), t, dt, rng)
+            elif k == "nvlink_degradation":
+                self._nvlink(f, int(sel[0]), t, dt, rng, events)
+        if self.bg_sbe > 0:
+            hits = rng.random(n) < self.bg_sbe * dt
+            if hits.any():
+                self.sbe += hits
+        out = self.phys.step(dt, phase, self.eff, g, inlet, brake, strag, rng)
+        out["lost"] = self.lost.copy()
+        return out
+
+    # -- fault counters -------------------------------------------------------------------------
+    def _memory(self, f: Fault, k: int, t0: float, t: float, dt: float, rng, events, jobs) -> None:
+        if t < f.onset or (f.end is not None and t0 >= f.end):
+            return
+        rate = f.params["sbe_rate"]
+        if (k, "mem0") not in self.done:
+            self.done.add((k, "mem0"))
+            self.sbe[k] += 1  # the first corrected error marks the onset
+        if f.mode == "sbe_storm":
+            # bursts of corrected errors: three minutes on, three off
+            if int((t - f.onset) // 180) % 2 == 0:
+                self.sbe[k] += rng.poisson(rate * min(dt, t - f.onset + 1e-9))
+            self._xid_once(f, k, 92, f.onset, events, jobs)
+            return
+        esc = f.params["escalate_at"]
+        if t < esc:
+            self.sbe[k] += rng.poisson(0.2 * rate * min(dt, t - f.onset + 1e-9))
+            return
+        if (k, "esc") in self.done:
+            return
+        self.done.add((k, "esc"))
+        if f.mode == "remap_pending":
+            self.remap_corr[k] += 1
+            self.remap_pending[k] = 1
+            self._xid(esc, k, 63, events, jobs)
+        elif f.mode == "remap_failed":
+            self.remap_fail[k] = 1
+            self._xid(esc, k, 64, events, jobs)
+        elif f.mode in ("dbe", "uncontained"):
+            self.dbe[k] += 1
+            self.remap_unc[k] += 1
+            self.remap_pending[k] = 1
+            self._xid(esc, k, 48, events, jobs)
+            if f.mode == "dbe":
+                self._xid(esc, k, 94, events, jobs)
+                self._xid(esc, k, 63, events, jobs)
+            else:
+                self._xid(esc, k, 95, events, jobs)
+
+    def _xid(self, when, k, code, events, jobs) -> None:
+        if events is not None:
+            job = int(jobs[k]) if jobs is not None and jobs[k] else None
+            events.append((when, k, code, XID_TEXT[code], job))
+
+    def _xid_once(self, f, k, code, when, events, jobs) -> None:
+        if (k, f"xid{code}") not in self.done:
+            self.done.add((k, f"xid{code}"))
+            self._xid(when, k, code, events, jobs)
+
+    def _pcie(self, f: Fault, k: int, t: float, dt: float, rng) -> None:
+        if not f.active(np.array([t]))[0]:
+            if f.mode != "replay_storm" and f.end is not None and t >= f.end:
+                self.width[k], self.gen[k] = self.fleet.model.pcie_width, self.fleet.model.pcie_gen
+            return
+        if f.mode == "replay_storm":
+            r = f.params["rate"] * max(f.ramp(np.array([t]))[0], 0.05)
+            self.pcie[k] += rng.poisson(r * dt)
+        elif f.mode == "width":
+            self.width[k] = f.params["width"]
+        elif f.mode == "gen":
+            self.gen[k] = f.params["gen"]
+
+    def _nvlink(self, f: Fault, k: int, t: float, dt: float, rng, events) -> None:
+        st = self.links[(k, f.link)]
+        if t < f.onset or not st["up"]:
+            return
+        # CRC rate grows exponentially from ~0.05/s; replays follow CRC bursts, recoveries follow
+        # replays, and the link goes down at onset + growth when severity >= 1.
+        x = (t - f.onset) / max(f.growth, 1e-9)
+        crc = 0.05 * np.exp(7.5 * min(x, 1.0)) * f.severity
+        inc = np.zeros(N_ERR, dtype=np.int64)
+        inc[0] = rng.poisson(crc * dt)
+        inc[1] = rng.poisson(crc * dt * 0.3)
+        if x > 0.25:
+            inc[2] = rng.poisson(crc * dt * 0.05)
+        if x > 0.6:
+            inc[3] = rng.poisson(max(crc * dt * 0.002, 0.02))
+        if x <= 0.25 and (k, "nv0") not in self.done and inc[0] == 0:
+            inc[0] = 1  # make the onset visible in the first step
+        self.done.add((k, "nv0"))
+        st["life"] += inc
+        if inc[2] or inc[3]:
+            st.setdefault("first_replay", t)
+        if f.severity >= 1 and x >= 1.0:
+            st["up"] = 0
+            st["down_at"] = t
+            if events is not None:
+                events.append((t, k, 74, XID_TEXT[74].format(link=f.link), None))
+
+    # -- views --------------------------------------------------------------------------------
+    def counters(self) -> dict[str, np.ndarray]:
+        """The driver's counters as NVML reports them now (volatile ones since the last reload)."""
+        p = self.phys
+        return {
+            "energy_j": p.energy_j - self.off["energy"],
+            "throttle_sw_power_cap_ns_total": np.round((p.t_cap - self.off["cap"]) * 1e9).astype(np.int64),
+            "throttle_sw_thermal_ns_total": np.round((p.t_swth - self.off["swth"]) * 1e9).astype(np.int64),
+            "throttle_hw_thermal_ns_total": np.round((p.t_hwth - self.off["hwth"]) * 1e9).astype(np.int64),
+            "throttle_hw_power_brake_ns_total": np.round((p.t_brake - self.off["brake"]) * 1e9).astype(
+                np.int64
+            ),
+            "pcie_replay_total": self.pcie - self.off_i["pcie"],
+            "ecc_corrected_volatile_total": self.sbe - self.off_i["sbe"],
+            "ecc_uncorrected_volatile_total": self.dbe - self.off_i["dbe"],
+            "ecc_corrected_aggregate_total": self.sbe + self.sbe_agg0,
+            "ecc_uncorrected_aggregate_total": self.dbe.copy(),
+            "remapped_rows_correctable": self.remap_corr.copy(),
+            "remapped_rows_uncorrectable": self.remap_unc.copy(),
+            "remapped_rows_pending": self.remap_pending.copy(),
+            "remapped_rows_failure": self.remap_fail.copy(),
+            "pcie_link_gen": self.gen.copy(),
+            "pcie_link_width": self.width.copy(),
+        }
+
+    def link_rows(self, k: int) -> list[tuple[int, int, int, int, int, int]]:
+        """(link, up, crc_flit, crc_data, replay, recovery) for every link of local GPU ``k``."""
+        out = []
+        for link in range(self.fleet.model.nvlinks):
+            st = self.links.get((k, link))
+            if st is None:
+                out.append((link, 1, 0, 0, 0, 0))
+            else:
+                v = st["life"] - st["off"]
+                out.append((link, int(st["up"]), int(v[0]), int(v[1]), int(v[2]), int(v[3])))
+        return out
+
+    def canary(self, k: int, t: float, rng: np.random.Generator) -> tuple[int, int, str]:
+        """(passed, mismatches, digest) of a known-answer check on local GPU ``k`` at run time ``t``."""
+        for f in self.faults:
+            if (
+                f.kind == "sdc"
+                and f.gpu is not None
+                and self.pos[int(f.gpu)] == k
+                and f.active(np.array([t]))[0]
+            ):
+                if rng.random() < f.probability:
+                    self.first.setdefault(id(f), t)
+                    mism = int(rng.integers(1, 4096))
+                    bad = hashlib.sha256(f"{f.params['digest_salt']}:{mism}".encode()).hexdigest()
+                    return 0, mism, bad
+        return 1, 0, GOOD_DIGEST
