@@ -178,7 +178,8 @@ class IpmiSim(Server):
 
     def lan_args(self) -> dict:
         """Collector kwargs for this BMC."""
-        return {"host": self.host, "port": self.port, "username": self.user, "password": self.password}
+        return {"bmc_host": self.host, "bmc_port": self.port, "username": self.user,
+                "password": self.password}
 
 
 if __name__ == "__main__":  # manual check: python -m tests.ipmisim

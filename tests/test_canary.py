@@ -132,3 +132,10 @@ def test_config_errors():
         CanaryCollector(engine="numpy", duty=0)
     with pytest.raises(ConfigError, match="float32"):
         CanaryCollector(engine="numpy", dtype="bfloat16").collect(0)
+
+
+def test_config_section():
+    col = CanaryCollector(config={"canary": {"engine": "numpy", "size": 32, "interval": 0}})
+    assert col.size == 32 and col.collect(0)[0].extra["size"] == 32
+    with pytest.raises(ConfigError, match="canary.sise"):
+        CanaryCollector(config={"canary": {"sise": 32}})

@@ -170,14 +170,14 @@ def test_config_errors(tmp_path):
     from gpufleet.errors import ConfigError
 
     with pytest.raises(ConfigError, match="username"):
-        IpmiCollector(host="10.0.0.1")
+        IpmiCollector(bmc_host="10.0.0.1")
     with pytest.raises(ConfigError, match="password_file"):
-        IpmiCollector(host="10.0.0.1", username="u", password_file=str(tmp_path / "missing"))
+        IpmiCollector(bmc_host="10.0.0.1", username="u", password_file=str(tmp_path / "missing"))
     with pytest.raises(ConfigError, match="deadline"):
         IpmiCollector(deadline=0)
     pw = tmp_path / "pw"
     pw.write_text("s3cret\n")
-    col = IpmiCollector(host="10.0.0.1", username="u", password_file=str(pw))
+    col = IpmiCollector(bmc_host="10.0.0.1", username="u", password_file=str(pw))
     try:
         assert "s3cret" not in " ".join(col._common)  # never on a command line
     finally:
@@ -191,3 +191,22 @@ def test_inband_without_device_fails_cleanly():
             col.collect(time.time_ns())
     finally:
         col.close()
+
+
+def test_agent_config_section_and_daemon_construction(bmc):
+    from agent.daemon import _construct
+    from gpufleet.errors import ConfigError
+
+    cfg = {"ipmi": {"host": bmc.host, "port": bmc.port, "username": bmc.user, "password": bmc.password,
+                    "workarounds": "opensesspriv", "sel": False}}
+    # the daemon passes what the constructor accepts; the node's own host name must not become the BMC
+    col = _construct(IpmiCollector, backend=None, host="node-17", hostname="node-17", config=cfg,
+                     interval=10.0)
+    try:
+        assert col.target == f"{bmc.host}:{bmc.port}"
+        rows = wait_for(col, lambda s: "FAN1" in by_sensor(s))
+        assert by_sensor(rows)["FAN1"].fields["value"] == 8400.0
+    finally:
+        col.close()
+    with pytest.raises(ConfigError, match="ipmi.passwrd"):
+        IpmiCollector(config={"ipmi": {"passwrd": "x"}})

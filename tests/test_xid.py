@@ -279,3 +279,16 @@ def test_thread_safety_of_queue():
         assert n == 80
     finally:
         col.close()
+
+
+def test_config_section(tmp_path):
+    log = tmp_path / "k.log"
+    log.write_text("")
+    col = XidCollector(config={"xid": {"kmsg": str(log), "max_events": 1}})
+    try:
+        append(log, "NVRM: Xid (PCI:0000:3b:00): 13, a\nNVRM: Xid (PCI:0000:3b:00): 13, b\n")
+        assert len(col.collect(0)) == 1 and len(col.collect(0)) == 1
+    finally:
+        col.close()
+    with pytest.raises(ConfigError, match="xid.bogus"):
+        XidCollector(config={"xid": {"bogus": 1}})

@@ -264,7 +264,13 @@ class CanaryCollector:
                  seed: int = 20261126, memory_bytes: int = 0, interval: float = 3600.0,
                  duty: float = 0.001, idle_util: float = 5.0, busy_size: int = 0,
                  busy_backoff: float = 600.0, reference: str = "", reference_refresh: float = 3600.0,
-                 state_dir: str = "", standin: bool = False, clock=time.monotonic):
+                 state_dir: str = "", standin: bool = False, config: dict | None = None,
+                 clock=time.monotonic):
+        from agent.collectors.ipmi import section_options
+
+        o = section_options(config, "canary", CanaryCollector.__init__, locals())
+        if o:
+            return self.__init__(**o, clock=clock)
         self.engine = make_engine(engine)
         self.standin = bool(standin)
         gpu = self.engine.name != "numpy"
