@@ -558,7 +558,8 @@ def fleet_overview() -> dict:
             w=8,
             h=9,
             sort="throttled",
-            description="Time spent in SW/HW thermal slowdown or HW power brake in the range, from the "
+            description="Time spent in SW/HW thermal slowdown or HW power brake in the range (the reasons can "
+            "overlap, so the sum can exceed the range), from the "
             "throttle-time counters (power capping is not counted).",
             overrides=[
                 {
@@ -730,13 +731,10 @@ def node() -> dict:
             unit=grafana_unit(metric(g, "memory_used_bytes")),
         ),
         thermal_share(
-            (
-                "throttle_hw_thermal_ns_total",
-                "throttle_sw_thermal_ns_total",
-                "throttle_hw_power_brake_ns_total",
-            ),
-            "Share of time throttled: thermal + power brake",
-            "Rate of the throttle-time counters: 100% = throttled the whole interval.",
+            ("throttle_hw_thermal_ns_total", "throttle_hw_power_brake_ns_total"),
+            "Share of time in HW slowdown (thermal or power brake)",
+            "Rate of the HW thermal and HW power-brake throttle-time counters: 100% = slowed down the "
+            "whole interval. The GPU dashboard shows each reason, SW thermal included.",
         ),
         thermal_share(
             ("throttle_sw_power_cap_ns_total",),
@@ -1163,7 +1161,7 @@ def incidents() -> dict:
             "Median duration of resolved",
             [
                 target(
-                    f'SELECT median({fi("duration_seconds")}) FROM "incident" WHERE $timeFilter AND {flt}',
+                    f'SELECT median({fi("duration_seconds")}) FROM "incident" WHERE $timeFilter AND {flt} AND {fi("state")} = \'resolved\'',
                     alias="median",
                 )
             ],
@@ -1181,7 +1179,7 @@ def incidents() -> dict:
                 )
             ],
             w=24,
-            h=12,
+            h=10,
             overrides=[
                 {
                     "matcher": {"id": "byName", "options": "duration_seconds"},

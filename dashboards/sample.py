@@ -28,7 +28,7 @@ NODES = (
 @dataclass(frozen=True)
 class Faults:
     thermal: tuple[str, int] = ("node-e02", 2)
-    nvlink: tuple[str, int, int] = ("node-e03", 1, 2)
+    nvlink: tuple[str, int, int] = ("node-e02", 1, 2)
     ecc: tuple[str, int] = ("node-w01", 3)
     lost: tuple[str, int] = ("node-e01", 0)
 
@@ -81,14 +81,18 @@ def lines(
                 else:
                     power, sm, util, cap = 81.0 + rng.uniform(-2, 2), 345, 0.0, 0
                 resistance = 0.04 + (0.16 * (frac - 0.5) if thermal_fault else 0.0)
+                # the driver holds the die near its slowdown temperature by cutting clocks and power
+                allowed = (89.5 - 30.0) / resistance
+                throttled = busy and power > allowed
+                ratio = allowed / power if throttled else 1.0
+                if throttled:
+                    power, sm, cap = allowed, int(sm * ratio), 0
                 target = 30.0 + power * resistance
                 st["temp"] += (target - st["temp"]) * 0.6
                 st["mtemp"] += (st["temp"] + 4 - st["mtemp"]) * 0.3
                 temp = round(st["temp"] + rng.uniform(-0.5, 0.5))
-                hw_thermal = 1 if temp >= 89 else 0
-                sw_thermal = 1 if temp >= 87 else 0
-                if hw_thermal:
-                    sm, power, cap = 990, power * 0.7, 0
+                sw_thermal = 1 if throttled else 0
+                hw_thermal = 1 if throttled and ratio < 0.85 else 0
                 st["energy"] += power * step_s
                 thr = st["thr"]
                 for reason, on in (
@@ -178,6 +182,9 @@ def lines(
                 }
                 unknown = set(fields) - {m.field for m in catalogue.fields("gpu")}
                 assert not unknown, unknown
+                for m in catalogue.fields("gpu"):  # signals added to the catalogue later: a plain zero
+                    if m.field not in fields and m.type != "string":
+                        fields[m.field] = 0 if m.type == "int" else 0.0
                 add(encode("gpu", tags, fields, t))
                 node_power += power
                 if s % 30 == 5:
@@ -252,56 +259,51 @@ def incident_lines(start_ns: int, duration_s: int) -> list[str]:
     """The analyzer's ``incident`` rows for the sample faults (time = incident start)."""
     sec = 1_000_000_000
     f = FAULTS
+    where = {host: (cluster, rack) for cluster, rack, host in NODES}
 
     def at(frac: float) -> int:
         return start_ns + int(duration_s * frac) * sec
 
+    th_host, th_gpu = f.thermal
+    nv_host, nv_gpu, nv_link = f.nvlink
     rows = [
         (
             "inc-0001",
             "thermal_throttle",
             "critical",
-            "east",
-            "r01",
-            f.thermal[0],
-            f.thermal[1],
+            th_host,
+            th_gpu,
             None,
             at(0.79),
             None,
-            f"GPU {f.thermal[1]} on {f.thermal[0]} is thermally throttled (hw_thermal) at 90 °C",
+            f"GPU {th_gpu} on {th_host} is thermally throttled (SW/HW thermal slowdown) at 89 °C",
         ),
         (
             "inc-0002",
             "cooling_degradation",
             "warning",
-            "east",
-            "r01",
-            f.thermal[0],
-            f.thermal[1],
+            th_host,
+            th_gpu,
             None,
             at(0.60),
             at(0.79),
-            f"GPU {f.thermal[1]} on {f.thermal[0]} runs hotter than its peers",
+            f"GPU {th_gpu} on {th_host} runs hotter than its peers",
         ),
         (
             "inc-0003",
             "nvlink_degradation",
             "warning",
-            "east",
-            "r02",
-            f.nvlink[0],
-            f.nvlink[1],
-            f.nvlink[2],
+            nv_host,
+            nv_gpu,
+            nv_link,
             at(0.30),
             None,
-            f"NVLink {f.nvlink[2]} of GPU {f.nvlink[1]} on {f.nvlink[0]}: CRC errors growing",
+            f"NVLink {nv_link} of GPU {nv_gpu} on {nv_host}: CRC errors growing",
         ),
         (
             "inc-0004",
             "memory_errors",
             "critical",
-            "west",
-            "r11",
             f.ecc[0],
             f.ecc[1],
             None,
@@ -313,8 +315,6 @@ def incident_lines(start_ns: int, duration_s: int) -> list[str]:
             "inc-0005",
             "gpu_lost",
             "critical",
-            "east",
-            "r01",
             f.lost[0],
             f.lost[1],
             None,
@@ -324,7 +324,7 @@ def incident_lines(start_ns: int, duration_s: int) -> list[str]:
         ),
     ]
     out = []
-    for iid, kind, sev, cluster, rack, host, gpu, link, start, end, summary in rows:
+    for iid, kind, sev, host, gpu, link, start, end, summary in rows:
         fields = {
             "id": iid,
             "summary": summary,
@@ -335,12 +335,7 @@ def incident_lines(start_ns: int, duration_s: int) -> list[str]:
         if end:
             fields["end_ns"] = end
         fields["duration_seconds"] = ((end or start_ns + duration_s * sec) - start) / sec
-        out.append(
-            encode(
-                "incident",
-                {"kind": kind, "severity": sev, "cluster": cluster, "rack": rack, "host": host},
-                fields,
-                start,
-            )
-        )
+        cluster, rack = where[host]
+        tags = {"kind": kind, "severity": sev, "cluster": cluster, "rack": rack, "host": host}
+        out.append(encode("incident", tags, fields, start))
     return out

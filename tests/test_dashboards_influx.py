@@ -147,11 +147,11 @@ def test_node_filter_selects_the_right_gpus(qf):
     assert r.options("host") == ["node-e01", "node-e02", "node-e03", "node-w01"]
     res = by_title(r, "GPU utilization")
     assert sorted(s.tags["gpu"] for s in res.series) == ["1", "3"]
-    assert '"host" =~ /^node\\-e03$/' not in res.query and '"host" =~ /^node-e03$/' in res.query
-    assert '"gpu" =~ /^(1|3)$/' in res.query
-    matrix = rows(by_title(r, "NVLink errors in range (GPU x link)"))
-    nonzero = {(x["gpu"], x["link"]) for x in matrix if x["errors"]}
+    assert '"host" =~ /^node-e03$/' in res.query and '"gpu" =~ /^(1|3)$/' in res.query
     host, gpu, link = sample.FAULTS.nvlink
+    assert not any(x["errors"] for x in rows(by_title(r, "NVLink errors in range (GPU x link)")))
+    matrix = rows(by_title(run(qf, "node", {"host": host}), "NVLink errors in range (GPU x link)"))
+    nonzero = {(x["gpu"], x["link"]) for x in matrix if x["errors"]}
     assert nonzero == {(str(gpu), str(link))} and len(matrix) == 16
     bmc = {x["sensor"]: x for x in rows(by_title(r, "BMC sensors (last reading)"))}
     assert bmc["Inlet Temp"]["unit"] == "C" and bmc["Fan1"]["unit"] == "RPM"
@@ -188,3 +188,17 @@ def test_incidents_dashboard_filters(qf):
         "cooling_degradation",
         "nvlink_degradation",
     }
+
+
+def test_resolved_incident_duration(qf):
+    r = run(qf, "incidents", {})
+    assert rows(by_title(r, "Median duration of resolved"))[0]["median"] == 342.0
+
+
+def test_preview_renders_from_the_same_queries(qf, tmp_path):
+    from dashboards.preview import render_all
+
+    paths = render_all(qf, FROM_MS, TO_MS, tmp_path, {"host": "node-e02", "gpu": "2"}, names=["incidents"])
+    assert [p.name for p in paths] == ["dash-incidents.png"]
+    data = paths[0].read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
