@@ -28,11 +28,11 @@ ANALYZER = {
 
 DETECTORS: dict[str, dict] = {
     "thermal_throttle": {"min_share": 0.05, "dwell_seconds": 10.0, "gap_seconds": 35.0,
-                         "resolve_seconds": 900.0},
+                         "resolve_seconds": 3600.0},
     "power_brake": {"min_share": 0.05, "dwell_seconds": 0.0, "gap_seconds": 35.0, "resolve_seconds": 3600.0},
-    "cooling_degradation": {"min_power_watts": 250.0, "learn_seconds": 1800.0, "min_learn_samples": 30,
+    "cooling_degradation": {"min_power_watts": 100.0, "min_learn_samples": 120,
                             "excess_celsius": 5.0, "sigma": 4.0, "fleet_spread_celsius": 8.0,
-                            "smooth_seconds": 300.0, "throttle_margin_celsius": 3.0,
+                            "smooth_seconds": 120.0, "throttle_margin_celsius": 3.0,
                             "node_share": 0.5, "node_min_gpus": 2, "rack_min_nodes": 2,
                             "dwell_seconds": 600.0, "gap_seconds": 120.0, "resolve_seconds": 3600.0},
     "nvlink_degradation": {"crc_rate_max": 100.0, "crc_rate_min": 1.0, "crc_fleet_factor": 20.0,
@@ -53,7 +53,7 @@ ENGINE = {
     "absorb_seconds": 3600.0,   # a node/rack incident absorbs GPU/node incidents of its kind this close
     # an incident of the key kind on a GPU already covered by an open incident of a listed kind is
     # folded into that one as evidence (the throttling is the impact of the cooling fault)
-    "fold": {"thermal_throttle": ["cooling_degradation"]},
+    "fold": {},
 }
 
 

@@ -58,38 +58,78 @@ class Engine:
         self.closed: list[Record] = []
         self.absorbed: list[Record] = []   # incidents merged into a wider one (kept for online resolve)
         self.watermark = -np.inf
+        self.pending: dict[tuple, list] = {}
+        self._reg: Registry | None = None
+        self._racks: list[str] = []
 
     # ------------------------------------------------------------------ input
     def add(self, hits: Hits, reg: Registry, rack_names: list[str]) -> None:
+        """Queue hits; they are turned into incidents, in time order per key, by :meth:`advance`."""
         if not len(hits):
             return
-        p = self.params.get(hits.kind, {})
+        self._reg, self._racks = reg, rack_names
+        racks = hits.rack if hits.rack is not None else np.full(len(hits), -1)
+        ev = hits.evidence
+        for i in range(len(hits)):
+            key = (hits.kind, int(hits.host[i]), int(hits.gpu[i]), int(hits.link[i]), int(racks[i]))
+            self.pending.setdefault(key, []).append(
+                (float(hits.t[i]), float(hits.score[i]), bool(hits.critical[i]), ev[i] if ev else {}))
+
+    def _run(self, key: tuple, items: list) -> None:
+        kind = key[0]
+        p = self.params.get(kind, {})
         dwell = float(p.get("dwell_seconds", 0.0))
         gap = float(p.get("gap_seconds", 60.0))
         resolve = float(p.get("resolve_seconds", 900.0))
-        racks = hits.rack if hits.rack is not None else np.full(len(hits), -1)
-        order = np.lexsort((hits.t, hits.link, hits.gpu, hits.host, racks))
-        ev = hits.evidence
-        for i in order.tolist():
-            key = (hits.kind, int(hits.host[i]), int(hits.gpu[i]), int(hits.link[i]), int(racks[i]))
-            st = self.states.get(key)
-            if st is None:
-                st = self.states[key] = _State(hits.kind, key)
-            t = float(hits.t[i])
-            e = ev[i] if ev else {}
+        st = self.states.get(key)
+        if st is None:
+            st = self.states[key] = _State(kind, key)
+        for t, score, critical, e in sorted(items, key=lambda x: x[0]):
+            if st.incident is not None and t < st.incident.start:
+                # a late hit (another stream, late data) just before the incident: it began earlier
+                if st.incident.start - t <= gap:
+                    st.incident.start = t
+                self._extend(st, t, score, critical, e)
+                continue
             if st.incident is not None and t - st.last_hit > resolve:
                 self._close(st)
             if st.incident is not None:
-                self._extend(st, t, float(hits.score[i]), bool(hits.critical[i]), e)
+                self._extend(st, t, score, critical, e)
                 continue
             if t - st.last_hit > gap or st.run_hits == 0:
                 st.run_start, st.run_hits = t, 0
                 st.critical, st.peak, st.hits = False, -np.inf, 0
                 st.first_evidence = e
             st.run_hits += 1
-            self._extend(st, t, float(hits.score[i]), bool(hits.critical[i]), e)
+            self._extend(st, t, score, critical, e)
             if t - st.run_start >= dwell:
-                st.incident = self._open(st, reg, rack_names)
+                wide = self._cover(st)
+                if wide is not None:
+                    # a node/rack incident of this kind already covers it: one page, not eight
+                    if st.run_start < wide.start:
+                        wide.start = st.run_start
+                    st.run_hits = 0
+                    continue
+                st.incident = self._open(st, self._reg, self._racks)
+
+    def _cover(self, st: _State) -> Record | None:
+        kind, host, gpu, link, rack = st.key
+        if gpu == -1 and host == -1:
+            return None
+        reg = self._reg
+        hname = reg.hosts[host] if host >= 0 else None
+        rname = reg.host_rack[host] if host >= 0 else None
+        for o in self.states.values():
+            inc = o.incident
+            if inc is None or o.kind != kind or o.key[2] != -1 or o is st:
+                continue
+            if inc.start - self.absorb_seconds > st.run_start:
+                continue
+            if gpu != -1 and inc.host is not None and inc.host == hname:
+                return inc
+            if inc.host is None and inc.rack is not None and inc.rack == rname:
+                return inc
+        return None
 
     def _extend(self, st: _State, t: float, score: float, critical: bool, e: dict) -> None:
         st.last_hit = max(st.last_hit, t)
@@ -154,7 +194,7 @@ class Engine:
                 continue
             inside = (rec.host is not None and inc.host == rec.host and inc.gpu is not None) or \
                      (rec.host is None and rec.rack is not None and inc.rack == rec.rack and inc.host is not None)
-            if inside and abs(inc.start - rec.start) <= self.absorb_seconds:
+            if inside and inc.start >= rec.start - self.absorb_seconds:
                 rec.start = min(rec.start, inc.start)
                 rec.evidence.setdefault("absorbed", []).append(inc.id)
                 inc.end = other.last_hit
@@ -173,6 +213,16 @@ class Engine:
     def advance(self, watermark: float) -> None:
         """Data time has reached ``watermark``: resolve what has been quiet long enough."""
         self.watermark = max(self.watermark, watermark)
+        # wider scopes first (rack, node, then GPU), so a node incident is there to absorb its GPUs
+        for key in sorted(self.pending, key=lambda k: (k[1] != -1, k[2] != -1)):
+            items = self.pending[key]
+            ready = [x for x in items if x[0] <= self.watermark]
+            if len(ready) == len(items):
+                del self.pending[key]
+            else:
+                self.pending[key] = [x for x in items if x[0] > self.watermark]
+            if ready:
+                self._run(key, ready)
         for st in self.states.values():
             if st.incident is not None:
                 resolve = float(self.params.get(st.kind, {}).get("resolve_seconds", 900.0))
@@ -201,8 +251,9 @@ class Engine:
                 cover = [o for o in recs if o.kind in hosts and _covers(o, r)]
                 if cover:
                     target = min(cover, key=lambda o: o.start)
-                    target.evidence.setdefault("impact", []).append(
-                        {"kind": r.kind, "start": _iso(r.start), "id": r.id})
+                    impact = target.evidence.setdefault("impact", [])
+                    if all(x.get("id") != r.id for x in impact):
+                        impact.append({"kind": r.kind, "start": _iso(r.start), "id": r.id})
                     if target.impact_at is None or r.start < target.impact_at:
                         target.impact_at = r.start
                     continue

@@ -20,6 +20,7 @@ from analyzer.engine import Engine
 from analyzer.frame import Registry, Table, Window
 from analyzer.parse import Parser, Rows
 
+STREAMS = ("gpu", "gpu_nvlink", "gpu_event", "gpu_canary", "host", "bmc_sensor")
 MEASUREMENTS = {"gpu": "gpu", "gpu_nvlink": "link", "gpu_event": "gpu", "gpu_canary": "gpu",
                 "host": "host", "bmc_sensor": "host"}
 
@@ -53,8 +54,9 @@ class Analyzer:
                              self.config.engine["fold"])
         self.buffer: dict[str, list[_Block]] = {m: [] for m in MEASUREMENTS}
         self.ctx: dict[str, _Block | None] = {m: None for m in MEASUREMENTS}
-        self.window_start: float | None = None
-        self.watermark_ns = -(2**62)
+        self.window_start: dict[str, float | None] = {}
+        self.stream_wm: dict[str, int] = {}
+        self.online = False
         self.late_points = 0
         self.rows = 0
         self.gpu_samples = 0
@@ -89,7 +91,7 @@ class Analyzer:
             self.rows += len(r)
             if m == "gpu":
                 self.gpu_samples += len(r)
-            self.watermark_ns = max(self.watermark_ns, int(r.t.max()))
+            self.stream_wm[m] = max(self.stream_wm.get(m, -(2**62)), int(r.t.max()))
         self._cut(final=False)
 
     def _keep(self, r: Rows, series, m: str):
@@ -116,72 +118,101 @@ class Analyzer:
         return flags[np.searchsorted(u, sids)]
 
     # ------------------------------------------------------------------ windows
+    # Each measurement is its own stream with its own window cursor: files may hold one
+    # measurement after another (an export), an agent's file interleaves them; both work.
     def _cut(self, final: bool) -> None:
-        if self.watermark_ns < -(2**61):
-            return
-        wm = self.watermark_ns / 1e9
-        if self.window_start is None:
-            tmin = min((int(b.t.min()) for bl in self.buffer.values() for b in bl if len(b.t)), default=None)
-            if tmin is None:
-                return
-            self.window_start = math.floor(tmin / 1e9 / self.window) * self.window
-        while True:
-            end = self.window_start + self.window
-            if not final and wm - self.lateness < end:
-                break
-            if final and self.window_start > wm:
-                break
-            self._process(self.window_start, end)
-            self.window_start = end
+        for m in STREAMS:
+            blocks = self.buffer[m]
+            wm_ns = self.stream_wm.get(m)
+            if wm_ns is None:
+                if not blocks:
+                    continue
+                wm_ns = max(int(b.t.max()) for b in blocks if len(b.t))
+            wm = wm_ns / 1e9
+            if self.window_start.get(m) is None:
+                if not blocks:
+                    continue
+                tmin = min(int(b.t.min()) for b in blocks if len(b.t)) / 1e9
+                self.window_start[m] = math.floor(tmin / self.window) * self.window
+            while True:
+                start = self.window_start[m]
+                end = start + self.window
+                if not final and wm - self.lateness < end:
+                    break
+                if final and start > wm:
+                    break
+                self._process(m, start, end)
+                self.window_start[m] = end
+        if final:
+            self.engine.advance(max(self.stream_wm.values(), default=0) / 1e9)
+        elif self.online:
+            done = [self.window_start[m] for m in self.window_start if self.window_start[m] is not None]
+            if done:
+                self.engine.advance(min(done))
 
     def finish(self) -> None:
         self._cut(final=True)
 
-    def _process(self, start: float, end: float) -> None:
-        end_ns, start_ns, ctx_ns = int(end * 1e9), int(start * 1e9), int((start - self.context) * 1e9)
-        tables = {}
-        for m in MEASUREMENTS:
-            blocks = self.buffer[m]
-            cur, rest = [], []
-            for b in blocks:
-                inw = b.t < end_ns
+    def _table(self, m: str, start: float, end: float, consume: bool = True) -> Table:
+        end_ns, start_ns = int(end * 1e9), int(start * 1e9)
+        ctx_from = int((end - self.context) * 1e9)
+        blocks = self.buffer[m]
+        cur, rest = [], []
+        for b in blocks:
+            inw = b.t < end_ns
+            if consume:
                 late = b.t < start_ns
                 self.late_points += int(late.sum())
                 take = inw & ~late
-                if take.any():
-                    cur.append(_sub(b, take))
-                if (~inw).any():
-                    rest.append(_sub(b, ~inw))
+            else:
+                take = inw & (b.t >= int((start - self.context) * 1e9))
+            if take.any():
+                cur.append(_sub(b, take))
+            if consume and (~inw).any():
+                rest.append(_sub(b, ~inw))
+        if consume:
             self.buffer[m] = rest
-            ctx = self.ctx[m]
-            parts = ([ctx] if ctx is not None else []) + cur
-            blk = _concat(parts)
-            if blk is None:
-                tables[m] = Table.empty()
-                tables[m].new = np.zeros(0, bool)
+        ctx = self.ctx.get(m)
+        blk = _concat(([ctx] if ctx is not None else []) + cur)
+        if blk is None:
+            tab = Table.empty()
+            tab.new = np.zeros(0, bool)
+            if consume:
                 self.ctx[m] = None
-                continue
-            tab = Table.build(blk.ent, blk.t, blk.cols, blk.text)
-            tab.new = tab.t >= start
-            tables[m] = tab
-            keep = blk.t >= ctx_ns + int(self.window * 1e9)
+            return tab
+        tab = Table.build(blk.ent, blk.t, blk.cols, blk.text)
+        tab.new = tab.t >= start
+        if consume:
+            keep = blk.t >= ctx_from
             self.ctx[m] = _sub(blk, keep) if keep.any() else None
+        return tab
+
+    def _process(self, m: str, start: float, end: float) -> None:
+        tab = self._table(m, start, end)
+        if m in ("bmc_sensor", "host"):
+            return  # inlet readings reach the gpu stream's cooling model through the buffer and context
+        empty = Table.empty()
+        empty.new = np.zeros(0, bool)
+        tables = {k: empty for k in ("gpu", "gpu_nvlink", "gpu_event", "gpu_canary", "host", "bmc_sensor")}
+        tables[m] = tab
         n_gpu = len(self.reg.gpu_host)
         if len(self.last_seen) < n_gpu:
             self.last_seen = np.concatenate([self.last_seen, np.full(n_gpu - len(self.last_seen), -np.inf)])
-        g = tables["gpu"]
-        if len(g):
-            np.maximum.at(self.last_seen, g.ent, g.t)
+        if m == "gpu":
+            if len(tab):
+                np.maximum.at(self.last_seen, tab.ent, tab.t)
+            tables["bmc_sensor"] = self._table("bmc_sensor", start, end, consume=False)
         node_of, rack_of = self.reg.arrays()
         w = Window(start, end, self.reg, tables["gpu"], tables["gpu_nvlink"], tables["gpu_event"],
                    tables["gpu_canary"], tables["host"], tables["bmc_sensor"], node_of, rack_of,
                    self.last_seen.copy())
         rack_names = list(dict.fromkeys(r for r in self.reg.host_rack if r is not None))
         for det in self.detectors:
+            if m not in det.tables:
+                continue
             det.fit(w)
             hits = det.detect(w)
             self.engine.add(hits, self.reg, rack_names)
-        self.engine.advance(min(end, self.watermark_ns / 1e9))
         self.windows += 1
 
     def incidents(self):

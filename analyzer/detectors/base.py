@@ -45,7 +45,7 @@ class Detector:
     """Base class: parameter handling and the default fit (nothing to learn)."""
 
     kind = "base"
-    table = "gpu"
+    tables: tuple[str, ...] = ("gpu",)  # the streams (measurements) this detector reads
 
     def __init__(self, **params):
         for k, v in params.items():

@@ -5,9 +5,9 @@ clock-event flags, plus a host's inlet temperature where bmc_sensor reports one 
 whose name contains "inlet"). Model, per GPU: ``T - inlet - b*P - c(t) = a_i + noise`` with a
 pooled slope ``b`` (°C/W), the fleet's common mode ``c(t)`` (median over GPUs at that time:
 fleet-wide inlet swings cancel) and a per-GPU offset ``a_i`` learned robustly (median, MAD)
-over the GPU's first ``learn_seconds`` of steady load. The smoothed excess over that model,
-above ``excess_celsius`` and ``sigma`` robust deviations, on steady loaded rows that are not yet
-throttling, is a hit. When at least ``node_share`` of a node's GPUs (and ``node_min_gpus``) are
+over the GPU's first ``min_learn_samples`` steady samples. The smoothed excess over that model,
+above ``excess_celsius`` and ``sigma`` robust deviations, on steady rows (throttled ones included: a GPU
+throttling where power, inlet and peers say it should not has a cooling problem) is a hit. When at least ``node_share`` of a node's GPUs (and ``node_min_gpus``) are
 hot together the hit moves to the node (gpu = null), and to the rack when ``rack_min_nodes``
 nodes of one rack are.
 """
@@ -26,12 +26,11 @@ DEFAULT_SLOPE = 0.04  # °C per W, from the real H200 trace (39 -> 61 °C for 80
 class CoolingDegradation(Detector):
     kind = "cooling_degradation"
 
-    def __init__(self, min_power_watts=250.0, learn_seconds=1800.0, min_learn_samples=30, excess_celsius=5.0,
-                 sigma=4.0, fleet_spread_celsius=8.0, smooth_seconds=300.0, throttle_margin_celsius=3.0,
+    def __init__(self, min_power_watts=100.0, min_learn_samples=120, excess_celsius=5.0,
+                 sigma=4.0, fleet_spread_celsius=8.0, smooth_seconds=120.0, throttle_margin_celsius=3.0,
                  node_share=0.5, node_min_gpus=2, rack_min_nodes=2, dwell_seconds=600.0, gap_seconds=120.0,
                  resolve_seconds=3600.0):
         self.min_power_watts = min_power_watts
-        self.learn_seconds = learn_seconds
         self.min_learn_samples = min_learn_samples
         self.excess_celsius = excess_celsius
         self.sigma = sigma
@@ -70,14 +69,17 @@ class CoolingDegradation(Detector):
         temp = tab.col("temperature_gpu_celsius")
         power = tab.col("power_watts")
         pprev = tab.prev(power)
-        steady = (power >= self.min_power_watts) & (np.abs(power - pprev) < 40.0) & (temp > 0) & (temp < 150)
+        # steady: no power step above 40 W in the last minute (temperature lags power by tens of seconds)
+        jump = (np.abs(power - pprev) >= 40.0) | np.isnan(pprev)
+        settled = tab.rolling_mean(jump.astype(float), 60.0) == 0
+        steady = (power >= self.min_power_watts) & settled & (temp > 0) & (temp < 150)
         throttled = thermal_bits(tab) > 0
         inlet = self._inlet(window)
         slope = getattr(self, "slope_", DEFAULT_SLOPE)
         u = temp - np.where(np.isfinite(inlet), inlet, 0.0) - slope * power
-        u = np.where(steady & ~throttled, u, np.nan)
+        u = np.where(steady, u, np.nan)
         inv, ng = buckets(tab.t, 60.0)
-        med, cnt = group_median(inv, u, ng)
+        med, cnt = group_median(inv, np.where(throttled, np.nan, u), ng)
         c = np.where(cnt[inv] >= 4, med[inv], np.nan)
         return u - c, steady, throttled, temp, power
 
@@ -86,30 +88,20 @@ class CoolingDegradation(Detector):
         tab = window.gpu
         if not hasattr(self, "slope_"):
             self.slope_ = self._fit_slope(window)
-        self.first_seen_ = getattr(self, "first_seen_", {})
         self.samples_ = getattr(self, "samples_", {})
         self.offset_ = getattr(self, "offset_", {})
         self.scale_ = getattr(self, "scale_", {})
         if not len(tab):
             return self
         v, *_ = self._features(window)
-        fs = self.first_seen_
-        for e, t0 in zip(*_first_rows(tab), strict=True):
-            fs.setdefault(e, t0)
-        ok = np.isfinite(v)
-        ents = tab.ent[ok]
-        vals = v[ok]
-        ts = tab.t[ok]
-        learning = np.array([ts[i] - fs[e] <= self.learn_seconds and e not in self.offset_
-                             for i, e in enumerate(ents.tolist())], bool) if len(ents) else np.zeros(0, bool)
-        for e in np.unique(ents[learning]).tolist():
-            self.samples_.setdefault(e, []).extend(vals[learning & (ents == e)].tolist())
-        # freeze a GPU's baseline once its learning period is over (or it has plenty of samples)
-        t_end = tab.t.max()
+        ok = np.isfinite(v) & ~np.isin(tab.ent, list(self.offset_)) & (thermal_bits(tab) == 0)
+        ents, vals = tab.ent[ok], v[ok]
+        for e in np.unique(ents).tolist():
+            self.samples_.setdefault(e, []).extend(vals[ents == e].tolist())
+        # freeze a GPU's baseline once it has seen enough steady load
         for e in list(self.samples_):
             s = self.samples_[e]
-            if (t_end - fs.get(e, t_end) > self.learn_seconds and len(s) >= self.min_learn_samples) \
-                    or len(s) >= 20 * self.min_learn_samples:
+            if len(s) >= self.min_learn_samples:
                 arr = np.asarray(s)
                 med = float(np.median(arr))
                 self.offset_[e] = med
@@ -160,7 +152,7 @@ class CoolingDegradation(Detector):
         slow = tab.ffill("temperature_slowdown_celsius")
         slow = np.where(np.isfinite(slow), slow, 89.0)
         below = ~throttled & (temp < slow - self.throttle_margin_celsius)
-        hot = ((nz(r) > thr) | (nz(from_fleet) > 0)) & steady & below & np.isfinite(v)
+        hot = ((nz(r) > thr) | (nz(from_fleet) > 0)) & steady & np.isfinite(v)
         sc = self.score(window)
         new = tab.new if tab.new is not None else np.ones(len(tab), bool)
         hot &= new
@@ -190,8 +182,8 @@ class CoolingDegradation(Detector):
         parts = []
         idx = np.flatnonzero(gpu_rows)
         if len(idx):
-            parts.append(self._mk(window, idx, node[idx], tab.ent[idx], None, tab.t[idx], sc[idx], r, thr, temp,
-                                  power, "gpu"))
+            parts.append(self._mk(window, idx, node[idx], tab.ent[idx], None, tab.t[idx], sc[idx], r, thr,
+                                  temp, power, "gpu", below=below))
         for rows, scope in ((node_rows, "node"), (row_rack_hot, "rack")):
             idx = np.flatnonzero(rows)
             if not len(idx):
@@ -211,13 +203,15 @@ class CoolingDegradation(Detector):
         from analyzer.detectors.base import concat
         return concat(self.kind, parts)
 
-    def _mk(self, window, idx, hosts, gids, racks, t, score, r, thr, temp, power, scope, count=None):
+    def _mk(self, window, idx, hosts, gids, racks, t, score, r, thr, temp, power, scope, count=None, below=None):
         ev = []
         for j, i in enumerate(idx.tolist()):
             d = {"signals": ["temperature_gpu_celsius", "power_watts"], "scope": scope,
                  "excess_celsius": _r(r[i]), "threshold_celsius": _r(thr[i]),
                  "temperature_gpu_celsius": _r(temp[i]), "power_watts": _r(power[i]),
                  "slope_c_per_w": round(getattr(self, "slope_", DEFAULT_SLOPE), 4)}
+            if below is not None:
+                d["before_throttling"] = bool(below[i])
             if count is not None:
                 d["hot_gpus" if scope == "node" else "hot_nodes"] = int(count[j])
             ev.append(d)
@@ -228,11 +222,6 @@ class CoolingDegradation(Detector):
 
 def _r(x):
     return None if not np.isfinite(x) else round(float(x), 2)
-
-
-def _first_rows(tab):
-    f = tab.first_of_entity()
-    return tab.ent[f].tolist(), tab.t[f].tolist()
 
 
 def _distinct_count(inv: np.ndarray, ent: np.ndarray, mask: np.ndarray, n: int) -> np.ndarray:

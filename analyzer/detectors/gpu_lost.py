@@ -15,6 +15,7 @@ from analyzer.frame import Window
 
 class GpuLost(Detector):
     kind = "gpu_lost"
+    tables = ("gpu", "gpu_event")
 
     def __init__(self, xids=(79,), lost_after_seconds=180.0, dwell_seconds=0.0, gap_seconds=86400.0,
                  resolve_seconds=86400.0):
@@ -45,7 +46,7 @@ class GpuLost(Detector):
 
     def _silent(self, window: Window) -> Hits:
         last = window.last_seen
-        if not len(last):
+        if not len(last) or not len(window.gpu):
             return Hits.none(self.kind)
         node = window.node_of
         # latest row of any *other* GPU of the node: max and second max per node

@@ -19,6 +19,7 @@ CRITICAL_XIDS = {48, 64, 95}
 
 class MemoryErrors(Detector):
     kind = "memory_errors"
+    tables = ("gpu", "gpu_event")
 
     def __init__(self, xids=(48, 63, 64, 92, 94, 95), sbe_rate_min=0.05, sbe_fleet_factor=50.0,
                  dwell_seconds=0.0, gap_seconds=3600.0, resolve_seconds=7200.0):

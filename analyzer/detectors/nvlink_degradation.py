@@ -17,7 +17,7 @@ from analyzer.frame import Window
 
 class NvlinkDegradation(Detector):
     kind = "nvlink_degradation"
-    table = "nvlink"
+    tables = ("gpu_nvlink",)
 
     def __init__(self, crc_rate_max=100.0, crc_rate_min=1.0, crc_fleet_factor=20.0, dwell_seconds=0.0,
                  gap_seconds=600.0, resolve_seconds=3600.0):

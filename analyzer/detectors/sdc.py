@@ -14,7 +14,7 @@ from analyzer.frame import Window
 
 class SilentDataCorruption(Detector):
     kind = "sdc"
-    table = "canary"
+    tables = ("gpu_canary",)
 
     def __init__(self, dwell_seconds=0.0, gap_seconds=86400.0, resolve_seconds=86400.0):
         self.dwell_seconds = dwell_seconds
