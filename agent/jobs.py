@@ -170,3 +170,15 @@ def resolve_job(pids: list[int], proc_root: str = "/proc") -> str | None:
     """The job id (Slurm job id or Kubernetes pod UID) of the GPU's processes, or None."""
     info = job_info(pids, proc_root)
     return info.job_id if info else None
+
+
+def job_tags(pids, keys, proc_root: str = "/proc") -> dict[str, str]:
+    """The operator-chosen low-cardinality job tags (``keys`` from TAG_KEYS) for a GPU's processes.
+
+    ``keys`` empty (the default everywhere) gives {}: no job tag at all unless the operator asks.
+    """
+    keys = check_tag_keys(keys)
+    if not keys:
+        return {}
+    info = job_info(pids, proc_root)
+    return info.tags(keys) if info else {}

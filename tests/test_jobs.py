@@ -120,3 +120,11 @@ def test_real_processes():
             p.kill()
             p.wait()
     assert jobs.resolve_job(pids) is None  # processes gone: no job, no error
+
+
+def test_job_tags_helper(tmp_path):
+    make_proc(tmp_path, 40, env={"SLURM_JOB_ID": "7", "SLURM_JOB_PARTITION": "h200"})
+    assert jobs.job_tags([40], [], str(tmp_path)) == {}  # nothing unless the operator asks
+    assert jobs.job_tags([40], "scheduler,partition", str(tmp_path)) == {
+        "scheduler": "slurm", "job_partition": "h200"}
+    assert jobs.job_tags([41], ["scheduler"], str(tmp_path)) == {}
