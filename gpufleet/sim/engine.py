@@ -378,7 +378,7 @@ class Generator:
         row_ok = node_p & gok & ~gpu_missing
         is_late = late[:, fl.gpu_node]
         full_step = ((ks % self.slow_every) == 0) | (ks == 1)
-        V = self._values(A, B, phase, jobs)
+        V = gpu_values(self.fl, self.rng, A, B, phase, jobs)
         now_parts, late_parts = [], []
         for want_late, parts in ((False, now_parts), (True, late_parts)):
             sel_base = row_ok & (is_late if want_late else ~is_late)
@@ -452,59 +452,6 @@ class Generator:
 
     def _count(self, key: str, n: int) -> None:
         self.counts[key] = self.counts.get(key, 0) + n
-
-    def _values(self, A: dict, B: dict, phase: np.ndarray, jobs: np.ndarray) -> dict:
-        """Catalogue field -> values (arrays in NVML's quantisation)."""
-        m = self.fl.model
-        C, n = phase.shape
-        reasons = A["reasons"]
-        mem = np.where(phase == 0, m.memory_idle_bytes, 0).astype(np.int64)
-        has_job = jobs > 0
-        if has_job.any():
-            jm = np.vectorize(
-                lambda j: self.fl.job_mem.get(int(j), m.memory_context_bytes), otypes=[np.int64]
-            )(jobs[has_job])
-            jit = (self.rng.integers(-64, 65, size=jm.shape) * 1024 * 1024).astype(np.int64)
-            setup = phase[has_job] == 1
-            mem[has_job] = np.where(setup, m.memory_context_bytes, jm + jit)
-        V: dict[str, object] = {
-            "utilization_gpu_ratio": np.rint(A["utilization_gpu"]) / 100,
-            "utilization_memory_ratio": np.rint(A["utilization_memory"]) / 100,
-            "memory_used_bytes": mem,
-            "memory_total_bytes": np.full((C, n), m.memory_total_bytes, dtype=np.int64),
-            "power_watts": np.rint(A["power"] * 1000) / 1000,
-            "power_instant_watts": np.rint(A["power_instant"] * 1000) / 1000,
-            "power_limit_watts": np.full((C, n), float(m.power_limit)),
-            "energy_joules_total": np.floor(B["energy_j"] * 1000) / 1000,
-            "temperature_gpu_celsius": np.rint(A["temperature_gpu"]).astype(np.int64),
-            "temperature_memory_celsius": np.rint(A["temperature_memory"]).astype(np.int64),
-            "temperature_slowdown_celsius": np.full((C, n), m.t_slowdown, dtype=np.int64),
-            "temperature_shutdown_celsius": np.full((C, n), m.t_shutdown, dtype=np.int64),
-            "temperature_max_operating_celsius": np.full((C, n), m.t_max_operating, dtype=np.int64),
-            "temperature_memory_max_celsius": np.full((C, n), m.t_mem_max, dtype=np.int64),
-            "clock_sm_mhz": A["clock_sm"].astype(np.int64),
-            "clock_memory_mhz": np.full((C, n), m.mem_clock, dtype=np.int64),
-            "clock_sm_max_mhz": np.full((C, n), m.f_max, dtype=np.int64),
-            "performance_state": np.zeros((C, n), dtype=np.int64),
-            "clock_event_reasons": reasons,
-            "pcie_link_gen_max": np.full((C, n), m.pcie_gen, dtype=np.int64),
-            "pcie_link_width_max": np.full((C, n), m.pcie_width, dtype=np.int64),
-            "up": np.ones((C, n), dtype=np.int64),
-            "health_code": np.zeros((C, n), dtype=np.int64),
-            "process_count": has_job.astype(np.int64),
-            "mig_mode": np.zeros((C, n), dtype=np.int64),
-            "mig_device_count": np.zeros((C, n), dtype=np.int64),
-        }
-        for f, bit in FLAGS.items():
-            V[f] = ((reasons & bit) > 0).astype(np.int64)
-        for key, arr in B.items():
-            if key != "energy_j":
-                V[key] = arr
-        jid = [
-            ["" if j == 0 else "," + "job_id=" + format_value(str(j)) for j in row] for row in jobs.tolist()
-        ]
-        V["job_id"] = jid
-        return V
 
     def _links(self, ks, tns, ok, dirty) -> str:
         st = self.state
@@ -605,6 +552,60 @@ class Generator:
                 if sel.any():
                     rpm[sel] *= 1.0 - 0.85 * np.clip(f.ramp(ts[ci[sel]]) * f.severity, 0, 1)
         return np.round(rpm / 120) * 120 + self.rng.integers(-1, 2, len(ci)) * 120.0
+
+
+def gpu_values(
+    fl: Fleet, rng: np.random.Generator, A: dict, B: dict, phase: np.ndarray, jobs: np.ndarray
+) -> dict:
+    """Catalogue field -> values (arrays in NVML's quantisation)."""
+    m = fl.model
+    C, n = phase.shape
+    reasons = A["reasons"]
+    mem = np.where(phase == 0, m.memory_idle_bytes, 0).astype(np.int64)
+    has_job = jobs > 0
+    if has_job.any():
+        jm = np.vectorize(lambda j: fl.job_mem.get(int(j), m.memory_context_bytes), otypes=[np.int64])(
+            jobs[has_job]
+        )
+        jit = (rng.integers(-64, 65, size=jm.shape) * 1024 * 1024).astype(np.int64)
+        setup = phase[has_job] == 1
+        mem[has_job] = np.where(setup, m.memory_context_bytes, jm + jit)
+    V: dict[str, object] = {
+        "utilization_gpu_ratio": np.rint(A["utilization_gpu"]) / 100,
+        "utilization_memory_ratio": np.rint(A["utilization_memory"]) / 100,
+        "memory_used_bytes": mem,
+        "memory_total_bytes": np.full((C, n), m.memory_total_bytes, dtype=np.int64),
+        "power_watts": np.rint(A["power"] * 1000) / 1000,
+        "power_instant_watts": np.rint(A["power_instant"] * 1000) / 1000,
+        "power_limit_watts": np.full((C, n), float(m.power_limit)),
+        "energy_joules_total": np.floor(B["energy_j"] * 1000) / 1000,
+        "temperature_gpu_celsius": np.rint(A["temperature_gpu"]).astype(np.int64),
+        "temperature_memory_celsius": np.rint(A["temperature_memory"]).astype(np.int64),
+        "temperature_slowdown_celsius": np.full((C, n), m.t_slowdown, dtype=np.int64),
+        "temperature_shutdown_celsius": np.full((C, n), m.t_shutdown, dtype=np.int64),
+        "temperature_max_operating_celsius": np.full((C, n), m.t_max_operating, dtype=np.int64),
+        "temperature_memory_max_celsius": np.full((C, n), m.t_mem_max, dtype=np.int64),
+        "clock_sm_mhz": A["clock_sm"].astype(np.int64),
+        "clock_memory_mhz": np.full((C, n), m.mem_clock, dtype=np.int64),
+        "clock_sm_max_mhz": np.full((C, n), m.f_max, dtype=np.int64),
+        "performance_state": np.zeros((C, n), dtype=np.int64),
+        "clock_event_reasons": reasons,
+        "pcie_link_gen_max": np.full((C, n), m.pcie_gen, dtype=np.int64),
+        "pcie_link_width_max": np.full((C, n), m.pcie_width, dtype=np.int64),
+        "up": np.ones((C, n), dtype=np.int64),
+        "health_code": np.zeros((C, n), dtype=np.int64),
+        "process_count": has_job.astype(np.int64),
+        "mig_mode": np.zeros((C, n), dtype=np.int64),
+        "mig_device_count": np.zeros((C, n), dtype=np.int64),
+    }
+    for f, bit in FLAGS.items():
+        V[f] = ((reasons & bit) > 0).astype(np.int64)
+    for key, arr in B.items():
+        if key != "energy_j":
+            V[key] = arr
+    jid = [["" if j == 0 else "," + "job_id=" + format_value(str(j)) for j in row] for row in jobs.tolist()]
+    V["job_id"] = jid
+    return V
 
 
 _GOOD = __import__("gpufleet.sim.state", fromlist=["GOOD_DIGEST"]).GOOD_DIGEST

@@ -227,10 +227,10 @@ class SimState:
             self.remap_pending[k] = 1
             self._xid(esc, k, 48, events, jobs)
             if f.mode == "dbe":
-                self._xid(esc, k, 94, events, jobs)
-                self._xid(esc, k, 63, events, jobs)
+                self._xid(esc + 0.003, k, 94, events, jobs)
+                self._xid(esc + 0.007, k, 63, events, jobs)
             else:
-                self._xid(esc, k, 95, events, jobs)
+                self._xid(esc + 0.004, k, 95, events, jobs)
 
     def _xid(self, when, k, code, events, jobs) -> None:
         if events is not None:
