@@ -228,6 +228,7 @@ class IpmiCollector:
             raise IpmiError(f"{tool}: cannot run: {exc.strerror}") from None
         if p.returncode != 0:
             msg = (p.stderr.strip().splitlines() or [f"exit status {p.returncode}"])[-1]
+            msg = msg.strip().removeprefix(f"{tool}:").strip()
             raise IpmiError(f"{tool}: BMC {self.target}: {self._redact(msg)}")
         return p.stdout
 
