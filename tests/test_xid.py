@@ -133,6 +133,10 @@ def test_fifo_from_another_process(tmp_path):
 
 
 def _kmsg_writable():
+    # Writing an XID-looking line into the machine's real kernel log could page whoever watches
+    # this host, so the test runs only where the operator opts in.
+    if os.environ.get("GPUFLEET_TEST_WRITE_KMSG") != "1":
+        return False
     try:
         with open("/dev/kmsg", "w"):
             pass
@@ -143,7 +147,7 @@ def _kmsg_writable():
         return False
 
 
-@pytest.mark.skipif(not _kmsg_writable(), reason="needs a readable and writable /dev/kmsg (root)")
+@pytest.mark.skipif(not _kmsg_writable(), reason="opt in with GPUFLEET_TEST_WRITE_KMSG=1")
 def test_real_dev_kmsg():
     col = XidCollector(kmsg="/dev/kmsg")
     try:
