@@ -86,6 +86,11 @@ CONFFILES=""
 for conf in "$SRC"/packaging/config/*.toml; do
     [ -e "$conf" ] || continue
     install -m 0644 "$conf" "$STAGE/etc/gpufleet/$(basename "$conf")"
+    # Under the unit only its StateDirectory (/var/lib/gpufleet-agent) is writable for the agent:
+    # the packaged config keeps the spool and the file exporter's output there.
+    if [ "$(basename "$conf")" = agent.toml ]; then
+        sed -i 's#"/var/lib/gpufleet/#"/var/lib/gpufleet-agent/#g' "$STAGE/etc/gpufleet/agent.toml"
+    fi
     CONFFILES="$CONFFILES/etc/gpufleet/$(basename "$conf")"$'\n'
 done
 mkdir -p "$STAGE/usr/bin"

@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import time
+import tomllib
 from fnmatch import fnmatch
 from pathlib import Path
 
@@ -218,6 +219,17 @@ def test_deb_builds_installs_runs_and_purges(tmp_path):
                 agent_help = subprocess.run([BINARY, "agent", "--help"], capture_output=True, text=True,
                                             timeout=60)
                 assert agent_help.returncode == 0, agent_help.stdout + agent_help.stderr
+
+            # the packaged agent config writes only below the unit's StateDirectory
+            installed = Path("/etc/gpufleet/agent.toml")
+            if installed.exists():
+                cfg = tomllib.loads(installed.read_text())
+                state = [f"/var/lib/{d}/" for d in one(AGENT, "StateDirectory").split()]
+                for section in ("spool", "file"):
+                    path = cfg.get(section, {}).get("dir")
+                    if path:
+                        assert any(path.rstrip("/") + "/" == s or path.startswith(s) for s in state), (
+                            f"[{section}] dir = {path} is read-only under ProtectSystem=strict")
 
             # the service users exist; nothing was enabled or started
             for user in ("gpufleet", "gpufleet-analyzer"):
