@@ -113,14 +113,23 @@ def generate_cmd(check):
 @click.option("--db", default="gpufleet", show_default=True)
 @click.option("--from-ms", type=int, required=True, help="Range start (epoch ms).")
 @click.option("--to-ms", type=int, required=True, help="Range end (epoch ms).")
-@click.option("--host", default=None, help="Host for the Node and GPU dashboards (default: the first).")
-@click.option("--gpu", default=None, help="GPU index for the GPU dashboard (default: the first).")
+@click.option("--node", default=None, help="Host for the Node dashboard (default: the first).")
+@click.option("--gpu", default=None, help="HOST/INDEX for the GPU dashboard (default: the first).")
 @click.option("--out", "out", required=True, type=click.Path(file_okay=False, path_type=Path))
-def preview_cmd(influx_url, db, from_ms, to_ms, host, gpu, out):
+def preview_cmd(influx_url, db, from_ms, to_ms, node, gpu, out):
     """Render a PNG per dashboard from the same queries Grafana would run."""
     from dashboards.preview import render_all
     from dashboards.runner import influx_query_fn
 
-    sel = {k: v for k, v in (("host", host), ("gpu", gpu)) if v is not None}
+    if to_ms <= from_ms:
+        raise GpufleetError("--to-ms must be after --from-ms")
+    sel: dict[str, dict] = {}
+    if node:
+        sel["node"] = {"host": node}
+    if gpu:
+        host, sep, index = gpu.rpartition("/")
+        if not sep or not host or not index.isdigit():
+            raise GpufleetError(f"--gpu {gpu!r}: expected HOST/INDEX, e.g. node-01/3")
+        sel["gpu"] = {"host": host, "gpu": index}
     for p in render_all(influx_query_fn(influx_url, db), from_ms, to_ms, out, sel):
         click.echo(str(p))

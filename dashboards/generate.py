@@ -87,6 +87,8 @@ def rx(tag: str, var: str | None = None) -> str:
 FLEET = f"{rx('cluster')} AND {rx('rack')}"
 NODE = f"{rx('cluster')} AND {rx('rack')} AND {rx('host')}"
 LAST_2M = "time >= ${__to}ms - 2m AND time <= ${__to}ms"
+# Clock-event bits that mean a fault (power capping and idle are healthy)
+THROTTLE_BITS = ("clock_event_sw_thermal", "clock_event_hw_thermal", "clock_event_hw_power_brake")
 
 # The analyzer's incident measurement (documented with the catalogue in docs/schema.md).
 INCIDENT_TAGS = tuple(INCIDENT["tags"])
@@ -428,17 +430,18 @@ def fleet_overview() -> dict:
             description="Incidents the analyzer reports as firing (any start time).",
         ),
         stat(
-            "GPUs in HW thermal slowdown",
+            "GPUs throttled now (thermal or power brake)",
             [
                 target(
-                    f'SELECT sum("th") FROM (SELECT max({f(g, "clock_event_hw_thermal")}) AS "th" FROM "gpu" '
-                    f'WHERE {LAST_2M} AND {FLEET} GROUP BY "host", "gpu")',
+                    f'SELECT sum("th") FROM (SELECT ceil(({" + ".join(f"max({f(g, x)})" for x in THROTTLE_BITS)}) '
+                    f'/ {len(THROTTLE_BITS)}) AS "th" FROM "gpu" WHERE {LAST_2M} AND {FLEET} GROUP BY "host", "gpu")',
                     alias="throttling",
                 )
             ],
             unit="short",
             thresholds=[{"color": "green", "value": None}, {"color": "red", "value": 1}],
-            description="GPUs with the hardware thermal slowdown bit set in the last 2 minutes.",
+            description="GPUs with a SW/HW thermal slowdown or HW power-brake bit set in the last 2 minutes "
+            "(power capping, healthy under load, is not counted).",
         ),
         stat(
             "GPU power now",
@@ -1161,7 +1164,7 @@ def incidents() -> dict:
             "Median duration of resolved",
             [
                 target(
-                    f'SELECT median({fi("duration_seconds")}) FROM "incident" WHERE $timeFilter AND {flt} AND {fi("state")} = \'resolved\'',
+                    f"SELECT median({fi('duration_seconds')}) FROM \"incident\" WHERE $timeFilter AND {flt} AND {fi('state')} = 'resolved'",
                     alias="median",
                 )
             ],

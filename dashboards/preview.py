@@ -10,6 +10,7 @@ time x value histogram. A preview, not a Grafana: good enough for users to see w
 from __future__ import annotations
 
 import re
+import warnings
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -44,11 +45,12 @@ def fmt(v, unit: str | None) -> str:
         return "-"
     if isinstance(v, str):
         return v
-    unit = unit or "short"
+    if unit is None:  # no unit: the number as it is
+        return str(v) if isinstance(v, int) or float(v).is_integer() else f"{v:.3g}"
     if unit == "percentunit":
         return f"{v * 100:.0f}%" if abs(v) >= 0.1 or v == 0 else f"{v * 100:.1f}%"
     if unit == "celsius":
-        return f"{v:.0f} °C"
+        return f"{v:.0f} °C" if float(v).is_integer() else f"{v:.1f} °C"
     if unit == "watt":
         return f"{v / 1000:.1f} kW" if abs(v) >= 10_000 else f"{v:.0f} W"
     if unit == "joule":
@@ -153,7 +155,7 @@ def draw_table(ax, panel, results, height_px, width_px):
     shown = body[:max_rows]
     cells = [[_cell(r[i], h, panel) for i, h in enumerate(header)] for r in shown]
     widths = [max([len(str(h))] + [len(row[i]) for row in cells]) for i, h in enumerate(header)]
-    budget = int(width_px / 4.6)  # characters that fit at this font size
+    budget = int(width_px / 5.6)  # characters that fit at this font size
     while sum(w + 2 for w in widths) > budget and max(widths) > 4:
         widths[widths.index(max(widths))] -= 1
     total = sum(w + 2 for w in widths)
@@ -466,7 +468,9 @@ def render(dash: dict, runner: Runner, out: Path, width_in: float = 18.0) -> Pat
         elif p["type"] == "bargauge":
             draw_bargauge(ax, p, res)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, facecolor=BG)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # date locator notes on short ranges
+        fig.savefig(out, facecolor=BG)
     plt.close(fig)
     return out
 
@@ -476,16 +480,14 @@ def render_all(
     from_ms: int,
     to_ms: int,
     out_dir: Path,
-    selections: dict[str, str] | None = None,
+    selections: dict[str, dict] | None = None,
     names: list[str] | None = None,
 ) -> list[Path]:
-    """One ``dash-<name>.png`` per dashboard; ``selections`` picks host/gpu (default: the first)."""
+    """One ``dash-<name>.png`` per dashboard; ``selections[name]`` sets its variables (else All/first)."""
     paths = []
     for name, dash in generate.build_all().items():
         if names and name not in names:
             continue
-        keep = {"node": ("host",), "gpu": ("host", "gpu")}.get(name, ())
-        sel = {k: v for k, v in (selections or {}).items() if k in keep}
-        runner = Runner(dash, query, from_ms, to_ms, sel)
+        runner = Runner(dash, query, from_ms, to_ms, (selections or {}).get(name, {}))
         paths.append(render(dash, runner, Path(out_dir) / f"dash-{name}.png"))
     return paths

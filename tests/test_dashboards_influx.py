@@ -113,6 +113,7 @@ def test_fleet_overview_numbers(qf):
     assert rows(by_title(r, "GPUs expected"))[0]["expected"] == 16
     assert rows(by_title(r, "GPUs reporting"))[0]["reporting"] == 15  # node-e01 GPU 0 fell off the bus
     assert rows(by_title(r, "Incidents firing"))[0]["count"] == 4
+    assert rows(by_title(r, "GPUs throttled now (thermal or power brake)"))[0]["sum"] == 1
     hottest = rows(by_title(r, "Top 10 hottest GPUs"))
     assert len(hottest) == 10
     top = max(hottest, key=lambda x: x["max temperature"])
@@ -198,7 +199,9 @@ def test_resolved_incident_duration(qf):
 def test_preview_renders_from_the_same_queries(qf, tmp_path):
     from dashboards.preview import render_all
 
-    paths = render_all(qf, FROM_MS, TO_MS, tmp_path, {"host": "node-e02", "gpu": "2"}, names=["incidents"])
+    paths = render_all(
+        qf, FROM_MS, TO_MS, tmp_path, {"gpu": {"host": "node-e02", "gpu": "2"}}, names=["incidents"]
+    )
     assert [p.name for p in paths] == ["dash-incidents.png"]
     data = paths[0].read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
