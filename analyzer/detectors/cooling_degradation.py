@@ -26,8 +26,8 @@ DEFAULT_SLOPE = 0.04  # °C per W, from the real H200 trace (39 -> 61 °C for 80
 class CoolingDegradation(Detector):
     kind = "cooling_degradation"
 
-    def __init__(self, min_power_watts=100.0, min_learn_samples=120, excess_celsius=5.0,
-                 sigma=4.0, fleet_spread_celsius=8.0, smooth_seconds=120.0, throttle_margin_celsius=3.0,
+    def __init__(self, min_power_watts=50.0, min_learn_samples=120, excess_celsius=5.0,
+                 sigma=4.0, fleet_spread_celsius=0.0, smooth_seconds=120.0, throttle_margin_celsius=3.0,
                  node_share=0.5, node_min_gpus=2, rack_min_nodes=2, dwell_seconds=600.0, gap_seconds=120.0,
                  resolve_seconds=3600.0):
         self.min_power_watts = min_power_watts
@@ -78,7 +78,8 @@ class CoolingDegradation(Detector):
         slope = getattr(self, "slope_", DEFAULT_SLOPE)
         u = temp - np.where(np.isfinite(inlet), inlet, 0.0) - slope * power
         u = np.where(steady, u, np.nan)
-        inv, ng = buckets(tab.t, 60.0)
+        # the common mode per minute and power band (idle vs loaded GPUs move differently)
+        inv, ng = buckets(tab.t, 60.0, (nz(power) >= 300).astype(np.int64))
         med, cnt = group_median(inv, np.where(throttled, np.nan, u), ng)
         c = np.where(cnt[inv] >= 4, med[inv], np.nan)
         return u - c, steady, throttled, temp, power
@@ -139,6 +140,9 @@ class CoolingDegradation(Detector):
         base = np.where(np.isfinite(a), a, np.nan)
         r = tab.rolling_mean(v - base, self.smooth_seconds)
         from_fleet = tab.rolling_mean(v - fleet_a, self.smooth_seconds) - self.fleet_spread_celsius
+        from_fleet[~np.isfinite(a)] = np.nan  # only for GPUs with a baseline of their own to compare
+        if self.fleet_spread_celsius <= 0:
+            from_fleet[:] = np.nan
         thr = np.fmax(self.excess_celsius, self.sigma * s)
         return r, thr, from_fleet, steady, throttled, temp, power, v
 

@@ -60,7 +60,8 @@ class GpuLost(Detector):
         # several GPUs sharing the best time: the other one also reports then
         nbest = np.bincount(node[is_best], minlength=n_nodes)
         other = np.where(is_best & (nbest[node] == 1), second[node], best[node])
-        quiet = other - last
+        with np.errstate(invalid="ignore"):
+            quiet = other - last
         cond = np.isfinite(last) & (quiet >= self.lost_after_seconds) & (last >= window.start - 2 * 86400)
         cond &= (other >= window.start) & (other < window.end)
         g = np.flatnonzero(cond)
