@@ -300,16 +300,35 @@ def incident_annotation(where: str) -> dict:
         f"SELECT {fi('summary')}, {fi('kind')}, {fi('severity')}, {fi('host')}, "
         f'{fi("end_ns")} / 1000000 AS "end_ms" FROM "incident" WHERE $timeFilter AND {where}'
     )
+    columns = {
+        "textColumn": "summary",
+        "titleColumn": "kind",
+        "tagsColumn": "kind,severity,host",
+        "timeEndColumn": "end_ms",
+    }
+    # The legacy top-level fields and the ``target`` Grafana's InfluxDB plugin migrates them to
+    # (prepareAnnotation in its migrations.ts), so every Grafana version reads the same query.
+    target = {
+        "refId": "Anno",
+        "query": q,
+        "rawQuery": True,
+        "queryType": "tags",
+        "fromAnnotations": True,
+        **columns,
+        "name": "Incidents",
+        "limit": 0,
+        "matchAny": False,
+        "tags": [],
+        "type": "",
+    }
     return {
         "name": "Incidents",
         "datasource": DS,
         "enable": True,
         "iconColor": "rgba(255, 96, 96, 1)",
         "query": q,
-        "textColumn": "summary",
-        "titleColumn": "kind",
-        "tagsColumn": "kind,severity,host",
-        "timeEndColumn": "end_ms",
+        **columns,
+        "target": target,
     }
 
 

@@ -133,6 +133,6 @@ class Runner:
         for a in self.dash["annotations"]["list"]:
             if a.get("builtIn"):
                 continue
-            q = expand(a["query"], self.ctx)
+            q = expand((a.get("target") or a)["query"], self.ctx)
             err, series = parse(self.query(q))
             yield a, Result(q, err, series)

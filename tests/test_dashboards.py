@@ -84,6 +84,9 @@ def test_dashboard_structure(name):
         assert v["query"].startswith("SHOW TAG VALUES FROM ")
     ann = [a for a in d["annotations"]["list"] if not a.get("builtIn")]
     assert ann and all('FROM "incident"' in a["query"] and a["textColumn"] == "summary" for a in ann)
+    for a in ann:
+        assert a["target"]["query"] == a["query"] and a["target"]["timeEndColumn"] == "end_ms"
+        assert a["datasource"]["uid"] == "${datasource}"
 
 
 def test_variables_and_units():
@@ -297,3 +300,43 @@ def test_export_api_validates(tmp_path):
     with pytest.raises(GpufleetError):
         export(tmp_path, Settings(influx="4"))
     assert re.fullmatch(r"[\w.-]+", Settings().uid)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--gpu", "node-01"],
+        ["--gpu", "node-01/x"],
+        ["--from-ms", "5", "--to-ms", "5"],
+    ],
+)
+def test_preview_rejects_bad_arguments(tmp_path, capsys, args):
+    base = {"--from-ms": "0", "--to-ms": "1000"}
+    for k, v in zip(args[::2], args[1::2], strict=True):
+        base[k] = v
+    argv = ["dashboards", "preview", "--influx-url", "http://127.0.0.1:9", "--out", str(tmp_path)]
+    rc = main(argv + [x for kv in base.items() for x in kv])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("gpufleet: error: ") and err.count("\n") == 1
+
+
+def test_preview_unreachable_influx_is_one_line(tmp_path, capsys):
+    from tests.servers import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"
+    rc = main(
+        [
+            "dashboards",
+            "preview",
+            "--influx-url",
+            url,
+            "--from-ms",
+            "0",
+            "--to-ms",
+            "1000",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    err = capsys.readouterr().err
+    assert rc == 2 and "did not answer" in err and err.count("\n") == 1
