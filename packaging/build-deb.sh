@@ -29,7 +29,7 @@ while [ $# -gt 0 ]; do
         --python) PYTHON=${2:?}; shift 2 ;;
         --compress) COMPRESS=${2:?}; shift 2 ;;
         --revision) REVISION=${2:?}; shift 2 ;;
-        -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         *) die "unknown argument: $1" ;;
     esac
 done

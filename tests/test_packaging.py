@@ -156,6 +156,16 @@ def test_security_exposure_within_target_and_documented(unit, tmp_path):
 
 # ------------------------------------------------------------------------------- the package
 
+@pytest.mark.parametrize("args", [["--compress", "bogus"], ["--extras", "agent;rm"], ["--frob"],
+                                  ["--python", "/nonexistent/python3"]])
+def test_build_script_rejects_bad_arguments(args, tmp_path):
+    proc = subprocess.run([str(ROOT / "packaging" / "build-deb.sh"), *args, "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("build-deb: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert not list(tmp_path.iterdir())
+
+
 def _dpkg(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     """dpkg, waiting out another dpkg/apt holding the lock."""
     for _ in range(60):
