@@ -304,3 +304,84 @@ def test_real_nvml_fails_cleanly_or_polls():
         with pytest.raises(CollectorUnavailable, match="no NVIDIA driver"):
             c.collect()
     c.close()
+
+
+def test_field_values_read_in_bulk_agree_with_the_structures():
+    from agent.collectors.gpu import field_values
+
+    T = pynvml
+    cases = [(T.NVML_VALUE_TYPE_DOUBLE, "dVal", -2.5e-3),
+             (T.NVML_VALUE_TYPE_UNSIGNED_INT, "uiVal", 4_000_000_000),
+             (T.NVML_VALUE_TYPE_UNSIGNED_LONG, "ulVal", 2**40 + 3),
+             (T.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, "ullVal", 2**64 - 1),
+             (T.NVML_VALUE_TYPE_SIGNED_LONG_LONG, "sllVal", -(2**62)),
+             (T.NVML_VALUE_TYPE_SIGNED_INT, "siVal", -7),
+             (T.NVML_VALUE_TYPE_UNSIGNED_SHORT, "usVal", 65535)]
+    arr = (T.c_nvmlFieldValue_t * (len(cases) + 1))()
+    for i, (vtype, member, value) in enumerate(cases):
+        arr[i].fieldId, arr[i].scopeId, arr[i].valueType, arr[i].nvmlReturn = 100 + i, i, vtype, 0
+        arr[i].value.ullVal = 0xFFFFFFFFFFFFFFFF  # garbage in the bytes a narrow member leaves alone
+        setattr(arr[i].value, member, value)
+    arr[len(cases)].fieldId, arr[len(cases)].nvmlReturn = 999, T.NVML_ERROR_NOT_SUPPORTED
+    bulk = field_values(arr)
+    assert bulk == field_values(list(arr))  # the per-attribute path
+    assert bulk == [(100 + i, 0, v) for i, (_, _, v) in enumerate(cases)] + [(999, 3, None)]
+
+
+class LinkNode(TinyNode):
+    """Distinct NVLink counters per link, link 3 down."""
+
+    def gpus(self, t):
+        out = super().gpus(t)
+        for s in out:
+            for link, ls in enumerate(s["nvlink"]):
+                ls.update(up=int(link != 3), crc_flit_errors_total=1000 * s["index"] + link,
+                          crc_data_errors_total=link + 1, replay_errors_total=2 * link,
+                          recovery_errors_total=link // 2)
+        return out
+
+
+class CountingSim(SimBackend):
+    def __init__(self, node, link_fields=True):
+        super().__init__(node)
+        self.calls: dict[str, int] = {}
+        self.link_fields = link_fields
+
+    def answer(self, func, handle, *args):
+        self.calls[func] = self.calls.get(func, 0) + 1
+        return super().answer(func, handle, *args)
+
+    def nvmlDeviceGetFieldValues(self, handle, fieldIds):
+        self.calls["fields"] = self.calls.get("fields", 0) + 1
+        if not self.link_fields and any(isinstance(f, tuple) or f < 74 or 95 < f < 120 for f in fieldIds):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return super().nvmlDeviceGetFieldValues(handle, fieldIds)
+
+
+def _links(samples):
+    return {(s.tags["gpu"], s.tags["link"]): s.fields for s in samples if s.measurement == "gpu_nvlink"}
+
+
+@pytest.mark.parametrize("link_fields", [True, False])
+def test_nvlink_counters_batched_in_field_values_with_the_per_call_fallback(link_fields):
+    b = CountingSim(LinkNode(n_gpus=2, t0=0.0), link_fields=link_fields)
+    c = GpuCollector(b, clock=Clock(), slow_interval_s=1e9)
+    first = _links(c.collect(int(4000e9)))  # probe: one call per link and counter
+    b.calls.clear()
+    second = _links(c.collect(int(4000e9)))
+    want = {(str(g), str(link)): {"up": int(link != 3), "crc_flit_errors_total": 1000 * g + link,
+                                  "crc_data_errors_total": link + 1, "replay_errors_total": 2 * link,
+                                  "recovery_errors_total": link // 2}
+            for g in range(2) for link in range(18)}
+    assert first == want and second == want
+    if link_fields:  # links 0..11 in the batch; 12..17 have no per-link field ids
+        assert b.calls.get("nvmlDeviceGetNvLinkState", 0) == 0
+        assert b.calls["nvmlDeviceGetNvLinkErrorCounter"] == 2 * 6 * 4
+        assert b.calls["fields"] == 2 * 2  # the GPU's own fields and the links', per GPU
+    else:  # not supported: every link read one call each, and the batch is not asked again
+        assert b.calls["nvmlDeviceGetNvLinkState"] == 2 * 18
+        assert b.calls["nvmlDeviceGetNvLinkErrorCounter"] == 2 * 18 * 4
+        b.calls.clear()
+        assert _links(c.collect(int(4000e9))) == want
+        assert b.calls["fields"] == 2  # the GPU's own fields only
+    c.close()

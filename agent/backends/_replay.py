@@ -5,12 +5,15 @@ alone (``nvmlDeviceGetPowerUsage``) or with its arguments (``nvmlDeviceGetTemper
 ``nvmlDeviceGetTotalEccErrors(0,1)``). A value is what pynvml would return (in NVML units) or an
 :class:`Err` holding the NVML return code the device gave. A call with no answer raises
 ``NVMLError_NotSupported``: the data is not there, exactly like a GPU that lacks the feature.
-Field values (``nvmlDeviceGetFieldValues``) come from ``fields``: field id -> (return code,
-value type, value), answered as real ``pynvml.c_nvmlFieldValue_t`` structures.
+Field values (``nvmlDeviceGetFieldValues``) come from ``fields``: field id, or ``(field id, scope id)``
+for a scoped one (an NVLink link), -> (return code, value type, value), answered as real
+``pynvml.c_nvmlFieldValue_t`` structures.
 """
 
 from __future__ import annotations
 
+import ctypes
+import struct
 from dataclasses import dataclass, field
 
 import pynvml
@@ -26,14 +29,17 @@ ALIASES = {
     "nvmlDeviceGetMemoryInfo": ("nvmlDeviceGetMemoryInfo_v2",),
 }
 
-_VALUE_MEMBER = {
-    pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
-    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
-    pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
-    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
+_FV_RECORD = struct.Struct("=IIqqIIQ")  # c_nvmlFieldValue_t, the value union as 8 raw bytes
+assert ctypes.sizeof(pynvml.c_nvmlFieldValue_t) == _FV_RECORD.size
+_M64 = (1 << 64) - 1
+_VALUE_PACK = {
+    pynvml.NVML_VALUE_TYPE_DOUBLE: lambda v: struct.unpack("=Q", struct.pack("=d", float(v)))[0],
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: lambda v: int(v) & 0xFFFFFFFF,
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: lambda v: int(v) & _M64,
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: lambda v: int(v) & _M64,
+    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: lambda v: int(v) & _M64,
+    pynvml.NVML_VALUE_TYPE_SIGNED_INT: lambda v: int(v) & 0xFFFFFFFF,
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: lambda v: int(v) & 0xFFFF,
 }
 
 
@@ -45,7 +51,7 @@ class Err:
 @dataclass
 class DeviceAnswers:
     answers: dict[str, object] = field(default_factory=dict)
-    fields: dict[int, tuple[int, int, object]] = field(default_factory=dict)
+    fields: dict[int | tuple[int, int], tuple[int, int, object]] = field(default_factory=dict)
     fail_all: int | None = None  # every call on this device fails with this code (a lost GPU)
 
 
@@ -61,8 +67,21 @@ class Handle:
         return f"<handle gpu {self.index}>"
 
 
+_KEYS: dict[tuple, str] = {}
+
+
 def call_key(func: str, args: tuple) -> str:
-    return func if not args else f"{func}({','.join(str(int(a)) for a in args)})"
+    try:
+        return _KEYS[(func, args)]
+    except (KeyError, TypeError):  # first time, or arguments that do not hash
+        pass
+    key = func if not args else f"{func}({','.join(str(int(a)) for a in args)})"
+    if len(_KEYS) < 65536:
+        try:
+            _KEYS[(func, args)] = key
+        except TypeError:
+            pass
+    return key
 
 
 def _convert(func: str, v):
@@ -138,18 +157,22 @@ class AnswerBackend:
         return _convert(func, v)
 
     def nvmlDeviceGetFieldValues(self, handle, fieldIds):
+        """Real ``c_nvmlFieldValue_t`` structures, packed from bytes (pynvml's structure classes
+        set every attribute through Python-level hooks)."""
         dev = self._device(handle)
-        out = (pynvml.c_nvmlFieldValue_t * len(fieldIds))()
+        fields = dev.fields
+        buf = bytearray(_FV_RECORD.size * len(fieldIds))
+        pack = _FV_RECORD.pack_into
         for i, fid in enumerate(fieldIds):
-            fid, scope = (fid if isinstance(fid, tuple) else (fid, 0))
-            out[i].fieldId = fid
-            out[i].scopeId = scope
-            ret, vtype, value = dev.fields.get(fid, (NOT_SUPPORTED, 0, 0))
-            out[i].nvmlReturn = ret
-            out[i].valueType = vtype
-            if ret == pynvml.NVML_SUCCESS:
-                setattr(out[i].value, _VALUE_MEMBER.get(vtype, "ullVal"), value)
-        return out
+            if isinstance(fid, tuple):  # (field id, scope id): a scoped answer first
+                ans = fields.get(fid)
+                fid, scope = fid
+            else:
+                ans, scope = None, 0
+            ret, vtype, value = ans or fields.get(fid, _NO_FIELD)
+            raw = _VALUE_PACK[vtype](value) if ret == pynvml.NVML_SUCCESS and vtype in _VALUE_PACK else 0
+            pack(buf, i * _FV_RECORD.size, fid, scope, 0, 0, vtype, ret, raw)
+        return (pynvml.c_nvmlFieldValue_t * len(fieldIds)).from_buffer_copy(buf)
 
     def nvmlDeviceGetMigDeviceHandleByIndex(self, handle, index):
         self.answer("nvmlDeviceGetMigDeviceHandleByIndex", handle, index)
@@ -168,3 +191,4 @@ class AnswerBackend:
 
 
 _MISSING = object()
+_NO_FIELD = (NOT_SUPPORTED, 0, 0)

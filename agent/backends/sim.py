@@ -70,6 +70,31 @@ _LINK_COUNTERS = (("replay_errors_total", pynvml.NVML_NVLINK_ERROR_DL_REPLAY),
                   ("crc_data_errors_total", pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA))
 
 
+# NVML's per-link field ids of the NVLink error counters (links 0..11 have one each)
+_LINK_FIELD_PREFIX = (("crc_flit_errors_total", "CRC_FLIT"), ("crc_data_errors_total", "CRC_DATA"),
+                      ("replay_errors_total", "REPLAY"), ("recovery_errors_total", "RECOVERY"))
+NVLINK_COUNTER_FIELDS = {(name, link): getattr(pynvml, f"NVML_FI_DEV_NVLINK_{kind}_ERROR_COUNT_L{link}")
+                         for name, kind in _LINK_FIELD_PREFIX for link in range(32)
+                         if hasattr(pynvml, f"NVML_FI_DEV_NVLINK_{kind}_ERROR_COUNT_L{link}")}
+_OK = pynvml.NVML_SUCCESS
+_LINK_STATE = pynvml.NVML_FI_DEV_NVLINK_GET_STATE
+_ACTIVE, _INACTIVE = pynvml.NVML_NVLINK_STATE_ACTIVE, pynvml.NVML_NVLINK_STATE_INACTIVE
+
+
+_LINK_KEYS: dict[int, tuple] = {}
+
+
+def _link_keys(link: int) -> tuple:
+    """A link's NVML answer keys: the state call, and (field, counter call, field id) per counter."""
+    keys = _LINK_KEYS.get(link)
+    if keys is None:
+        keys = _LINK_KEYS[link] = (
+            f"nvmlDeviceGetNvLinkState({link})",
+            tuple((name, f"nvmlDeviceGetNvLinkErrorCounter({link},{counter})",
+                   NVLINK_COUNTER_FIELDS.get((name, link))) for name, counter in _LINK_COUNTERS))
+    return keys
+
+
 def _nvml(v, factor) -> int:
     """A catalogue value (Python or numpy number) -> NVML's integer units (integers stay exact)."""
     if isinstance(v, numbers.Integral):
@@ -140,12 +165,19 @@ def state_to_answers(s: dict, procs: ProcTree | None = None) -> DeviceAnswers:
                 cg = f"0::/kubepods.slice/kubepods-pod{str(job).replace('-', '_')}.slice/c\n" \
                     if job is not None and not str(job).isdigit() else "0::/user.slice\n"
                 procs.set(p, environ=env, cgroup=cg)
+    fields = dev.fields
     for link, ls in enumerate(g("nvlink") or ()):
-        if ls.get("up") is not None:
-            a[f"nvmlDeviceGetNvLinkState({link})"] = int(ls["up"])
-        for name, counter in _LINK_COUNTERS:
-            if ls.get(name) is not None:
-                a[f"nvmlDeviceGetNvLinkErrorCounter({link},{counter})"] = int(ls[name])
+        state_key, counters = _link_keys(link)
+        up = ls.get("up")
+        if up is not None:
+            a[state_key] = int(up)
+            fields[(_LINK_STATE, link)] = (_OK, _U32, _ACTIVE if int(up) else _INACTIVE)
+        for name, key, fid in counters:
+            v = ls.get(name)
+            if v is not None:
+                a[key] = v = int(v)
+                if fid is not None:
+                    fields[fid] = (_OK, _U64, v)
     return dev
 
 

@@ -22,8 +22,11 @@ Counters are reported cumulative, as NVML gives them; rollover and resets are ha
 from __future__ import annotations
 
 import concurrent.futures as cf
+import ctypes
 import logging
 import queue
+import struct
+import sys
 import threading
 import time
 
@@ -70,8 +73,71 @@ NVLINK_COUNTERS = (
     ("replay_errors_total", E.NVML_NVLINK_ERROR_DL_REPLAY),
     ("recovery_errors_total", E.NVML_NVLINK_ERROR_DL_RECOVERY),
 )
+_COUNTER_ENUM = dict(NVLINK_COUNTERS)
 MAX_LINKS = 18  # NVLink links per GPU up to Hopper; the first poll probes them
+# Per-link field ids of the NVLink error counters (NVML defines them for links 0..11): one
+# nvmlDeviceGetFieldValues call reads them all; links above 11, and any counter the batch answers
+# NotSupported for, fall back to nvmlDeviceGetNvLinkErrorCounter.
+_NVLINK_FIELD_PREFIX = {
+    "crc_flit_errors_total": "NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_L",
+    "crc_data_errors_total": "NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_L",
+    "replay_errors_total": "NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_L",
+    "recovery_errors_total": "NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_L",
+}
+NVLINK_COUNTER_FIELDS = {(name, link): getattr(E, f"{prefix}{link}")
+                         for name, prefix in _NVLINK_FIELD_PREFIX.items()
+                         for link in range(MAX_LINKS) if hasattr(E, f"{prefix}{link}")}
+# The link state as a field value, scoped to the link: active (and asleep, a low-power state of a
+# trained link) is up; inactive or traffic disabled is down.
+NVLINK_STATE_FIELD = E.NVML_FI_DEV_NVLINK_GET_STATE
+NVLINK_STATE_UP = {E.NVML_NVLINK_STATE_ACTIVE, E.NVML_NVLINK_STATE_SLEEP}
 _VALUE_MEMBER = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+
+# nvmlFieldValue_t read in bulk: pynvml's structure classes answer every attribute through a
+# Python-level __getattribute__, so an array of them is unpacked from its memory in one pass
+# (fieldId, scopeId, timestamp, latencyUsec, valueType, nvmlReturn, 8-byte value union).
+_FV = E.c_nvmlFieldValue_t
+_FV_RECORD = struct.Struct("=IIqqIIQ")
+_FV_BULK = (sys.byteorder == "little" and ctypes.sizeof(_FV) == _FV_RECORD.size
+            and [(n, getattr(_FV, n).offset) for n, _ in _FV._fields_] == [
+                ("fieldId", 0), ("scopeId", 4), ("timestamp", 8), ("latencyUsec", 16), ("valueType", 24),
+                ("nvmlReturn", 28), ("value", 32)])
+_DOUBLE = struct.Struct("=d")
+_ULONG_MASK = (1 << (8 * ctypes.sizeof(ctypes.c_ulong))) - 1
+
+
+def _union_value(vtype: int, raw: int):
+    """The 8 bytes of nvmlValue_t (a little-endian unsigned 64-bit integer) read as ``vtype``."""
+    if vtype == 3:  # unsigned long long
+        return raw
+    if vtype == 1:  # unsigned int
+        return raw & 0xFFFFFFFF
+    if vtype == 0:  # double
+        return _DOUBLE.unpack(raw.to_bytes(8, "little"))[0]
+    if vtype == 4:  # signed long long
+        return raw - (1 << 64) if raw >> 63 else raw
+    if vtype == 5:  # signed int
+        raw &= 0xFFFFFFFF
+        return raw - (1 << 32) if raw >> 31 else raw
+    if vtype == 2:  # unsigned long
+        return raw & _ULONG_MASK
+    if vtype == 6:  # unsigned short
+        return raw & 0xFFFF
+    return raw
+
+
+def field_values(arr) -> list[tuple[int, int, object]]:
+    """``nvmlDeviceGetFieldValues``' answer -> ``[(fieldId, nvmlReturn, value or None), ...]`` in
+    request order."""
+    if _FV_BULK and isinstance(arr, ctypes.Array) and arr._type_ is _FV:
+        return [(fid, ret, _union_value(vt, raw) if ret == 0 else None)
+                for fid, _, _, _, vt, ret, raw in _FV_RECORD.iter_unpack(memoryview(arr).cast("B"))]
+    out = []
+    for v in arr:
+        ret = int(v.nvmlReturn)
+        val = getattr(v.value, _VALUE_MEMBER.get(int(v.valueType), "ullVal")) if ret == 0 else None
+        out.append((int(v.fieldId), ret, val))
+    return out
 
 
 def _conv():
@@ -143,6 +209,10 @@ class _Gpu:
         self.logged: set[str] = set()
         self.field_ids: list[int] = list(FIELD_IDS)
         self.links: list[int] | None = None  # NVLink links that answer, found on the first poll
+        # NVLink batch: field requests, and what each answer is (link, field name; "up" = state)
+        self.link_req: list = []
+        self.link_what: list[tuple[int, str]] = []
+        self.link_calls: list[tuple[int, str]] = []  # read one NVML call each (fallback)
         self.state = "up"
         self.retry_at = 0.0
         self.worker: _Worker | None = None
@@ -341,13 +411,12 @@ class GpuCollector:
             g.field_ids = []
             return
         keep = []
-        for v in vals:
-            fid, ret = int(v.fieldId), int(v.nvmlReturn)
+        for fid, ret, value in field_values(vals):
             if ret == E.NVML_SUCCESS:
                 keep.append(fid)
                 name = FIELD_IDS.get(fid)
                 if name:
-                    self._put(f, name, getattr(v.value, _VALUE_MEMBER.get(int(v.valueType), "ullVal")))
+                    self._put(f, name, value)
             elif ret in ABSENT:
                 key = f"field {fid}"
                 if key not in g.logged:
@@ -419,29 +488,80 @@ class GpuCollector:
 
     def _read_nvlink(self, g: _Gpu, now_ns: int) -> list[Sample]:
         B, q = self.backend, self._q
-        if g.links is None:  # first poll: find the links that answer
-            states = {}
+        if g.links is None:  # first poll: find the links that answer, plan the batch
+            vals: dict[int, dict[str, object]] = {}
             for link in range(MAX_LINKS):
                 st = q(g, f"nvlink_state {link}", B.nvmlDeviceGetNvLinkState, link)
                 if st is not None:
-                    states[link] = st
-            g.links = list(states)
+                    vals[link] = {"up": 1 if int(st) == E.NVML_FEATURE_ENABLED else 0}
+            g.links = list(vals)
+            self._plan_nvlink(g)
+            calls = [(link, name) for link in g.links for name, _ in NVLINK_COUNTERS]
         else:
-            states = {link: q(g, f"nvlink_state {link}", B.nvmlDeviceGetNvLinkState, link)
-                      for link in g.links}
-        out = []
+            vals = {link: {} for link in g.links}
+            self._read_nvlink_fields(g, vals)
+            calls = g.link_calls
+        for link, name in calls:
+            if name == "up":
+                st = q(g, f"nvlink_state {link}", B.nvmlDeviceGetNvLinkState, link)
+                if st is not None:
+                    vals[link]["up"] = 1 if int(st) == E.NVML_FEATURE_ENABLED else 0
+                continue
+            v = q(g, f"nvlink_err {link} {name}", B.nvmlDeviceGetNvLinkErrorCounter, link,
+                  _COUNTER_ENUM[name])
+            if v is not None:
+                vals[link][name] = int(v)
+        tags = g.tags
+        return [Sample("gpu_nvlink", {**tags, "link": str(link)}, vals[link], now_ns)
+                for link in g.links if vals[link]]
+
+    def _plan_nvlink(self, g: _Gpu) -> None:
+        """The batch for this GPU's links: state (scoped to the link) and the counters that have
+        per-link field ids; the other counters are read one call each."""
+        req, what, calls = [], [], []
         for link in g.links:
-            f: dict[str, object] = {}
-            st = states.get(link)
-            if st is not None:
-                f["up"] = 1 if int(st) == E.NVML_FEATURE_ENABLED else 0
-            for name, counter in NVLINK_COUNTERS:
-                v = q(g, f"nvlink_err {link} {counter}", B.nvmlDeviceGetNvLinkErrorCounter, link, counter)
-                if v is not None:
-                    f[name] = int(v)
-            if f:
-                out.append(Sample("gpu_nvlink", {**g.tags, "link": str(link)}, f, now_ns))
-        return out
+            req.append((NVLINK_STATE_FIELD, link))
+            what.append((link, "up"))
+            for name, _ in NVLINK_COUNTERS:
+                fid = NVLINK_COUNTER_FIELDS.get((name, link))
+                if fid is None:
+                    calls.append((link, name))
+                else:
+                    req.append(fid)
+                    what.append((link, name))
+        g.link_req, g.link_what, g.link_calls = req, what, calls
+
+    def _read_nvlink_fields(self, g: _Gpu, vals: dict[int, dict[str, object]]) -> None:
+        """One nvmlDeviceGetFieldValues call for the planned link fields. What it does not support
+        moves to the per-call fallback for good (read by the caller in this same poll)."""
+        if not g.link_req:
+            return
+        got = self._q(g, "nvlink_fields", self.backend.nvmlDeviceGetFieldValues, g.link_req)
+        if got is None:
+            g.link_calls = list(g.link_what) + g.link_calls
+            g.link_req, g.link_what = [], []
+            return
+        moved = None
+        ok = E.NVML_SUCCESS
+        what = g.link_what
+        for i, (_, ret, raw) in enumerate(field_values(got)):
+            if ret == ok:
+                link, name = what[i]
+                raw = int(raw)
+                if name == "up":
+                    vals[link]["up"] = 1 if raw in NVLINK_STATE_UP else 0
+                else:
+                    vals[link][name] = raw
+            elif ret in ABSENT:
+                (moved := moved or []).append(i)
+            elif ret in LOST:
+                raise _Lost()
+        if moved:
+            log.debug("gpu %d: %d NVLink field values not supported; read one call each", g.index, len(moved))
+            g.link_calls = g.link_calls + [what[i] for i in moved]
+            drop = set(moved)
+            g.link_req = [r for i, r in enumerate(g.link_req) if i not in drop]
+            g.link_what = [w for i, w in enumerate(what) if i not in drop]
 
     # -- a poll ------------------------------------------------------------------------------
     def _mark(self, g: _Gpu, state: str, now: float) -> None:
