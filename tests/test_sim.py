@@ -348,6 +348,9 @@ def test_chaos_nuisances_are_visible_but_not_in_truth(tmp_path):
     assert any(b < a - 600e9 for a, b in zip(times, times[1:], strict=False))
     faulty_hosts = {r.host for r in p.truth}
     assert not faulty_hosts & reload_hosts
+    # no two points share a series and a timestamp (a database would keep only one)
+    keys = [(m, tuple(sorted(x.tags.items())), x.time) for m, pts in p.by.items() for x in pts]
+    assert len(keys) == len(set(keys))
 
 
 @pytest.mark.parametrize(

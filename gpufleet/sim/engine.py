@@ -288,7 +288,7 @@ class Generator:
         fl = self.fl
         writer = Writer(out / "telemetry.lp.gz", self.level)
         try:
-            chunk = max(1, min(fl.n_steps, 131072 // max(fl.n, 1)))
+            chunk = max(1, min(fl.n_steps, 32768 // max(fl.n, 1)))
             k = 0
             while k < fl.n_steps:
                 c = min(chunk, fl.n_steps - k)

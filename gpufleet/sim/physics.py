@@ -10,7 +10,7 @@ Calibrated on one real H200 SXM (``../shared/reference/h200/trace.csv``, docs/ca
 - GPU temperature: ``T = T_base + g * (R_FAST * ema(P - W_MEM * util_mem, TAU_FAST)
   + R_SLOW * ema(P, TAU_SLOW))`` where ``T_base`` follows the rack inlet and ``g`` is the
   cooling factor (1 = healthy; a degrading heatsink or a failing fan raises it). Memory
-  temperature follows power and memory traffic with a lag of a few seconds.
+  temperature follows memory traffic within a second and power with a slow (~30 s) lag.
 - Steps may be long (10 s): exponential responses are solved exactly over the step, and the
   thermal controller is solved for the power that keeps the temperature at the SW thermal
   target. The throttle-time counters integrate the throttled share of each step.
@@ -74,12 +74,14 @@ class GpuModel:
     w_mem: float = 1.67
     r_slow: float = 0.0064
     tau_slow: float = 60.0
-    # memory temperature: Tm = inlet + TM_OFFSET + g*(RM_P*ema_m(P) + RM_U*ema_m(umem) + RM_F*ema_f(P))
-    tm_offset: float = 13.1
-    rm_p: float = 0.0068
-    rm_u: float = 0.152
-    rm_f: float = 0.0071
-    tau_mem: float = 3.0
+    # memory temperature: Tm = inlet + TM_OFFSET + g*(RM_P*ema(P, TAU_MEM) + RM_U*ema(umem, TAU_FAST)
+    #                                                 + RM_F*ema(P, TAU_MEM_FAST))
+    tm_offset: float = 11.2
+    rm_p: float = 0.0108
+    rm_u: float = 0.127
+    rm_f: float = 0.00989
+    tau_mem: float = 30.0
+    tau_mem_fast: float = 1.0
     pcie_gen: int = 5
     pcie_width: int = 16
     nvlinks: int = 18
@@ -187,9 +189,10 @@ class Physics:
         self.xf = pdie + (self.xf - pdie) * ef
         self.xs = p_end + (self.xs - p_end) * es
         em = math.exp(-dt / m.tau_mem)
+        emf = math.exp(-dt / m.tau_mem_fast)
         self.xmp = p_end + (self.xmp - p_end) * em
-        self.xmu = umem + (self.xmu - umem) * em
-        self.xmf = p_end + (self.xmf - p_end) * ef
+        self.xmu = umem + (self.xmu - umem) * ef
+        self.xmf = p_end + (self.xmf - p_end) * emf
         self.temp = base + g * (m.r_fast * self.xf + m.r_slow * self.xs)
         tmem = inlet + m.tm_offset + g * (m.rm_p * self.xmp + m.rm_u * self.xmu + m.rm_f * self.xmf)
         ea = math.exp(-dt / 0.5)
@@ -228,8 +231,8 @@ class Physics:
             "power": power,
             "power_instant": power_inst,
             "energy_j": self.energy_j.copy(),
-            "temperature_gpu": self.temp + rng.normal(0, 0.25, n),
-            "temperature_memory": tmem + rng.normal(0, 0.25, n),
+            "temperature_gpu": self.temp + rng.normal(0, 0.15, n),
+            "temperature_memory": tmem + rng.normal(0, 0.15, n),
             "clock_sm": clock,
             "reasons": reasons,
             "t_cap": self.t_cap.copy(),
