@@ -407,12 +407,9 @@ def fleet_overview() -> dict:
     clock_fault = ("hw_thermal", "sw_thermal", "hw_power_brake", "hw_slowdown")
 
     def clock_share(reasons):
-        inner = ", ".join(f'mean({f(g, "clock_event_" + r)}) AS "{r}"' for r in reasons)
-        outer = ", ".join(f'sum("{r}") AS "{r}"' for r in reasons)
-        return (
-            f'SELECT {outer} FROM (SELECT {inner} FROM "gpu" WHERE $timeFilter AND {FLEET} '
-            f'GROUP BY time($__interval), "host", "gpu") GROUP BY time($__interval) fill(none)'
-        )
+        # the mean of a 0/1 bit over every GPU sample in the bucket: the share of the fleet's GPU time
+        sel = ", ".join(f'mean({f(g, "clock_event_" + r)}) AS "{r}"' for r in reasons)
+        return f'SELECT {sel} FROM "gpu" WHERE $timeFilter AND {FLEET} GROUP BY time($__interval) fill(none)'
 
     throttled = " + ".join(
         f"non_negative_difference({f(g, c)})"
@@ -518,6 +515,7 @@ def fleet_overview() -> dict:
             16,
             9,
             unit=grafana_unit(metric(g, "temperature_gpu_celsius")),
+            maxDataPoints=200,  # one point per GPU per bucket: keep big fleets light in the browser
             description="Distribution of GPU die temperatures over time (hotter rows: fewer GPUs there "
             "is healthy).",
             options={
@@ -533,17 +531,17 @@ def fleet_overview() -> dict:
             "Clock events: healthy (idle, SW power cap, sync boost)",
             [target(clock_share(clock_benign), alias="$col")],
             stack=True,
-            unit="short",
-            description="GPU-equivalents in each state. SW power cap is normal under full load: the "
-            "GPU holds its power limit by lowering clocks.",
+            unit="percentunit",
+            description="Share of the fleet's GPU time in each state. SW power cap is normal under full "
+            "load: the GPU holds its power limit by lowering clocks.",
         ),
         timeseries(
             "Clock events: faults (thermal, power brake, HW slowdown)",
             [target(clock_share(clock_fault), alias="$col")],
             stack=True,
-            unit="short",
-            description="GPU-equivalents throttled by temperature or an external power brake: never "
-            "expected on a healthy fleet.",
+            unit="percentunit",
+            description="Share of the fleet's GPU time throttled by temperature or an external power "
+            "brake: never expected on a healthy fleet.",
         ),
         table(
             "Top 10 hottest GPUs",
@@ -594,7 +592,8 @@ def fleet_overview() -> dict:
         ),
         timeseries(
             "GPU power per cluster",
-            [
+            maxDataPoints=300,  # the per-GPU inner query is the costly part on big fleets
+            targets=[
                 target(
                     f'SELECT sum("p") FROM (SELECT mean({f(g, "power_watts")}) AS "p" FROM "gpu" WHERE $timeFilter '
                     f'AND {FLEET} GROUP BY time($__interval), "cluster", "host", "gpu") GROUP BY time($__interval), '

@@ -128,9 +128,9 @@ def test_fleet_overview_numbers(qf):
     }
     assert per_rack == {("east", "r01"): 8, ("east", "r02"): 4, ("west", "r11"): 4}
     healthy = rows(by_title(r, "Clock events: healthy (idle, SW power cap, sync boost)"))
-    assert max(x["sw_power_cap"] for x in healthy) > 14 and max(x["idle"] for x in healthy) > 5
+    assert max(x["sw_power_cap"] for x in healthy) > 0.9 and 0.4 < max(x["idle"] for x in healthy) <= 0.5
     faults = rows(by_title(r, "Clock events: faults (thermal, power brake, HW slowdown)"))
-    assert max(x["hw_thermal"] for x in faults) > 0 and max(x["hw_power_brake"] for x in faults) == 0
+    assert 0 < max(x["hw_thermal"] for x in faults) <= 1 / 15 and max(x["hw_power_brake"] for x in faults) == 0
     ann = [rows(res) for _, res in r.annotations()][0]
     assert len(ann) == 5 and sum(1 for x in ann if x["end_ms"] is not None) == 1
 
