@@ -8,8 +8,10 @@ node's own random stream, so values differ sample by sample from a file run, but
 workload and faults are the fleet's.
 
 ``SimNode.from_host(host)`` reads ``GPUFLEET_SIM_SEED``, ``GPUFLEET_SIM_SCENARIO``,
-``GPUFLEET_SIM_NODES``, ``GPUFLEET_SIM_DURATION`` and ``GPUFLEET_SIM_SPEED`` from the
-environment (defaults 0, mixed, the scenario's size or enough to hold ``host``, 6h, 1).
+``GPUFLEET_SIM_NODES``, ``GPUFLEET_SIM_GPUS_PER_NODE``, ``GPUFLEET_SIM_DURATION``,
+``GPUFLEET_SIM_STEP``, ``GPUFLEET_SIM_SPEED`` and ``GPUFLEET_SIM_T0`` (epoch seconds of sim time 0)
+from the environment (defaults 0, mixed, the scenario's size or enough to hold ``host``, 8, 6h,
+10s, 1, now).
 """
 
 from __future__ import annotations
@@ -76,6 +78,8 @@ class SimNode:
             seed = int(env.get("GPUFLEET_SIM_SEED", "0"))
             speed = float(env.get("GPUFLEET_SIM_SPEED", "1"))
             nodes = int(env["GPUFLEET_SIM_NODES"]) if env.get("GPUFLEET_SIM_NODES") else None
+            gpn = int(env["GPUFLEET_SIM_GPUS_PER_NODE"]) if env.get("GPUFLEET_SIM_GPUS_PER_NODE") else None
+            t0 = float(env["GPUFLEET_SIM_T0"]) if env.get("GPUFLEET_SIM_T0") else None
         except ValueError as exc:
             raise GpufleetError(f"bad GPUFLEET_SIM_* setting: {exc}") from None
         if nodes is None:
@@ -87,8 +91,11 @@ class SimNode:
             seed=seed,
             scenario=scenario,
             nodes=nodes,
+            gpus_per_node=gpn,
             duration=env.get("GPUFLEET_SIM_DURATION", "6h"),
+            step=env.get("GPUFLEET_SIM_STEP", "10s"),
             speed=speed,
+            t0=t0,
         )
 
     def sim_time(self, t: float) -> float:
