@@ -36,6 +36,7 @@ DETECTORS: dict[str, dict] = {
                             "node_share": 0.5, "node_min_gpus": 2, "rack_min_nodes": 2,
                             "dwell_seconds": 600.0, "gap_seconds": 120.0, "resolve_seconds": 3600.0},
     "nvlink_degradation": {"crc_rate_max": 100.0, "crc_rate_min": 1.0, "crc_fleet_factor": 20.0,
+                           "crc_count_min": 5, "crc_span_seconds": 900.0,
                            "dwell_seconds": 0.0, "gap_seconds": 600.0, "resolve_seconds": 3600.0},
     "pcie_degradation": {"replay_allowance_per_s": 1.0, "load_utilization": 0.2, "load_power_watts": 200.0,
                          "downgrade_dwell_seconds": 60.0, "dwell_seconds": 0.0, "gap_seconds": 600.0,

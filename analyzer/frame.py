@@ -201,6 +201,30 @@ class Table:
                 last = out[i]
         return out
 
+    def rolling_sum(self, v: np.ndarray, seconds: float) -> np.ndarray:
+        """Sum of the entity's non-NaN values over the trailing ``seconds`` (inclusive)."""
+        lo, hi = self._span(seconds)
+        c = np.concatenate([[0.0], np.cumsum(np.nan_to_num(v, nan=0.0))])
+        return c[hi] - c[lo]
+
+    def rolling_first(self, mask: np.ndarray, seconds: float) -> np.ndarray:
+        """Time of the entity's first row with ``mask`` set within the trailing ``seconds`` (NaN: none)."""
+        lo, hi = self._span(seconds)
+        pos = np.where(mask, np.arange(len(mask)), len(mask))
+        # next masked row at or after each index
+        nxt = np.minimum.accumulate(pos[::-1])[::-1] if len(pos) else pos
+        j = nxt[np.minimum(lo, len(mask) - 1)] if len(mask) else lo
+        ok = j < hi
+        out = np.full(len(mask), np.nan)
+        out[ok] = self.t[j[ok]]
+        return out
+
+    def _span(self, seconds: float):
+        t0 = self.t.min() if len(self.t) else 0.0
+        key = self.ent.astype(np.float64) * 1e7 + (self.t - t0)
+        lo = np.searchsorted(key, key - seconds, side="left")
+        return lo, np.arange(len(self.t)) + 1
+
     def rolling_mean(self, v: np.ndarray, seconds: float) -> np.ndarray:
         """Mean of the entity's non-NaN values over the trailing ``seconds`` (inclusive)."""
         ok = ~np.isnan(v)

@@ -35,13 +35,15 @@ class MemoryErrors(Detector):
         d = tab.delta("ecc_corrected_volatile_total")
         dt = tab.dt()
         ok = np.isfinite(d) & np.isfinite(dt) & (dt > 0)
-        # fleet rate per GPU-second, exponentially weighted across windows, robust to one storm:
-        # the per-GPU rates' 99th percentile, not their mean
+        # the fleet's own single-bit rate: the 90th percentile of per-GPU rates in the window
+        # (a storm on a few GPUs cannot raise it), exponentially weighted across windows
         if ok.sum() > 10:
-            rate = d[ok] / dt[ok]
-            p99 = float(np.quantile(rate, 0.99))
+            ent = tab.ent[ok]
+            u, inv = np.unique(ent, return_inverse=True)
+            per_gpu = np.bincount(inv, d[ok]) / np.maximum(np.bincount(inv, dt[ok]), 1e-9)
+            p90 = float(np.quantile(per_gpu, 0.9))
             prev = getattr(self, "fleet_sbe_rate_", None)
-            self.fleet_sbe_rate_ = p99 if prev is None else 0.9 * prev + 0.1 * p99
+            self.fleet_sbe_rate_ = p90 if prev is None else 0.9 * prev + 0.1 * p90
         else:
             self.fleet_sbe_rate_ = getattr(self, "fleet_sbe_rate_", 0.0)
         return self

@@ -19,9 +19,11 @@ class NvlinkDegradation(Detector):
     kind = "nvlink_degradation"
     tables = ("gpu_nvlink",)
 
-    def __init__(self, crc_rate_max=100.0, crc_rate_min=1.0, crc_fleet_factor=20.0, dwell_seconds=0.0,
-                 gap_seconds=600.0, resolve_seconds=3600.0):
+    def __init__(self, crc_rate_max=100.0, crc_rate_min=1.0, crc_fleet_factor=20.0, crc_count_min=5,
+                 crc_span_seconds=900.0, dwell_seconds=0.0, gap_seconds=600.0, resolve_seconds=3600.0):
         self.crc_rate_max = crc_rate_max
+        self.crc_count_min = crc_count_min
+        self.crc_span_seconds = crc_span_seconds
         self.crc_rate_min = crc_rate_min
         self.crc_fleet_factor = crc_fleet_factor
         self.dwell_seconds = dwell_seconds
@@ -38,9 +40,9 @@ class NvlinkDegradation(Detector):
         r = self._crc_rate(window.nvlink)
         r = r[np.isfinite(r)]
         if len(r) > 20:
-            p99 = float(np.quantile(r, 0.99))
+            p90 = float(np.quantile(r, 0.9))  # a few bad links cannot raise the fleet's own rate
             prev = getattr(self, "fleet_crc_rate_", None)
-            self.fleet_crc_rate_ = p99 if prev is None else 0.9 * prev + 0.1 * p99
+            self.fleet_crc_rate_ = p90 if prev is None else 0.9 * prev + 0.1 * p90
         else:
             self.fleet_crc_rate_ = getattr(self, "fleet_crc_rate_", 0.0)
         return self
@@ -71,14 +73,24 @@ class NvlinkDegradation(Detector):
             _, inv, cnt = np.unique(key, return_inverse=True, return_counts=True)
             ndown = np.bincount(inv, weights=down.astype(float))
             down &= ndown[inv] < np.maximum(cnt[inv] / 2, 1.5)
-        hit = (crc > thr) | (rep > 0) | (rec > 0) | down
+        # slow growth: a link collecting CRC errors while the fleet's links collect none (or far fewer)
+        dcrc = nz(tab.delta("crc_flit_errors_total")) + nz(tab.delta("crc_data_errors_total"))
+        count = tab.rolling_sum(dcrc, self.crc_span_seconds)
+        fleet = self.crc_fleet_factor * getattr(self, "fleet_crc_rate_", 0.0) * self.crc_span_seconds
+        growing = (count >= max(self.crc_count_min, fleet)) & (dcrc > 0)
+        hit = (crc > thr) | (rep > 0) | (rec > 0) | down | growing
         crit = down | (rec > 0)
+        # the degradation began with the first error of the span, not when the count crossed the bar
+        began = tab.rolling_first(dcrc > 0, self.crc_span_seconds)
+        t_hit = np.where(growing & np.isfinite(began), began, tab.t)
 
         def ev(i):
             return {"signals": [n for n, on in (("crc_errors", crc[i] > thr), ("replay_errors", rep[i] > 0),
                                                 ("recovery_errors", rec[i] > 0), ("link_down", down[i])) if on],
                     "crc_rate_per_s": round(float(crc[i]), 3), "crc_threshold_per_s": round(thr, 3),
-                    "new_replays": int(rep[i]), "new_recoveries": int(rec[i]),
+                    "crc_errors_in_span": int(count[i]), "new_replays": int(rep[i]), "new_recoveries": int(rec[i]),
                     "up": None if np.isnan(up[i]) else int(up[i])}
 
-        return self._gpu_hits(window, tab, hit, self.score(window), crit, ev, ent_is_link=True)
+        hits = self._gpu_hits(window, tab, hit, self.score(window), crit, ev, ent_is_link=True)
+        hits.t = t_hit[np.flatnonzero(hit & tab.new)] if tab.new is not None else t_hit[np.flatnonzero(hit)]
+        return hits
