@@ -660,7 +660,7 @@ def node() -> dict:
         return timeseries(
             title,
             [target(f'SELECT ({expr}) / 1000000000 FROM "gpu" WHERE {sel} {per_gpu}', alias="GPU $tag_gpu")],
-            w=12,
+            w=8,
             unit="percentunit",
             description=desc,
         )
@@ -761,6 +761,32 @@ def node() -> dict:
             ("throttle_sw_power_cap_ns_total",),
             "Share of time at the power cap (healthy under load)",
             "Rate of the power-cap throttle-time counter; high under full load is normal.",
+        ),
+        table(
+            "Clock-event reasons in range, per GPU",
+            [
+                target(
+                    "SELECT "
+                    + ", ".join(
+                        f'mean({f(g, "clock_event_" + r)}) AS "{r}"'
+                        for r in (
+                            "idle",
+                            "sw_power_cap",
+                            "sw_thermal",
+                            "hw_thermal",
+                            "hw_power_brake",
+                            "hw_slowdown",
+                        )
+                    )
+                    + f' FROM "gpu" WHERE {sel} GROUP BY "gpu"',
+                    fmt="table",
+                )
+            ],
+            w=8,
+            unit="percentunit",
+            description="Share of the range each reason was active. idle and sw_power_cap are healthy; "
+            "thermal, power brake and HW slowdown are not.",
+            transformations=[hide_time()],
         ),
         row("NVLink"),
         table(

@@ -130,7 +130,9 @@ def test_fleet_overview_numbers(qf):
     healthy = rows(by_title(r, "Clock events: healthy (idle, SW power cap, sync boost)"))
     assert max(x["sw_power_cap"] for x in healthy) > 0.9 and 0.4 < max(x["idle"] for x in healthy) <= 0.5
     faults = rows(by_title(r, "Clock events: faults (thermal, power brake, HW slowdown)"))
-    assert 0 < max(x["hw_thermal"] for x in faults) <= 1 / 15 and max(x["hw_power_brake"] for x in faults) == 0
+    assert (
+        0 < max(x["hw_thermal"] for x in faults) <= 1 / 15 and max(x["hw_power_brake"] for x in faults) == 0
+    )
     ann = [rows(res) for _, res in r.annotations()][0]
     assert len(ann) == 5 and sum(1 for x in ann if x["end_ms"] is not None) == 1
 
@@ -154,6 +156,15 @@ def test_node_filter_selects_the_right_gpus(qf):
     matrix = rows(by_title(run(qf, "node", {"host": host}), "NVLink errors in range (GPU x link)"))
     nonzero = {(x["gpu"], x["link"]) for x in matrix if x["errors"]}
     assert nonzero == {(str(gpu), str(link))} and len(matrix) == 16
+    th_host, th_gpu = sample.FAULTS.thermal
+    reasons = {
+        x["gpu"]: x
+        for x in rows(by_title(run(qf, "node", {"host": th_host}), "Clock-event reasons in range, per GPU"))
+    }
+    assert {g for g, x in reasons.items() if x["hw_thermal"] > 0} == {str(th_gpu)}
+    assert all(
+        x["sw_power_cap"] > 0.5 and x["hw_power_brake"] == 0 for g, x in reasons.items() if g != str(th_gpu)
+    )
     bmc = {x["sensor"]: x for x in rows(by_title(r, "BMC sensors (last reading)"))}
     assert bmc["Inlet Temp"]["unit"] == "C" and bmc["Fan1"]["unit"] == "RPM"
 
