@@ -1,0 +1,243 @@
+"""``gpufleet demo``: the whole mission on one machine, with nothing else installed.
+
+1. A synthetic fleet (default 4 nodes x 8 H200-class GPUs, the ``mixed`` scenario) is generated
+   with its ground truth (``gpufleet sim``).
+2. One real agent process per node (``python -m gpufleet.demo --node HOST``) plays that node
+   through the agent's own pipeline: the ``sim`` NVML backend, the GPU/XID/canary collectors,
+   the OpenTelemetry SDK and the ``file`` exporter (the embedded store) -- or the ``influx``
+   exporter when ``--influx-url`` is given. The agents run on the fleet's clock, as fast as the
+   CPU allows, so six simulated hours take seconds.
+3. The analyzer reads the store, raises incidents, sends them to the console (and any
+   ``--sink``), writes incident pages, and the closing table scores them against the truth.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from gpufleet.errors import GpufleetError
+
+SIM_ENV = ("GPUFLEET_SIM_SEED", "GPUFLEET_SIM_SCENARIO", "GPUFLEET_SIM_NODES", "GPUFLEET_SIM_GPUS_PER_NODE",
+           "GPUFLEET_SIM_DURATION", "GPUFLEET_SIM_STEP", "GPUFLEET_SIM_T0")
+
+
+def _sim_env(seed, scenario, nodes, gpus_per_node, duration, step, t0) -> dict[str, str]:
+    values = (seed, scenario, nodes, gpus_per_node, duration, step, t0)
+    return dict(zip(SIM_ENV, map(str, values), strict=True))
+
+
+def _generate(out: Path, nodes, gpus_per_node, duration, step, seed, scenario):
+    from gpufleet.sim import scenario as scen
+    from gpufleet.sim.engine import generate
+    from gpufleet.sim.fleet import Fleet
+    from gpufleet.sim.units import parse_duration
+
+    fleet = Fleet(scen.load(scenario), seed=seed, duration=parse_duration(duration, "--duration"),
+                  step=parse_duration(step, "--step"), nodes=nodes, gpus_per_node=gpus_per_node)
+    generate(fleet, out / "fleet", progress=False)
+    return json.loads((out / "fleet" / "manifest.json").read_text())
+
+
+def _node_cmd(host: str, store: Path, steps: int, step: float, influx: dict) -> list[str]:
+    cmd = [sys.executable, "-m", "gpufleet.demo", "--node", host, "--store", str(store),
+           "--steps", str(steps), "--step", str(step)]
+    for k, v in influx.items():
+        if v:
+            cmd += [f"--{k.replace('_', '-')}", str(v)]
+    return cmd
+
+
+def _run_agents(hosts, env, store: Path, steps: int, step: float, influx: dict, progress: bool,
+                parallel: int) -> None:
+    """One agent process per node, ``parallel`` at a time; progress from their stdout."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=steps * len(hosts), unit="tick", desc="agents", disable=not progress, leave=False)
+    waiting = list(hosts)
+    running: dict[str, tuple[subprocess.Popen, list[int]]] = {}
+    failed = []
+    try:
+        while waiting or running:
+            while waiting and len(running) < parallel:
+                h = waiting.pop(0)
+                p = subprocess.Popen(_node_cmd(h, store, steps, step, influx), env=env, text=True,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                running[h] = (p, [0])
+            for h, (p, done) in list(running.items()):
+                line = p.stdout.readline()
+                if line.strip().isdigit():
+                    n = int(line)
+                    bar.update(n - done[0])
+                    done[0] = n
+                elif not line and p.poll() is not None:
+                    err = p.stderr.read().strip().splitlines()
+                    if p.returncode:
+                        failed.append(f"{h}: exit {p.returncode}: {err[-1] if err else ''}")
+                    del running[h]
+    finally:
+        bar.close()
+        for p, _ in running.values():
+            p.kill()
+    if failed:
+        raise GpufleetError("agent process failed: " + "; ".join(failed), exit_code=1)
+
+
+def _analyze(store: Path, influx: dict, start_ns: int, end_ns: int):
+    from analyzer.config import Config
+    from analyzer.pipeline import Analyzer
+
+    an = Analyzer(Config.load(None))
+    if influx.get("influx_url"):
+        from analyzer.cli import _pull
+        from analyzer.sources import Influx
+
+        src = Influx(influx["influx_url"], influx["influx_db"])
+        src.check()
+        window = int(an.config.analyzer["window_seconds"] * 1e9) if hasattr(an, "config") else int(3600e9)
+        t = start_ns
+        while t < end_ns:
+            _pull(an, src, t, min(t + window, end_ns))
+            t += window
+    else:
+        from analyzer.sources import read_chunks
+
+        for chunk in read_chunks(store):
+            an.feed_bytes(chunk)
+    an.finish()
+    return an.incidents()
+
+
+@click.command("demo")
+@click.option("--nodes", type=click.IntRange(1, 64), default=4, show_default=True, help="Nodes in the fleet.")
+@click.option("--gpus-per-node", type=click.IntRange(1, 16), default=8, show_default=True)
+@click.option("--duration", default="6h", show_default=True, help="Simulated time.")
+@click.option("--step", default="10s", show_default=True, help="Agent poll interval on the fleet's clock.")
+@click.option("--scenario", default="mixed", show_default=True, help="Scenario name or TOML file.")
+@click.option("--seed", type=click.IntRange(0), default=7, show_default=True)
+@click.option("--out", "out_dir", default="demo-out", show_default=True, type=click.Path(file_okay=False),
+              help="Where the store, incidents, pages and notifier state go.")
+@click.option("--influx-url", default=None, help="Write to and read from this InfluxDB 1.x instead of files.")
+@click.option("--influx-db", default="gpufleet", show_default=True)
+@click.option("--sink", "sinks", multiple=True, help="Also page through TYPE=URL (repeatable).")
+@click.option("--parallel", type=click.IntRange(1, 64), default=None,
+              help="Agent processes at a time (default: the CPU count).")
+@click.option("--progress/--no-progress", default=None, help="Progress bar (default: on a terminal).")
+@click.option("--json", "as_json", is_flag=True, help="Print the scores as one JSON object at the end.")
+def demo(nodes, gpus_per_node, duration, step, scenario, seed, out_dir, influx_url, influx_db, sinks,
+         parallel, progress, as_json):
+    """Run the whole pipeline on a synthetic fleet: agents -> store -> analyzer -> alerts -> scores."""
+    from analyzer.alerting import Notifier, load_sinks, write_pages
+    from analyzer.evaluate import evaluate, table
+    from gpufleet import records
+    from gpufleet.sim.units import parse_duration
+
+    t_start = time.monotonic()
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise GpufleetError(f"--out {out}: cannot write there ({exc.strerror})") from None
+    sink_objs = load_sinks([], ["console", *sinks])  # config errors before anything runs
+    progress = sys.stderr.isatty() if progress is None else progress
+    step_s = parse_duration(step, "--step")
+
+    def say(message: str) -> None:
+        click.echo(message, err=True)
+
+    say(f"gpufleet demo: {nodes} nodes x {gpus_per_node} GPUs, scenario {scenario}, {duration} at {step} "
+        f"(seed {seed}) -> {out}/")
+    manifest = _generate(out, nodes, gpus_per_node, duration, step, seed, scenario)
+    t0 = records.from_rfc3339(manifest["start"])
+    steps = int(manifest["steps"])
+    hosts = manifest["fleet"]["hosts"]
+    truth_path = out / "fleet" / "truth.jsonl"
+    truth = records.read(truth_path)
+    say(f"  fleet: {len(hosts)} nodes, {manifest['fleet']['gpus']} GPUs, {len(truth)} injected faults")
+
+    store = out / "store"
+    if store.exists():
+        for f in store.glob("*"):
+            f.unlink()
+    influx = {"influx_url": influx_url, "influx_db": influx_db if influx_url else None}
+    env = dict(os.environ, **_sim_env(seed, scenario, nodes, gpus_per_node, duration, step, t0))
+    t_agents = time.monotonic()
+    _run_agents(hosts, env, store, steps, step_s, influx, progress, parallel or os.cpu_count() or 2)
+    dt = time.monotonic() - t_agents
+    say(f"  agents: {len(hosts)} processes, {steps} polls each through OpenTelemetry into "
+        f"{'InfluxDB ' + influx_url if influx_url else str(store) + '/'} in {dt:.1f} s")
+
+    incidents = _analyze(store, influx, int(t0 * 1e9), int((t0 + steps * step_s) * 1e9))
+    records.write(out / "incidents.jsonl", incidents)
+    say(f"  analyzer: {len(incidents)} incidents -> {out / 'incidents.jsonl'}")
+
+    pages = write_pages(incidents, store if not influx_url else out / "fleet", out / "pages")
+    notifier = Notifier(sink_objs, out / "notify.db", page_base_url=(out / "pages").resolve().as_uri())
+    try:
+        notifier.update(incidents, time.time())
+    finally:
+        notifier.close()
+    say(f"  pages: {len(pages)} files in {out / 'pages'}/")
+
+    gpu_days = manifest["fleet"]["gpus"] * steps * step_s / 86400
+    result = evaluate(truth, incidents, gpu_days)
+    click.echo(table(result))
+    say(f"done in {time.monotonic() - t_start:.0f} s; `gpufleet eval --truth {truth_path} "
+        f"--incidents {out / 'incidents.jsonl'}` scores it again")
+    if as_json:
+        click.echo(json.dumps(result))
+
+
+# ---------------------------------------------------------------- one node's agent process
+def _node_main(argv: list[str]) -> int:
+    """``python -m gpufleet.demo --node HOST ...``: the real agent pipeline on the fleet's clock."""
+    import argparse
+
+    from agent import config as agent_config
+    from agent.daemon import Agent
+
+    ap = argparse.ArgumentParser(prog="gpufleet.demo")
+    ap.add_argument("--node", required=True)
+    ap.add_argument("--store", required=True)
+    ap.add_argument("--steps", type=int, required=True)
+    ap.add_argument("--step", type=float, required=True)
+    ap.add_argument("--influx-url")
+    ap.add_argument("--influx-db")
+    a = ap.parse_args(argv)
+    t0 = float(os.environ["GPUFLEET_SIM_T0"])
+    exporters = ("influx",) if a.influx_url else ("file",)
+    cfg = agent_config.apply_overrides(
+        agent_config.load(None), exporters=exporters, backend="sim", sim_node=a.node, host=a.node,
+        interval=f"{max(a.step, 1.0)}s", file_dir=a.store, spool_dir=str(Path(a.store) / f".spool-{a.node}"),
+        influx_url=a.influx_url, influx_db=a.influx_db)
+    cfg["agent"]["collectors"] = list(DEMO_COLLECTORS)
+    agent = Agent(cfg)
+    try:
+        for k in range(a.steps):
+            agent.tick(int((t0 + (k + 1) * a.step) * 1e9))
+            if (k + 1) % 50 == 0 or k + 1 == a.steps:
+                print(k + 1, flush=True)
+    finally:
+        agent.close(flush_timeout=30.0)
+    return 0
+
+
+# The sources a simulated node can answer: its GPUs (NVML), their XID events and canary.
+DEMO_COLLECTORS = ("gpu",)
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(_node_main(sys.argv[1:]))
+    except GpufleetError as exc:
+        print(f"gpufleet: error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
