@@ -438,3 +438,44 @@ def test_scenario_target_errors():
     sc.faults.append(scen.FaultSpec(kind="sdc", host="nosuchhost"))
     with pytest.raises(GpufleetError, match="no host"):
         Fleet(sc, seed=1, duration=3600.0, step=10.0, nodes=2)
+
+
+def test_thermal_scenario_scopes_and_early_signal(tmp_path):
+    p = Parsed(run_sim(tmp_path, "thermal", nodes=8, duration=4 * 3600.0))
+    cool = [r for r in p.truth if r.kind == "cooling_degradation"]
+    node_r = [r for r in cool if r.host and r.gpu is None]
+    rack_r = [r for r in cool if r.host is None]
+    assert len(node_r) == 1 and len(rack_r) == 1 and rack_r[0].rack
+    # node scope: its fan slows down; no other node's fan does
+    slow_fans = {
+        x.tags["host"] for x in p.by["bmc_sensor"] if x.tags["sensor"] == "FAN1" and x.fields["value"] < 7000
+    }
+    assert slow_fans == {node_r[0].host}
+    # rack scope: the rack's inlet rises well above the others'
+    inlet = defaultdict(list)
+    for x in p.by["bmc_sensor"]:
+        if x.tags["sensor"] == "Inlet Temp":
+            inlet[x.tags["rack"]].append(x.fields["value"])
+    hot = rack_r[0].rack
+    assert max(inlet[hot]) - max(v for r, vals in inlet.items() if r != hot for v in vals) > 6
+    # a mild degradation never throttles: impact_at null, no thermal_throttle record for it
+    mild = [r for r in cool if r.gpu is not None and r.impact_at is None]
+    assert mild and not {(r.host, r.gpu) for r in mild} & p.truth_gpus("thermal_throttle")
+    # cooling faults that throttle run hotter than their peers before they throttle (the early signal)
+    early = 0
+    for r in cool:
+        if r.gpu is None or r.impact_at is None or not r.detail.startswith("GPU heatsink"):
+            continue
+        t_lo, t_hi = int(max(r.impact_at - 1800, r.start) * 1e9), int(r.impact_at * 1e9)
+        mine, peers = [], []
+        for x in p.by["gpu"]:
+            if (
+                x.tags["host"] == r.host
+                and t_lo <= x.time < t_hi
+                and x.fields.get("clock_event_reasons") == 4
+            ):
+                (mine if int(x.tags["gpu"]) == r.gpu else peers).append(x.fields["temperature_gpu_celsius"])
+        if mine and peers:
+            assert np.median(mine) - np.median(peers) >= 5
+            early += 1
+    assert early >= 1

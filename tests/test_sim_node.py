@@ -89,3 +89,19 @@ def test_unknown_host_and_from_host(monkeypatch):
     monkeypatch.setenv("GPUFLEET_SIM_SEED", "x")
     with pytest.raises(GpufleetError):
         SimNode.from_host("gpu0001")
+
+
+def test_driver_reload_is_stale_then_counters_restart():
+    probe = SimNode("gpu0001", seed=5, scenario="chaos", duration="2h", t0=T0)
+    node_i, a, b = probe.fleet.driver_reloads[0]
+    host = probe.fleet.hosts[node_i]
+    node = SimNode(host, seed=5, scenario="chaos", duration="2h", t0=T0, speed=20.0)
+    before = node.gpus(T0 + (a - 20) / 20)
+    assert all(g["health"] == "up" for g in before)
+    during = node.gpus(T0 + (a + b) / 2 / 20)
+    assert all(g["health"] == "stale" for g in during)
+    after = node.gpus(T0 + (b + 20) / 20)
+    assert all(g["health"] == "up" for g in after)
+    assert all(
+        y["energy_joules_total"] < x["energy_joules_total"] for x, y in zip(before, after, strict=True)
+    )

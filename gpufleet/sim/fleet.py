@@ -14,6 +14,7 @@ from gpufleet.errors import GpufleetError
 from gpufleet.sim.physics import H200, PHASE_CODE, GpuModel
 from gpufleet.sim.scenario import FaultSpec, Scenario
 
+RACK_INLET_RISE_C = 12.0  # a rack-scope cooling fault at severity 1 raises the rack's inlet this much
 HGX_BUS = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB, 0x1B, 0x2B, 0x3B, 0x5E, 0x9B, 0xAC, 0xBB, 0xDC)
 
 IDLE, SETUP, COMPUTE, MEMORY, COMM, CKPT, EVAL = (
@@ -135,7 +136,11 @@ class Fleet:
         t = np.asarray(t, dtype=float)
         day = nu["inlet_diurnal_c"] * np.sin(2 * np.pi * (self.start + t) / 86400 + self.inlet_phase)
         drift = np.stack([np.interp(t, self.drift_t, self.drift[:, r]) for r in range(self.n_racks)], 1)
-        return nu["inlet_c"] + self.inlet_rack[None, :] + day[:, None] + drift
+        out = nu["inlet_c"] + self.inlet_rack[None, :] + day[:, None] + drift
+        for f in getattr(self, "faults", ()):
+            if f.kind == "cooling_degradation" and f.scope == "rack":
+                out[:, f.rack] += RACK_INLET_RISE_C * f.severity * f.ramp(t)
+        return out
 
     # -- workload ----------------------------------------------------------------------------
     def _schedule(self, rng: np.random.Generator) -> None:
@@ -233,7 +238,9 @@ class Fleet:
         gpu_order = [int(x) for x in rng.permutation(self.n)]
         node_order = [int(x) for x in rng.permutation(self.n_nodes)]
         rack_order = [int(x) for x in rng.permutation(self.n_racks)]
-        for spec in self.scenario.faults:
+        # the widest scopes first, so a rack or node fault still finds a fault-free rack or node
+        rank = {"rack": 0, "node": 1}
+        for spec in sorted(self.scenario.faults, key=lambda s: rank.get(s.mode or "", 2)):
             scope = {"node": "node", "rack": "rack"}.get(spec.mode, "gpu")
             if spec.kind == "nvlink_degradation":
                 scope = "link"

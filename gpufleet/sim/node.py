@@ -69,6 +69,7 @@ class SimNode:
         self.events: list[tuple[float, int, int, str]] = []  # (epoch seconds, gpu index, xid, message)
         self._last: list[dict] | None = None
         self._rack = int(self.fleet.node_rack[self.node])
+        self._reloads = [r for r in self.fleet.driver_reloads if r[0] == self.node]
 
     @classmethod
     def from_host(cls, host: str) -> SimNode:
@@ -113,6 +114,9 @@ class SimNode:
             jobs = np.repeat(jobs, len(self.idx))
             inlet = np.repeat(fl.inlet(np.array([t]))[0][self._rack], len(self.idx))
             evs: list = []
+            for _node, _a, b in self._reloads:
+                if self.sim_t < b <= t:  # the driver came back: volatile counters restart
+                    self.state.reload_gpus(np.ones(len(self.idx), dtype=bool))
             o = self.state.step(t, dt, phase, inlet, self.rng, evs, jobs)
             for when, k, code, msg, _job in evs:
                 self.events.append((self.t0 + when / self.speed, int(fl.gpu_local[self.idx[k]]), code, msg))
@@ -142,6 +146,7 @@ class SimNode:
         }
         B = {k: v[None, :] for k, v in st.counters().items()}
         V = gpu_values(fl, self.rng, A, B, phase[None, :], jobs[None, :])
+        reloading = any(a <= self.sim_t < b for _n, a, b in self._reloads)
         out = []
         for k, g in enumerate(self.idx.tolist()):
             local = int(fl.gpu_local[g])
@@ -150,7 +155,7 @@ class SimNode:
                 "uuid": fl.uuids[g],
                 "model": fl.model.name,
                 "pci_bus_id": fl.pci[local],
-                "health": "lost" if o["lost"][k] else "up",
+                "health": "lost" if o["lost"][k] else "stale" if reloading else "up",
             }
             for name in SIM_GPU_FIELDS:
                 if name in ("up", "health_code", "job_id"):

@@ -162,7 +162,7 @@ class SimState:
             if k == "cooling_degradation":
                 r = f.ramp(tt)[0]
                 if f.scope == "rack":
-                    inlet[sel] += 12.0 * f.severity * r
+                    pass  # the rack's inlet itself rises (Fleet.inlet)
                 elif f.scope == "node":
                     g[sel] *= 1.0 + 1.1 * f.severity * r
                 else:
