@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterable, Sequence
 
 from opentelemetry.metrics import CallbackOptions, Observation
-from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
+from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, ExemplarReservoir, MeterProvider
 from opentelemetry.sdk.metrics import _Gauge as Gauge  # the synchronous gauge class readers key on
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
@@ -31,6 +31,7 @@ from opentelemetry.sdk.metrics.export import (
     MetricReader,
     MetricsData,
 )
+from opentelemetry.sdk.metrics.view import View
 from opentelemetry.sdk.resources import Resource
 
 from agent.model import Sample
@@ -41,6 +42,27 @@ log = logging.getLogger("gpufleet.agent.pipeline")
 
 SERVICE_NAME = "gpufleet-agent"
 SCOPE = "gpufleet.agent"
+
+
+class _NoExemplars(ExemplarReservoir):
+    """Exemplars are off (``AlwaysOffExemplarFilter``); this reservoir also skips the per-point
+    bookkeeping the SDK's default reservoirs still do at every collection."""
+
+    def __init__(self, **kwargs):
+        pass
+
+    def offer(self, value, time_unix_nano, attributes, context) -> None:
+        pass
+
+    def collect(self, point_attributes) -> list:
+        return []
+
+
+_NO_EXEMPLARS = _NoExemplars()
+
+
+def _no_exemplars(aggregation_type):
+    return lambda **kwargs: _NO_EXEMPLARS
 
 
 class TickReader(MetricReader):
@@ -93,8 +115,9 @@ class Pipeline:
         attrs.update(self.labels)
         self.resource = Resource.create(attrs)
         self.reader = TickReader(exporters)
+        views = [View(instrument_name="*", exemplar_reservoir_factory=_no_exemplars)]
         self.provider = MeterProvider(resource=self.resource, metric_readers=[self.reader],
-                                      exemplar_filter=AlwaysOffExemplarFilter())
+                                      exemplar_filter=AlwaysOffExemplarFilter(), views=views)
         meter = self.provider.get_meter(SCOPE, __version__)
         self._obs: list[list[Observation]] = [[] for _ in self.cat.instruments]
         self._sync: dict[int, object] = {}
@@ -112,6 +135,7 @@ class Pipeline:
                 meter.create_observable_gauge(inst.name, callbacks=[cb], **kw)
         self.unknown: set[tuple[str, str]] = set()
         self.points = 0
+        self._attrs: dict[tuple, tuple[dict, dict]] = {}
 
     def _callback(self, slot: int):
         obs = self._obs
@@ -122,17 +146,30 @@ class Pipeline:
         return callback
 
     def observe(self, samples: Iterable[Sample]) -> int:
-        """File every sample's fields under their instruments (one pass); returns the point count."""
+        """File every sample's fields under their instruments (one pass); returns the point count.
+
+        A sample's attribute dict is built once per distinct tag set and kept (with one variant
+        per set of fixed attributes), so a GPU seen every tick hands the SDK the same dicts.
+        """
         obs = [[] for _ in self.cat.instruments]
         forward = self.cat.forward
         sync = self._sync
+        attrs_cache = self._attrs
+        if len(attrs_cache) > 20_000:  # tag sets come and go (jobs, GPUs): keep the cache bounded
+            attrs_cache.clear()
         n = 0
         for s in samples:
             entries = forward.get(s.measurement)
             if entries is None:
                 self._unknown(s.measurement, "*")
                 continue
-            tags = {k: v for k, v in s.tags.items() if k != "host" and v is not None and v != ""}
+            tkey = tuple(s.tags.items())
+            cached = attrs_cache.get(tkey)
+            if cached is None:
+                tags = {k: v for k, v in s.tags.items() if k != "host" and v is not None and v != ""}
+                cached = attrs_cache[tkey] = (tags, {})
+            tags, variants = cached
+            has_event = False
             for fname, value in s.fields.items():
                 if value is None:
                     continue
@@ -140,8 +177,9 @@ class Pipeline:
                 if e is None:
                     self._unknown(s.measurement, fname)
                     continue
-                kind = e.metric.kind
+                kind = e.kind
                 if kind == "event":
+                    has_event = True
                     continue
                 if kind == "info":
                     a = dict(tags)
@@ -157,26 +195,33 @@ class Pipeline:
                     continue
                 a = tags
                 if e.fixed:
-                    a = dict(tags)
-                    a.update(e.fixed)
+                    a = variants.get(e.slot_key)
+                    if a is None:
+                        a = variants[e.slot_key] = {**tags, **e.fixed}
                 obs[e.slot].append(Observation(value, a))
                 n += 1
-            ev = None
-            for fname, value in s.fields.items():
-                e = entries.get(fname)
-                if e is None or e.metric.kind != "event" or value is None:
-                    continue
-                if ev is None:
-                    ev = dict(tags)
-                    ev[EVENT_TIME] = int(s.time_ns)
-                    slot = e.slot
-                ev[e.event_key] = int(value) if isinstance(value, bool) else value
-            if ev is not None:
-                sync[slot].set(1, ev)
-                n += 1
+            if has_event:
+                n += self._event(s, entries, tags)
         self._obs[:] = obs
         self.points = n
         return n
+
+    def _event(self, s: Sample, entries, tags: dict) -> int:
+        ev = None
+        slot = 0
+        for fname, value in s.fields.items():
+            e = entries.get(fname)
+            if e is None or e.kind != "event" or value is None:
+                continue
+            if ev is None:
+                ev = dict(tags)
+                ev[EVENT_TIME] = int(s.time_ns)
+                slot = e.slot
+            ev[e.event_key] = int(value) if isinstance(value, bool) else value
+        if ev is None:
+            return 0
+        self._sync[slot].set(1, ev)
+        return 1
 
     def _unknown(self, measurement: str, field: str) -> None:
         if (measurement, field) not in self.unknown:

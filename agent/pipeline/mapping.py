@@ -32,6 +32,8 @@ class Entry:
     info_key: str | None  # info: the attribute that carries the string
     event_key: str | None  # event: the attribute that carries this field
     cast: type
+    kind: str = ""  # the metric's kind, at hand on the per-point path
+    slot_key: tuple = ()  # the fixed attributes as a hashable key
 
 
 @dataclass(slots=True)
@@ -87,7 +89,7 @@ class Catalogue:
                     inst.by_values[vals] = m
                 self.forward.setdefault(m.measurement, {})[m.field] = Entry(
                     metric=m, slot=slot, fixed=fixed or None, info_key=info_key, event_key=event_key,
-                    cast=m.python_type)
+                    cast=m.python_type, kind=m.kind, slot_key=(slot, *sorted(fixed.items())))
 
     def metric_for(self, inst: Instrument, attrs) -> catalogue.Metric | None:
         if not inst.keys:
