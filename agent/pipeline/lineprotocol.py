@@ -57,14 +57,55 @@ class LineProtocolExporter(MetricExporter):
         self.cat = catalogue or Catalogue()
         self.divisor = {"ns": 1, "s": 1_000_000_000}[precision]
         self._heads: dict[tuple, str] = {}
+        self._plans: dict[tuple, dict[tuple, tuple | None]] = {}  # resource -> point -> plan
         self.lines_total = 0
         self.encode_seconds = 0.0
 
     # ------------------------------------------------------------------ encoding
-    def rows(self, metrics_data: MetricsData, tick_ns: int) -> dict[tuple, dict[str, str]]:
-        """``(measurement, tags tuple, time) -> {escaped field key: formatted value}``."""
-        rows: dict[tuple, dict[str, str]] = {}
+    def _point_plan(self, inst, attrs, base_items: tuple):
+        """What a data point of ``inst`` with ``attrs`` becomes: ``(row head, "field=", type,
+        formatted value or None)``; None when the point maps to no catalogue entry.
+
+        The value is fixed for ``info`` points (their string is an attribute); the others format
+        ``dp.value`` with the type. Plans are cached per instrument and attribute set.
+        """
+        m = self.cat.metric_for(inst, attrs)
+        if m is None:
+            return None
+        keys = inst.keys
+        fixed_value = None
+        if inst.kind == "info":
+            tags = tuple((k, v) for k, v in attrs.items() if k not in keys and k not in inst.fields_by_attr)
+            val = next((v for k, v in attrs.items() if k in inst.fields_by_attr), None)
+            fixed_value = None if val is None else _fmt(val, str)
+            if fixed_value is None:
+                return None
+        else:
+            tags = tuple((k, v) for k, v in attrs.items() if k not in keys) if keys else tuple(attrs.items())
+        head = self._head(inst.measurement, base_items + tags)
+        return head, escape_key(m.field) + "=", m.python_type, fixed_value
+
+    def _head(self, meas: str, tags: tuple) -> str:
+        hk = (meas, tags)
+        head = self._heads.get(hk)
+        if head is None:
+            head = escape_measurement(meas)
+            for k, v in sorted(tags):
+                v = str(v)
+                if v == "":
+                    continue
+                head += f",{escape_key(str(k))}={escape_key(_tag_value(v))}"
+            self._heads[hk] = head
+        return head
+
+    def rows(self, metrics_data: MetricsData, tick_ns: int) -> dict[tuple[str, int], list[str]]:
+        """``(row head, time) -> ["field=value", ...]``: one wide row per measurement, tag set and
+        time, its fields in instrument order."""
+        rows: dict[tuple[str, int], list[str]] = {}
         by_name = self.cat.by_name
+        if sum(len(p) for p in self._plans.values()) > 100_000:  # tag sets and info strings come
+            self._plans.clear()  # and go (jobs, GPUs): keep the caches bounded
+            self._heads.clear()
         for rm in metrics_data.resource_metrics:
             base: dict[str, str] = {}
             for k, v in rm.resource.attributes.items():
@@ -73,76 +114,67 @@ class LineProtocolExporter(MetricExporter):
                 elif not k.startswith(_RESOURCE_SKIP):
                     base[k] = str(v)
             base_items = tuple(base.items())
+            plans = self._plans.setdefault(base_items, {})
             for sm in rm.scope_metrics:
                 for metric in sm.metrics:
                     inst = by_name.get(metric.name)
                     if inst is None:
                         continue
-                    keys = inst.keys
-                    meas = inst.measurement
                     if inst.kind == "event":
                         for dp in metric.data.data_points:
-                            self._event_row(rows, inst, meas, base_items, dp.attributes)
+                            self._event_row(rows, inst, base_items, dp.attributes)
                         continue
-                    info = inst.kind == "info"
+                    name = metric.name
                     for dp in metric.data.data_points:
                         attrs = dp.attributes
-                        m = self.cat.metric_for(inst, attrs)
-                        if m is None:
+                        pk = (name, tuple(attrs.items()))
+                        plan = plans.get(pk, _NO_PLAN)
+                        if plan is _NO_PLAN:
+                            plan = plans[pk] = self._point_plan(inst, attrs, base_items)
+                        if plan is None:
                             continue
-                        if info:
-                            tags = tuple((k, v) for k, v in attrs.items()
-                                         if k not in keys and k not in inst.fields_by_attr)
-                            val = next((v for k, v in attrs.items() if k in inst.fields_by_attr), None)
-                            fv = None if val is None else _fmt(val, str)
-                        else:
-                            tags = tuple((k, v) for k, v in attrs.items() if k not in keys) if keys else \
-                                tuple(attrs.items())
-                            fv = _fmt(dp.value, m.python_type)
+                        head, fkey, typ, fv = plan
                         if fv is None:
-                            continue
-                        key = (meas, base_items + tags, tick_ns)
-                        row = rows.get(key)
+                            v = dp.value
+                            if typ is float:
+                                if v.__class__ is not float:
+                                    v = float(v)
+                                fv = repr(v) if v - v == 0.0 else None  # NaN and infinities: left out
+                            elif typ is int and v.__class__ is int:
+                                fv = f"{v}i"
+                            else:
+                                fv = _fmt(v, typ)
+                            if fv is None:
+                                continue
+                        row = rows.get((head, tick_ns))
                         if row is None:
-                            row = rows[key] = {}
-                        row[m.field] = fv
+                            row = rows[(head, tick_ns)] = []
+                        row.append(fkey + fv)
         return rows
 
-    def _event_row(self, rows, inst, meas, base_items, attrs) -> None:
+    def _event_row(self, rows, inst, base_items, attrs) -> None:
         t = attrs.get(EVENT_TIME)
         tags = []
-        fields = {}
+        fields = []
         for k, v in attrs.items():
             m = inst.fields_by_attr.get(k)
             if m is not None:
                 fv = _fmt(v, m.python_type)
                 if fv is not None:
-                    fields[m.field] = fv
+                    fields.append(f"{escape_key(m.field)}={fv}")
             elif k != EVENT_TIME:
                 tags.append((k, v))
         if fields and t is not None:
-            rows.setdefault((meas, base_items + tuple(tags), int(t)), {}).update(fields)
+            row = rows.setdefault((self._head(inst.measurement, base_items + tuple(tags)), int(t)), [])
+            if row:  # another event with the same tags and time: its fields are overwritten
+                names = {f.split("=", 1)[0] for f in fields}
+                row[:] = [f for f in row if f.split("=", 1)[0] not in names]
+            row.extend(fields)
 
     def encode(self, metrics_data: MetricsData, tick_ns: int) -> list[str]:
-        out = []
-        heads = self._heads
-        if len(heads) > 50_000:
-            heads.clear()
         div = self.divisor
-        for (meas, tags, t), fields in self.rows(metrics_data, tick_ns).items():
-            hk = (meas, tags)
-            head = heads.get(hk)
-            if head is None:
-                head = escape_measurement(meas)
-                for k, v in sorted(tags):
-                    v = str(v)
-                    if v == "":
-                        continue
-                    head += f",{escape_key(str(k))}={escape_key(_tag_value(v))}"
-                heads[hk] = head
-            body = ",".join(f"{escape_key(k)}={v}" for k, v in fields.items())
-            out.append(f"{head} {body} {t // div}")
-        return out
+        return [f"{head} {','.join(fields)} {t // div}"
+                for (head, t), fields in self.rows(metrics_data, tick_ns).items()]
 
     # ------------------------------------------------------------------ MetricExporter
     def export_tick(self, metrics_data: MetricsData, tick_ns: int) -> MetricExportResult:
@@ -171,6 +203,9 @@ class LineProtocolExporter(MetricExporter):
             close = getattr(sink, "close", None)
             if close is not None:
                 close()
+
+
+_NO_PLAN = object()
 
 
 def _tag_value(v: str) -> str:
