@@ -149,3 +149,36 @@ def test_replay_v2_write_api(victoria, fleet_dir, tmp_path):
     manifest = json.loads((fleet_dir / "manifest.json").read_text())
     assert len(series) == manifest["fleet"]["gpus"]
     assert sum(len(s["values"]) for s in series) == manifest["telemetry"]["lines"]["gpu"]
+
+
+@skip_unless("influxd")
+def test_replay_speed_paces_by_data_time(influxdb, fleet_dir, tmp_path):
+    import shutil
+    import time
+
+    copy = tmp_path / "copy"
+    shutil.copytree(fleet_dir, copy)
+    for f in copy.glob(".replay-*"):
+        f.unlink()
+    t0 = time.monotonic()
+    # 30 minutes of data at 3600x real time: at least ~0.5 s of pacing
+    assert (
+        main(
+            [
+                "replay",
+                str(copy),
+                "--influx-url",
+                influxdb.url,
+                "--db",
+                "paced",
+                "--speed",
+                "3600",
+                "--batch",
+                "500",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    assert time.monotonic() - t0 >= 0.4
+    assert main(["replay", str(copy), "--influx-url", influxdb.url, "--db", "paced", "--speed", "0"]) == 2

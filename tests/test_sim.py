@@ -348,6 +348,7 @@ def test_chaos_nuisances_are_visible_but_not_in_truth(tmp_path):
     assert any(b < a - 600e9 for a, b in zip(times, times[1:], strict=False))
     faulty_hosts = {r.host for r in p.truth}
     assert not faulty_hosts & reload_hosts
+    assert all(r.detail.startswith("caused by") for r in p.truth if r.kind == "thermal_throttle")
     # no two points share a series and a timestamp (a database would keep only one)
     keys = [(m, tuple(sorted(x.tags.items())), x.time) for m, pts in p.by.items() for x in pts]
     assert len(keys) == len(set(keys))
@@ -479,3 +480,30 @@ def test_thermal_scenario_scopes_and_early_signal(tmp_path):
             assert np.median(mine) - np.median(peers) >= 5
             early += 1
     assert early >= 1
+
+
+def test_link_scenario_modes(tmp_path):
+    p = Parsed(run_sim(tmp_path, "link", nodes=2, duration=3 * 3600.0))
+    nv = [r for r in p.truth if r.kind == "nvlink_degradation"]
+    assert len(nv) == 4 and all(r.link is not None for r in nv)
+    last = {}
+    for x in sorted(p.by["gpu_nvlink"], key=lambda x: x.time):
+        last[(x.tags["host"], int(x.tags["gpu"]), int(x.tags["link"]))] = x.fields
+    for r in nv:
+        f = last[(r.host, r.gpu, r.link)]
+        assert (f["up"] == 0) == (r.severity == "critical") == ("link down" in r.detail)
+        assert f["crc_flit_errors_total"] > 0 and r.impact_at is not None
+    down = [k for k, f in last.items() if f["up"] == 0]
+    assert len(down) == 3
+    xid74 = {(e.tags["host"], int(e.tags["gpu"])) for e in p.by["gpu_event"] if e.fields["code"] == 74}
+    assert xid74 == {k[:2] for k in down}
+    pcie = {(r.host, r.gpu): r.detail for r in p.truth if r.kind == "pcie_degradation"}
+    narrow = p.gpus_with("gpu", lambda x: x.fields.get("pcie_link_width", 16) < 16)
+    oldgen = p.gpus_with("gpu", lambda x: x.fields.get("pcie_link_gen", 5) < 5)
+    storms = p.gpus_with("gpu", lambda x: x.fields.get("pcie_replay_total", 0) > 0)
+    assert narrow == {k for k, d in pcie.items() if "width" in d}
+    assert oldgen == {k for k, d in pcie.items() if "generation" in d}
+    assert storms == {k for k, d in pcie.items() if "storm" in d} and len(storms) == 2
+    assert all(
+        x.fields["pcie_link_width_max"] == 16 for x in p.by["gpu"] if "pcie_link_width_max" in x.fields
+    )
