@@ -14,6 +14,7 @@ NaN means absent, string columns) plus the :class:`SeriesIndex` mapping ids to t
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -341,7 +342,7 @@ class Parser:
 
     def _names(self, data, tstart, tlen, keys, k0, k):
         sig = tuple((int(tstart[keys[k0 + j]]), int(tlen[keys[k0 + j]])) for j in range(k))
-        names = [data[a:a + n].decode("utf-8", "replace") for a, n in sig]
+        names = [_unkey(data[a:a + n]) for a, n in sig]
         if len(set(names)) != len(names):
             return None
         return names
@@ -360,6 +361,12 @@ class Parser:
 
 
 _UNESC = {b'\\"': b'"', b"\\\\": b"\\", b"\\n": b"\n", b"\\r": b"\r"}
+
+
+def _unkey(raw: bytes) -> str:
+    if b"\\" in raw:
+        raw = re.sub(rb"\\([ ,=\\])", rb"\1", raw)
+    return raw.decode("utf-8", "replace")
 
 
 def _unquote(raw: bytes) -> str | None:

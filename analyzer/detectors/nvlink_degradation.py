@@ -85,7 +85,8 @@ class NvlinkDegradation(Detector):
         t_hit = np.where(growing & np.isfinite(began), began, tab.t)
 
         def ev(i):
-            return {"signals": [n for n, on in (("crc_errors", crc[i] > thr), ("replay_errors", rep[i] > 0),
+            return {"signals": [n for n, on in (("crc_errors", crc[i] > thr or growing[i]),
+                                                ("replay_errors", rep[i] > 0),
                                                 ("recovery_errors", rec[i] > 0), ("link_down", down[i])) if on],
                     "crc_rate_per_s": round(float(crc[i]), 3), "crc_threshold_per_s": round(thr, 3),
                     "crc_errors_in_span": int(count[i]), "new_replays": int(rep[i]), "new_recoveries": int(rec[i]),

@@ -11,6 +11,7 @@ Mahalanobis distance; a hit needs that distance above ``distance``, a clock at l
 
 from __future__ import annotations
 
+import warnings
 import zlib
 
 import numpy as np
@@ -70,8 +71,12 @@ class Straggler(Detector):
             X = X[np.random.default_rng(0).choice(len(X), self.fit_rows, replace=False)]
         from sklearn.covariance import MinCovDet
 
+        # features that never vary (e.g. utilization pinned at 100 %) get a small floor of noise
+        X = X + np.random.default_rng(1).normal(0, 1e-3, X.shape)
         try:
-            mcd = MinCovDet(random_state=0, support_fraction=0.9).fit(X)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                mcd = MinCovDet(random_state=0, support_fraction=0.9).fit(X)
         except (ValueError, np.linalg.LinAlgError):
             return self
         cov = mcd.covariance_ + np.eye(X.shape[1]) * 1e-6

@@ -1,0 +1,213 @@
+"""Detectors: the shared scikit-learn-style contract, and each fault on hand-made telemetry."""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+import numpy as np
+import pytest
+
+from analyzer.config import Config
+from analyzer.detectors import REGISTRY, build
+from analyzer.pipeline import Analyzer
+from gpufleet.lineprotocol import encode
+
+T0 = 1_795_000_000
+STEP = 10
+
+
+def fleet(nodes=4, gpus=4, steps=480, links=2, fault=None, seed=0) -> bytes:
+    """A small healthy fleet under steady load (one job per node), with one optional fault.
+
+    ``fault`` = (kind, node, gpu, step at which it starts).
+    """
+    rng = np.random.default_rng(seed)
+    out = []
+    kind, fnode, fgpu, fstep = fault or (None, -1, -1, 10**9)
+    offset = rng.normal(0, 1.0, (nodes, gpus))
+    counters = {}
+    for s in range(steps):
+        t = (T0 + s * STEP) * 10**9
+        load = (s // 60) % 4 != 3  # 30 min of work, 10 min idle, repeated
+        for n in range(nodes):
+            for g in range(gpus):
+                on = kind is not None and n == fnode and g == fgpu and s >= fstep
+                if kind == "gpu_lost" and on and s > fstep:
+                    continue
+                p = 690 + rng.normal(0, 2) if load else 80 + rng.normal(0, 0.5)
+                clock = 1500 if load else 345
+                reasons = 0x4 if load else 0x1
+                temp = 25 + 0.05 * p + offset[n, g] + rng.normal(0, 0.3)
+                c = counters.setdefault((n, g), {"sbe": 0, "dbe": 0, "replay": 0, "thr": 0, "brake": 0})
+                f = {"utilization_gpu_ratio": 1.0 if load else 0.0, "power_watts": round(p, 2),
+                     "temperature_gpu_celsius": int(round(temp)), "clock_sm_mhz": clock,
+                     "temperature_slowdown_celsius": 89, "pcie_link_gen": 5, "pcie_link_gen_max": 5,
+                     "pcie_link_width": 16, "pcie_link_width_max": 16, "up": 1, "health_code": 0,
+                     "job_id": f"job{n}" if load else None}
+                if on and kind == "thermal_throttle" and load:
+                    f["temperature_gpu_celsius"] = 88
+                    reasons |= 0x40
+                    c["thr"] += STEP * 10**9
+                    f["clock_sm_mhz"] = 1100
+                if on and kind == "cooling_degradation":
+                    f["temperature_gpu_celsius"] = int(round(temp + min(12.0, (s - fstep) * 0.1)))
+                if on and kind == "power_brake":
+                    reasons |= 0x80
+                    c["brake"] += STEP * 10**9
+                if on and kind == "pcie_degradation":
+                    c["replay"] += 300
+                if on and kind == "memory_errors":
+                    c["dbe"] += 1 if s == fstep else 0
+                if on and kind == "straggler" and load:
+                    f["clock_sm_mhz"] = 1300
+                    f["power_watts"] = round(p * 0.85, 2)
+                if on and kind == "gpu_lost":
+                    f["health_code"] = 2
+                    f["up"] = 0
+                f.update({"clock_event_reasons": reasons, "throttle_hw_thermal_ns_total": c["thr"],
+                          "throttle_hw_power_brake_ns_total": c["brake"], "pcie_replay_total": c["replay"],
+                          "ecc_corrected_volatile_total": c["sbe"], "ecc_uncorrected_volatile_total": c["dbe"]})
+                tags = {"host": f"node{n}", "gpu": str(g), "model": "NVIDIA H200", "cluster": "c1",
+                        "rack": f"r{n // 2}"}
+                out.append(encode("gpu", tags, f, t))
+                for li in range(links):
+                    crc = (s - fstep) * 5 if on and kind == "nvlink_degradation" and li == 1 else 0
+                    out.append(encode("gpu_nvlink", {**tags, "link": str(li)},
+                                      {"up": 1, "crc_flit_errors_total": crc, "replay_errors_total": 0,
+                                       "recovery_errors_total": 0}, t))
+                if s % 30 == 5:
+                    bad = on and kind == "sdc"
+                    out.append(encode("gpu_canary", tags, {"passed": 0 if bad else 1,
+                                                           "mismatches": 17 if bad else 0}, t + 10**8))
+                if on and s == fstep and kind == "gpu_lost":
+                    out.append(encode("gpu_event", {**tags, "type": "xid"}, {"code": 79}, t))
+    return ("\n".join(out) + "\n").encode()
+
+
+def analyse(data: bytes, config: Config | None = None):
+    an = Analyzer(config or Config())
+    an.feed_bytes(data)
+    an.finish()
+    return an
+
+
+@pytest.fixture(scope="module")
+def healthy():
+    return analyse(fleet())
+
+
+def test_healthy_fleet_has_no_incidents(healthy):
+    assert healthy.incidents() == []
+    assert healthy.parser.stats.bad_lines == 0
+
+
+@pytest.mark.parametrize("kind", sorted(REGISTRY))
+def test_contract(kind, healthy):
+    cls = REGISTRY[kind]
+    params = Config().detectors[kind]
+    det = cls(**params)
+    # __init__ only stores parameters
+    assert {k: getattr(det, k) for k in params} == params
+    assert not [a for a in vars(det) if a.endswith("_")]
+    sig = inspect.signature(cls.__init__).parameters
+    assert set(params) <= set(sig)
+    assert det.get_params().keys() >= params.keys()
+    # fit returns self; score is one finite-or-NaN number per row, higher = more abnormal
+    from analyzer.frame import Table, Window
+
+    an = Analyzer()
+    an.feed_bytes(fleet(steps=200))
+    captured = {}
+    orig = Analyzer._process
+
+    def grab(self, m, start, end):
+        captured.setdefault(m, []).append((start, end))
+        return orig(self, m, start, end)
+
+    Analyzer._process = grab
+    try:
+        an.finish()
+    finally:
+        Analyzer._process = orig
+    empty = Table.empty()
+    empty.new = np.zeros(0, bool)
+    w = Window(T0, T0 + 300, an.reg, empty, empty, empty, empty, empty, empty,
+               *an.reg.arrays(), an.last_seen)
+    assert det.fit(w) is det
+    det2 = cls(**params)
+    for tab_name in ("gpu", "gpu_nvlink", "gpu_canary"):
+        assert captured.get(tab_name)
+    # a real window of rows
+    an2 = Analyzer()
+    an2.feed_bytes(fleet(steps=200))
+    rows = an2.buffer
+    assert rows["gpu"]
+    an2._cut(final=True)
+    assert det2.fit(w) is det2
+    s = det2.score(w)
+    assert isinstance(s, np.ndarray)
+
+
+FAULTS = [
+    ("thermal_throttle", 1, 2, 100),
+    ("cooling_degradation", 2, 1, 250),
+    ("power_brake", 0, 3, 100),
+    ("nvlink_degradation", 3, 0, 100),
+    ("pcie_degradation", 1, 0, 100),
+    ("memory_errors", 2, 3, 100),
+    ("sdc", 0, 1, 95),  # a canary runs at that step
+    ("gpu_lost", 3, 2, 100),
+    ("straggler", 1, 1, 100),
+]
+
+
+@pytest.mark.parametrize("fault", FAULTS, ids=[f[0] for f in FAULTS])
+def test_each_fault_found_once_and_nothing_else(fault):
+    kind, node, gpu, step = fault
+    an = analyse(fleet(fault=fault))
+    incs = an.incidents()
+    # throttling while power and peers say the GPU should be cool is also a cooling fault
+    expect = {"thermal_throttle": ["cooling_degradation", "thermal_throttle"]}.get(kind, [kind])
+    assert sorted(i.kind for i in incs) == expect, [i.to_json()[:200] for i in incs]
+    inc = next(i for i in incs if i.kind == kind)
+    assert (inc.host, inc.gpu) == (f"node{node}", gpu)
+    assert inc.summary and inc.id and inc.evidence.get("signals")
+    assert inc.rack == f"r{node // 2}" and inc.cluster == "c1"
+    onset = T0 + step * STEP
+    assert onset - 60 <= inc.start <= onset + 1200
+    if kind in ("sdc", "gpu_lost", "memory_errors", "thermal_throttle", "power_brake"):
+        assert inc.start - onset <= 2 * STEP  # hard faults: within a poll or two of the data
+    if kind == "nvlink_degradation":
+        assert inc.link == 1
+
+
+def test_power_cap_and_idle_are_not_throttling(healthy):
+    # the healthy fleet sits at 690 W with reason 0x4 half the time and idles with 0x1: no incident
+    assert not [i for i in healthy.incidents() if i.kind in ("thermal_throttle", "power_brake")]
+
+
+def test_node_scope_cooling_is_one_incident():
+    base = fleet(steps=480)
+    lines = base.decode().splitlines()
+    out = []
+    for ln in lines:
+        if ln.startswith("gpu,") and ",host=node2," in ln:
+            ts = int(ln.rsplit(" ", 1)[1]) // 10**9
+            s = (ts - T0) // STEP
+            if s >= 250:
+                m = re.search(r"temperature_gpu_celsius=(\d+)i", ln)
+                new = int(m.group(1)) + min(12, int((s - 250) * 0.1))
+                ln = ln[:m.start()] + f"temperature_gpu_celsius={new}i" + ln[m.end():]
+        out.append(ln)
+    an = analyse(("\n".join(out) + "\n").encode())
+    incs = an.incidents()
+    assert len(incs) == 1, [i.to_json()[:200] for i in incs]
+    assert incs[0].kind == "cooling_degradation" and incs[0].host == "node2" and incs[0].gpu is None
+
+
+def test_build_uses_config_thresholds():
+    cfg = Config()
+    cfg.detectors["thermal_throttle"]["min_share"] = 0.5
+    dets = {d.kind: d for d in build(cfg.detectors)}
+    assert dets["thermal_throttle"].min_share == 0.5
