@@ -35,7 +35,9 @@ def _time(value: str, what: str) -> int:
     try:
         return int(from_rfc3339(value) * 1e9)
     except (ValueError, TypeError):
-        raise ConfigError(f"{what} {value!r}: expected RFC 3339 (2026-11-26T03:00:00Z) or epoch seconds") from None
+        raise ConfigError(
+            f"{what} {value!r}: expected RFC 3339 (2026-11-26T03:00:00Z) or epoch seconds"
+        ) from None
 
 
 def _sinks(cfg, specs):
@@ -43,6 +45,7 @@ def _sinks(cfg, specs):
         return None
     try:
         from analyzer import alerting
+
         load_sinks, notifier_cls = alerting.load_sinks, alerting.Notifier
     except (ImportError, AttributeError):
         raise ConfigError("alert sinks are configured but analyzer.alerting is not available") from None
@@ -65,8 +68,23 @@ def _sinks(cfg, specs):
 @click.option("--page-base-url", help="base URL of incident pages, for links in alerts")
 @click.option("--poll", default="10s", show_default=True, help="online mode: how often to query")
 @click.option("--stats", is_flag=True, help="print parse and analysis counters to stderr")
-def analyze(input_path, influx_url, db, since, start, end, follow, out_path, config_path, sink_specs, shard,
-            state_path, page_base_url, poll, stats):
+def analyze(
+    input_path,
+    influx_url,
+    db,
+    since,
+    start,
+    end,
+    follow,
+    out_path,
+    config_path,
+    sink_specs,
+    shard,
+    state_path,
+    page_base_url,
+    poll,
+    stats,
+):
     """Detect incidents in fleet telemetry (files or InfluxDB)."""
     from analyzer.config import Config, parse_duration
     from analyzer.pipeline import Analyzer
@@ -96,10 +114,21 @@ def analyze(input_path, influx_url, db, since, start, end, follow, out_path, con
         raise ConfigError("--influx-url needs --db NAME")
     from analyzer.sources import Influx
 
-    influx = Influx(influx_url, db, **{k: v for k, v in cfg.influx.items() if k in ("username", "password", "token")})
+    influx = Influx(
+        influx_url, db, **{k: v for k, v in cfg.influx.items() if k in ("username", "password", "token")}
+    )
     if follow:
-        _follow(cfg, influx, shard_t, out_path, sink_specs, state_path, page_base_url,
-                parse_duration(poll, "--poll"), since)
+        _follow(
+            cfg,
+            influx,
+            shard_t,
+            out_path,
+            sink_specs,
+            state_path,
+            page_base_url,
+            parse_duration(poll, "--poll"),
+            since,
+        )
         return
     influx.check()
     now = time.time_ns()
@@ -147,9 +176,14 @@ def _report(an, stats: bool, seconds: float) -> None:
     if not stats:
         return
     d = an.parser.stats.as_dict()
-    d.update(late_points=an.late_points, gpu_samples=an.gpu_samples, windows=an.windows,
-             incidents=len(an.incidents()), seconds=round(seconds, 3),
-             gpu_samples_per_s=round(an.gpu_samples / seconds) if seconds > 0 else None)
+    d.update(
+        late_points=an.late_points,
+        gpu_samples=an.gpu_samples,
+        windows=an.windows,
+        incidents=len(an.incidents()),
+        seconds=round(seconds, 3),
+        gpu_samples_per_s=round(an.gpu_samples / seconds) if seconds > 0 else None,
+    )
     click.echo(json.dumps(d), err=True)
 
 
@@ -160,7 +194,11 @@ def incident_lines(recs, now_ns: int | None = None) -> list[str]:
     out = []
     for r in recs:
         tags = {"kind": r.kind, "severity": r.severity, "host": r.host, "cluster": r.cluster, "rack": r.rack}
-        fields = {"id": r.id, "summary": r.summary or "", "state": "resolved" if r.end is not None else "firing"}
+        fields = {
+            "id": r.id,
+            "summary": r.summary or "",
+            "state": "resolved" if r.end is not None else "firing",
+        }
         if r.gpu is not None:
             fields["gpu"] = int(r.gpu)
         if r.link is not None:
@@ -174,7 +212,9 @@ def incident_lines(recs, now_ns: int | None = None) -> list[str]:
     return out
 
 
-def _follow(cfg, influx, shard_t, out_path, sink_specs, state_path, page_base_url, poll: float, since) -> None:
+def _follow(
+    cfg, influx, shard_t, out_path, sink_specs, state_path, page_base_url, poll: float, since
+) -> None:
     """Online mode: pull new data every ``poll`` seconds, keep state, retry with backoff."""
     from analyzer.config import parse_duration
     from analyzer.pipeline import Analyzer
@@ -188,7 +228,9 @@ def _follow(cfg, influx, shard_t, out_path, sink_specs, state_path, page_base_ur
     cfg.analyzer["lateness_seconds"] = min(cfg.analyzer["lateness_seconds"], max(2 * poll, 30.0))
     an = Analyzer(cfg, shard_t)
     lag = int(max(poll, 5.0) * 1e9)
-    cursor = time.time_ns() - int(parse_duration(since, "--since") * 1e9 if since else cfg.analyzer["window_seconds"] * 1e9)
+    cursor = time.time_ns() - int(
+        parse_duration(since, "--since") * 1e9 if since else cfg.analyzer["window_seconds"] * 1e9
+    )
     written: dict[str, str] = {}
     attempt = 0
     checked = False
@@ -205,7 +247,9 @@ def _follow(cfg, influx, shard_t, out_path, sink_specs, state_path, page_base_ur
                     cursor = upto
                 an.engine.advance(upto / 1e9 - cfg.analyzer["lateness_seconds"])
                 incs = an.incidents() + an.engine.absorbed
-                changed = [r for r in incs if written.get(r.id) != ("resolved" if r.end is not None else "firing")]
+                changed = [
+                    r for r in incs if written.get(r.id) != ("resolved" if r.end is not None else "firing")
+                ]
                 influx.write(incident_lines(changed))
                 for r in changed:
                     written[r.id] = "resolved" if r.end is not None else "firing"
@@ -233,7 +277,9 @@ def _follow(cfg, influx, shard_t, out_path, sink_specs, state_path, page_base_ur
 @click.command("eval")
 @click.option("--truth", "truth_path", required=True, help="truth.jsonl from the simulator")
 @click.option("--incidents", "inc_path", required=True, help="incidents.jsonl from gpufleet analyze")
-@click.option("--gpu-days", type=float, help="fleet size x duration (default: from manifest.json beside the truth)")
+@click.option(
+    "--gpu-days", type=float, help="fleet size x duration (default: from manifest.json beside the truth)"
+)
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 def eval_cmd(truth_path, inc_path, gpu_days, as_json):
     """Score incidents against ground truth: precision, recall, F1, latency, false incidents."""

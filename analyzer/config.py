@@ -20,38 +20,84 @@ from pathlib import Path
 from gpufleet.errors import ConfigError
 
 ANALYZER = {
-    "window_seconds": 300.0,        # detection window
-    "context_seconds": 300.0,       # rows of the previous window kept for deltas and rolling features
-    "lateness_seconds": 900.0,      # how late a point may arrive (batch) before it is dropped and counted
-    "poll_seconds": 10.0,           # expected poll interval (buckets peers, bounds gaps)
+    "window_seconds": 300.0,  # detection window
+    "context_seconds": 300.0,  # rows of the previous window kept for deltas and rolling features
+    "lateness_seconds": 900.0,  # how late a point may arrive (batch) before it is dropped and counted
+    "poll_seconds": 10.0,  # expected poll interval (buckets peers, bounds gaps)
 }
 
 DETECTORS: dict[str, dict] = {
-    "thermal_throttle": {"min_share": 0.05, "dwell_seconds": 10.0, "gap_seconds": 35.0,
-                         "resolve_seconds": 3600.0},
+    "thermal_throttle": {
+        "min_share": 0.05,
+        "dwell_seconds": 10.0,
+        "gap_seconds": 35.0,
+        "resolve_seconds": 3600.0,
+    },
     "power_brake": {"min_share": 0.05, "dwell_seconds": 0.0, "gap_seconds": 35.0, "resolve_seconds": 3600.0},
-    "cooling_degradation": {"min_power_watts": 50.0, "min_learn_samples": 120,
-                            "excess_celsius": 5.0, "sigma": 4.0, "fleet_spread_celsius": 0.0,
-                            "smooth_seconds": 120.0, "throttle_margin_celsius": 3.0,
-                            "node_share": 0.5, "node_min_gpus": 2, "rack_min_nodes": 2,
-                            "dwell_seconds": 600.0, "gap_seconds": 120.0, "resolve_seconds": 3600.0},
-    "nvlink_degradation": {"crc_rate_max": 100.0, "crc_rate_min": 1.0, "crc_fleet_factor": 20.0,
-                           "crc_count_min": 5, "crc_span_seconds": 900.0,
-                           "dwell_seconds": 0.0, "gap_seconds": 600.0, "resolve_seconds": 3600.0},
-    "pcie_degradation": {"replay_allowance_per_s": 1.0, "load_utilization": 0.2, "load_power_watts": 200.0,
-                         "downgrade_dwell_seconds": 60.0, "dwell_seconds": 0.0, "gap_seconds": 600.0,
-                         "resolve_seconds": 3600.0},
+    "cooling_degradation": {
+        "min_power_watts": 50.0,
+        "min_learn_samples": 120,
+        "excess_celsius": 5.0,
+        "sigma": 4.0,
+        "fleet_spread_celsius": 0.0,
+        "smooth_seconds": 120.0,
+        "throttle_margin_celsius": 3.0,
+        "node_share": 0.5,
+        "node_min_gpus": 2,
+        "rack_min_nodes": 2,
+        "dwell_seconds": 600.0,
+        "gap_seconds": 120.0,
+        "resolve_seconds": 3600.0,
+    },
+    "nvlink_degradation": {
+        "crc_rate_max": 100.0,
+        "crc_rate_min": 1.0,
+        "crc_fleet_factor": 20.0,
+        "crc_count_min": 5,
+        "crc_span_seconds": 900.0,
+        "dwell_seconds": 0.0,
+        "gap_seconds": 600.0,
+        "resolve_seconds": 3600.0,
+    },
+    "pcie_degradation": {
+        "replay_allowance_per_s": 1.0,
+        "load_utilization": 0.2,
+        "load_power_watts": 200.0,
+        "downgrade_dwell_seconds": 60.0,
+        "dwell_seconds": 0.0,
+        "gap_seconds": 600.0,
+        "resolve_seconds": 3600.0,
+    },
     "sdc": {"dwell_seconds": 0.0, "gap_seconds": 86400.0, "resolve_seconds": 86400.0},
-    "memory_errors": {"xids": [48, 63, 64, 92, 94, 95], "sbe_rate_min": 0.05, "sbe_fleet_factor": 50.0,
-                      "dwell_seconds": 0.0, "gap_seconds": 3600.0, "resolve_seconds": 7200.0},
-    "gpu_lost": {"xids": [79], "lost_after_seconds": 180.0, "dwell_seconds": 0.0, "gap_seconds": 86400.0,
-                 "resolve_seconds": 86400.0},
-    "straggler": {"min_peers": 3, "min_slowdown": 0.06, "distance": 4.0, "busy_utilization": 0.5,
-                  "fit_rows": 20000, "dwell_seconds": 300.0, "gap_seconds": 60.0, "resolve_seconds": 1800.0},
+    "memory_errors": {
+        "xids": [48, 63, 64, 92, 94, 95],
+        "sbe_rate_min": 0.05,
+        "sbe_fleet_factor": 50.0,
+        "dwell_seconds": 0.0,
+        "gap_seconds": 3600.0,
+        "resolve_seconds": 7200.0,
+    },
+    "gpu_lost": {
+        "xids": [79],
+        "lost_after_seconds": 180.0,
+        "dwell_seconds": 0.0,
+        "gap_seconds": 86400.0,
+        "resolve_seconds": 86400.0,
+    },
+    "straggler": {
+        "min_peers": 3,
+        "min_slowdown": 0.06,
+        "distance": 4.0,
+        "busy_utilization": 0.5,
+        "fit_rows": 20000,
+        "dwell_seconds": 300.0,
+        "gap_seconds": 60.0,
+        "resolve_seconds": 1800.0,
+    },
 }
 
 ENGINE = {
-    "absorb_seconds": 3600.0,   # a node/rack incident absorbs GPU/node incidents of its kind this close
+    "absorb_seconds": 3600.0,  # a node/rack incident absorbs GPU/node incidents of its kind this close
     # an incident of the key kind on a GPU already covered by an open incident of a listed kind is
     # folded into that one as evidence (the throttling is the impact of the cooling fault)
     "fold": {},

@@ -49,14 +49,18 @@ class _State:
 
 
 class Engine:
-    def __init__(self, detector_params: dict[str, dict], absorb_seconds: float = 3600.0,
-                 fold: dict[str, list[str]] | None = None):
+    def __init__(
+        self,
+        detector_params: dict[str, dict],
+        absorb_seconds: float = 3600.0,
+        fold: dict[str, list[str]] | None = None,
+    ):
         self.params = detector_params
         self.absorb_seconds = absorb_seconds
         self.fold = fold or {}
         self.states: dict[tuple, _State] = {}
         self.closed: list[Record] = []
-        self.absorbed: list[Record] = []   # incidents merged into a wider one (kept for online resolve)
+        self.absorbed: list[Record] = []  # incidents merged into a wider one (kept for online resolve)
         self.watermark = -np.inf
         self.pending: dict[tuple, list] = {}
         self._reg: Registry | None = None
@@ -73,7 +77,8 @@ class Engine:
         for i in range(len(hits)):
             key = (hits.kind, int(hits.host[i]), int(hits.gpu[i]), int(hits.link[i]), int(racks[i]))
             self.pending.setdefault(key, []).append(
-                (float(hits.t[i]), float(hits.score[i]), bool(hits.critical[i]), ev[i] if ev else {}))
+                (float(hits.t[i]), float(hits.score[i]), bool(hits.critical[i]), ev[i] if ev else {})
+            )
 
     def _run(self, key: tuple, items: list) -> None:
         kind = key[0]
@@ -143,8 +148,13 @@ class Engine:
             st.incident.evidence.update(self._evidence(st))
 
     def _evidence(self, st: _State) -> dict:
-        return {"hits": st.hits, "last_hit": _iso(st.last_hit), "first": st.first_evidence,
-                "peak": st.peak_evidence, "peak_score": None if not np.isfinite(st.peak) else round(st.peak, 3)}
+        return {
+            "hits": st.hits,
+            "last_hit": _iso(st.last_hit),
+            "first": st.first_evidence,
+            "peak": st.peak_evidence,
+            "peak_score": None if not np.isfinite(st.peak) else round(st.peak, 3),
+        }
 
     def _open(self, st: _State, reg: Registry, rack_names: list[str]) -> Record:
         kind, host, gpu, link, rack = st.key
@@ -156,7 +166,9 @@ class Engine:
             hname, cluster = None, None
             rname = rack_names[rack] if 0 <= rack < len(rack_names) else None
             if rname is not None:
-                cluster = next((c for r, c in zip(reg.host_rack, reg.host_cluster, strict=True) if r == rname), None)
+                cluster = next(
+                    (c for r, c in zip(reg.host_rack, reg.host_cluster, strict=True) if r == rname), None
+                )
         gidx = reg.gpu_index[gpu] if gpu >= 0 else None
         lno = link if link >= 0 else None
         where = hname or (f"rack {rname}" if rname else "fleet")
@@ -171,14 +183,25 @@ class Engine:
         detail = ", ".join(f"{k}={v}" for k, v in pe.items() if k != "signals" and v is not None)
         if detail:
             summary += f" ({detail})"
-        rec = Record(kind=kind, host=hname, gpu=gidx, link=lno, start=st.run_start, end=None,
-                     severity="critical" if st.critical or kind in ("sdc", "gpu_lost") else "warning",
-                     cluster=cluster, rack=rname, summary=summary)
+        rec = Record(
+            kind=kind,
+            host=hname,
+            gpu=gidx,
+            link=lno,
+            start=st.run_start,
+            end=None,
+            severity="critical" if st.critical or kind in ("sdc", "gpu_lost") else "warning",
+            cluster=cluster,
+            rack=rname,
+            summary=summary,
+        )
         rec.id = incident_id(rec)
-        rec.evidence = {"signals": sorted({s for e in (st.first_evidence, st.peak_evidence)
-                                           for s in e.get("signals", [])}),
-                        "thresholds": {k: v for k, v in self.params.get(kind, {}).items()
-                                       if not isinstance(v, list)}}
+        rec.evidence = {
+            "signals": sorted(
+                {s for e in (st.first_evidence, st.peak_evidence) for s in e.get("signals", [])}
+            ),
+            "thresholds": {k: v for k, v in self.params.get(kind, {}).items() if not isinstance(v, list)},
+        }
         rec.evidence.update(self._evidence(st))
         self._consolidate(rec, st)
         return rec
@@ -192,8 +215,9 @@ class Engine:
             inc = other.incident
             if other is st or inc is None or other.kind != kind:
                 continue
-            inside = (rec.host is not None and inc.host == rec.host and inc.gpu is not None) or \
-                     (rec.host is None and rec.rack is not None and inc.rack == rec.rack and inc.host is not None)
+            inside = (rec.host is not None and inc.host == rec.host and inc.gpu is not None) or (
+                rec.host is None and rec.rack is not None and inc.rack == rec.rack and inc.host is not None
+            )
             if inside and inc.start >= rec.start - self.absorb_seconds:
                 rec.start = min(rec.start, inc.start)
                 rec.evidence.setdefault("absorbed", []).append(inc.id)
@@ -229,7 +253,8 @@ class Engine:
                 if self.watermark - st.last_hit > resolve:
                     self._close(st)
             elif st.run_hits and self.watermark - st.last_hit > float(
-                    self.params.get(st.kind, {}).get("gap_seconds", 60.0)):
+                self.params.get(st.kind, {}).get("gap_seconds", 60.0)
+            ):
                 st.run_hits = 0
 
     # ------------------------------------------------------------------ output

@@ -73,17 +73,26 @@ def evaluate(truth: list[Record], incidents: list[Record], gpu_days: float | Non
         ii = [i for i, r in enumerate(incidents) if r.kind == k]
         lat = [first[i] - truth[i].start for i in ti if first[i] is not None]
         med, p95 = _stats(lat)
-        d = {"truths": len(ti), "incidents": len(ii),
-             "true_incidents": sum(inc_matched[i] for i in ii), "detected": sum(first[i] is not None for i in ti),
-             "false_incidents": sum(not inc_matched[i] for i in ii)}
+        d = {
+            "truths": len(ti),
+            "incidents": len(ii),
+            "true_incidents": sum(inc_matched[i] for i in ii),
+            "detected": sum(first[i] is not None for i in ti),
+            "false_incidents": sum(not inc_matched[i] for i in ii),
+        }
         d.update(_prf(d["true_incidents"], len(ii), d["detected"], len(ti)))
         d["latency_median_s"], d["latency_p95_s"] = _r(med), _r(p95)
         per_kind[k] = d
     lat = [first[i] - tr.start for i, tr in enumerate(truth) if first[i] is not None]
     med, p95 = _stats(lat)
     n_false = sum(not m for m in inc_matched)
-    overall = {"truths": len(truth), "incidents": len(incidents), "true_incidents": sum(inc_matched),
-               "detected": sum(f is not None for f in first), "false_incidents": n_false}
+    overall = {
+        "truths": len(truth),
+        "incidents": len(incidents),
+        "true_incidents": sum(inc_matched),
+        "detected": sum(f is not None for f in first),
+        "false_incidents": n_false,
+    }
     overall.update(_prf(overall["true_incidents"], len(incidents), overall["detected"], len(truth)))
     overall["latency_median_s"], overall["latency_p95_s"] = _r(med), _r(p95)
     cool = [(tr, first[i]) for i, tr in enumerate(truth) if tr.kind == "cooling_degradation" and tr.impact_at]
@@ -91,8 +100,11 @@ def evaluate(truth: list[Record], incidents: list[Record], gpu_days: float | Non
     out = {
         "overall": overall,
         "per_kind": per_kind,
-        "precision": overall["precision"], "recall": overall["recall"], "f1": overall["f1"],
-        "latency_median_s": overall["latency_median_s"], "latency_p95_s": overall["latency_p95_s"],
+        "precision": overall["precision"],
+        "recall": overall["recall"],
+        "f1": overall["f1"],
+        "latency_median_s": overall["latency_median_s"],
+        "latency_p95_s": overall["latency_p95_s"],
         "cooling_before_impact": round(before / len(cool), 4) if cool else None,
         "gpu_days": _r(gpu_days),
         "false_per_1000_gpu_days": round(n_false / gpu_days * 1000, 4) if gpu_days else None,
@@ -146,14 +158,36 @@ def _find_gpu_days(doc: dict) -> float | None:
 def table(result: dict) -> str:
     rows = [("kind", "truths", "incidents", "precision", "recall", "f1", "lat_med_s", "lat_p95_s")]
     for k, d in result["per_kind"].items():
-        rows.append((k, d["truths"], d["incidents"], d["precision"], d["recall"], d["f1"],
-                     d["latency_median_s"], d["latency_p95_s"]))
+        rows.append(
+            (
+                k,
+                d["truths"],
+                d["incidents"],
+                d["precision"],
+                d["recall"],
+                d["f1"],
+                d["latency_median_s"],
+                d["latency_p95_s"],
+            )
+        )
     o = result["overall"]
-    rows.append(("overall", o["truths"], o["incidents"], o["precision"], o["recall"], o["f1"],
-                 o["latency_median_s"], o["latency_p95_s"]))
+    rows.append(
+        (
+            "overall",
+            o["truths"],
+            o["incidents"],
+            o["precision"],
+            o["recall"],
+            o["f1"],
+            o["latency_median_s"],
+            o["latency_p95_s"],
+        )
+    )
     w = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(str(v).ljust(w[i]) for i, v in enumerate(r)) for r in rows]
     lines.append(f"cooling_degradation flagged before impact: {result['cooling_before_impact']}")
-    lines.append(f"false incidents per 1000 GPU-days: {result['false_per_1000_gpu_days']} "
-                 f"(GPU-days: {result['gpu_days']})")
+    lines.append(
+        f"false incidents per 1000 GPU-days: {result['false_per_1000_gpu_days']} "
+        f"(GPU-days: {result['gpu_days']})"
+    )
     return "\n".join(lines)

@@ -75,8 +75,11 @@ class Registry:
 
     def entity(self, rows: Rows, series: SeriesIndex, kind: str) -> np.ndarray:
         """Entity id per row: kind 'gpu', 'link' or 'host'."""
-        cache, fn = {"gpu": (self._sid_gpu, self.gpu), "link": (self._sid_link, self.link),
-                     "host": (self._sid_host, self.host)}[kind]
+        cache, fn = {
+            "gpu": (self._sid_gpu, self.gpu),
+            "link": (self._sid_link, self.link),
+            "host": (self._sid_host, self.host),
+        }[kind]
         u, inv = np.unique(rows.sid, return_inverse=True)
         ids = np.empty(len(u), np.int64)
         for j, s in enumerate(u.tolist()):
@@ -93,15 +96,20 @@ class Registry:
             if r is not None:
                 racks.setdefault(r, len(racks))
         # a host without a rack label is a rack of its own (never merged with other unlabelled hosts)
-        host_rack = np.array([racks[r] if r is not None else 10**6 + i for i, r in enumerate(self.host_rack)],
-                             np.int64)
+        host_rack = np.array(
+            [racks[r] if r is not None else 10**6 + i for i, r in enumerate(self.host_rack)], np.int64
+        )
         node = np.array(self.gpu_node, np.int64)
         return node, host_rack[node] if len(node) else node
 
     def labels(self, gid: int) -> dict:
         h = self.gpu_node[gid]
-        return {"host": self.gpu_host[gid], "gpu": self.gpu_index[gid],
-                "rack": self.host_rack[h], "cluster": self.host_cluster[h]}
+        return {
+            "host": self.gpu_host[gid],
+            "gpu": self.gpu_index[gid],
+            "rack": self.host_rack[h],
+            "cluster": self.host_cluster[h],
+        }
 
 
 def _int(s):
@@ -116,7 +124,7 @@ class Table:
     """Rows of one measurement for one window, sorted by (entity, time), duplicates removed."""
 
     ent: np.ndarray
-    t: np.ndarray                  # seconds since the epoch
+    t: np.ndarray  # seconds since the epoch
     cols: dict[str, np.ndarray] = field(default_factory=dict)
     text: dict[str, np.ndarray] = field(default_factory=dict)
     new: np.ndarray | None = None  # rows inside the window proper
@@ -252,5 +260,5 @@ class Window:
     bmc: Table
     node_of: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     rack_of: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    last_seen: np.ndarray = field(default_factory=lambda: np.zeros(0))       # per GPU, up to window end
+    last_seen: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per GPU, up to window end
     host_last_seen: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per host (host rows)

@@ -15,11 +15,23 @@ from pathlib import Path
 from gpufleet.lineprotocol import encode
 
 START_NS = 1_795_000_000 * 10**9  # 2026-11-18, any fixed instant will do
-TAGS = {"host": "h200-ref", "gpu": "0", "model": "NVIDIA H200", "uuid": "GPU-00000000-0000-0000-0000-000000000000",
-        "cluster": "ref", "rack": "ref1"}
-FLAGS = {"clock_event_idle": 0x1, "clock_event_sw_power_cap": 0x4, "clock_event_hw_slowdown": 0x8,
-         "clock_event_sync_boost": 0x10, "clock_event_sw_thermal": 0x20, "clock_event_hw_thermal": 0x40,
-         "clock_event_hw_power_brake": 0x80}
+TAGS = {
+    "host": "h200-ref",
+    "gpu": "0",
+    "model": "NVIDIA H200",
+    "uuid": "GPU-00000000-0000-0000-0000-000000000000",
+    "cluster": "ref",
+    "rack": "ref1",
+}
+FLAGS = {
+    "clock_event_idle": 0x1,
+    "clock_event_sw_power_cap": 0x4,
+    "clock_event_hw_slowdown": 0x8,
+    "clock_event_sync_boost": 0x10,
+    "clock_event_sw_thermal": 0x20,
+    "clock_event_hw_thermal": 0x40,
+    "clock_event_hw_power_brake": 0x80,
+}
 
 
 def convert(csv_path: str | Path, start_ns: int = START_NS) -> list[str]:

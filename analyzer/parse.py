@@ -26,8 +26,10 @@ _VW = 32  # widest numeric value token the fast path converts
 _NUMCHARS = np.zeros(256, bool)
 _NUMCHARS[[ord(c) for c in "0123456789.eE+-"]] = True
 _NUMCHARS[0] = True
-_CODES = bytes(1 if i in (_COMMA, _EQ, _SP, _NL) else 2 if i == _QUOTE else 3 if i == _BSLASH else
-                4 if i == 13 else 0 for i in range(256))
+_CODES = bytes(
+    1 if i in (_COMMA, _EQ, _SP, _NL) else 2 if i == _QUOTE else 3 if i == _BSLASH else 4 if i == 13 else 0
+    for i in range(256)
+)
 _MULT = np.array([0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9], dtype=np.uint64)
 
 
@@ -81,15 +83,22 @@ class Rows:
         out = Rows(measurement, np.concatenate([p.sid for p in parts]), np.concatenate([p.t for p in parts]))
         for name in dict.fromkeys(k for p in parts for k in p.num):
             out.num[name] = np.concatenate(
-                [p.num.get(name, np.full(k, np.nan)) for p, k in zip(parts, n, strict=False)])
+                [p.num.get(name, np.full(k, np.nan)) for p, k in zip(parts, n, strict=False)]
+            )
         for name in dict.fromkeys(k for p in parts for k in p.text):
             out.text[name] = np.concatenate(
-                [p.text.get(name, np.full(k, None, dtype=object)) for p, k in zip(parts, n, strict=False)])
+                [p.text.get(name, np.full(k, None, dtype=object)) for p, k in zip(parts, n, strict=False)]
+            )
         return out
 
     def take(self, idx) -> Rows:
-        return Rows(self.measurement, self.sid[idx], self.t[idx],
-                    {k: v[idx] for k, v in self.num.items()}, {k: v[idx] for k, v in self.text.items()})
+        return Rows(
+            self.measurement,
+            self.sid[idx],
+            self.t[idx],
+            {k: v[idx] for k, v in self.num.items()},
+            {k: v[idx] for k, v in self.text.items()},
+        )
 
 
 @dataclass
@@ -202,7 +211,9 @@ class Parser:
         escp = bsp + 1  # a byte escaped by a backslash is never a delimiter
         qpos = nz[k == 2]
         qpos = qpos[~_member(qpos, escp)]
-        slow = real & ((count(bsp[_member(bsp, escp)]) > 0) | (count(qpos) % 2 == 1) | (count(nz[k == 4]) > 0))
+        slow = real & (
+            (count(bsp[_member(bsp, escp)]) > 0) | (count(qpos) % 2 == 1) | (count(nz[k == 4]) > 0)
+        )
         if slow.any():
             qpos = qpos[~slow[np.searchsorted(nl, qpos)]]
         fast = real & ~slow
@@ -268,8 +279,13 @@ class Parser:
         head_end[lid[first_sp_tok]] = P[first_sp_tok]
         hs, he = starts[gl].tolist(), head_end[gl].tolist()
         heads = self._heads
-        sids = np.array([heads[data[a:b]] if data[a:b] in heads else self._head(data[a:b])
-                         for a, b in zip(hs, he, strict=False)], np.int64)
+        sids = np.array(
+            [
+                heads[data[a:b]] if data[a:b] in heads else self._head(data[a:b])
+                for a, b in zip(hs, he, strict=False)
+            ],
+            np.int64,
+        )
         keep = sids >= 0
         gl, sids = gl[keep], sids[keep]
         if not len(gl):
@@ -334,7 +350,8 @@ class Parser:
                     ss = vstart[col].tolist()
                     ll = tlen[vals[col]].tolist()
                     r.text[name] = np.array(
-                        [_unquote(data[a:a + n]) for a, n in zip(ss, ll, strict=True)], dtype=object)
+                        [_unquote(data[a : a + n]) for a, n in zip(ss, ll, strict=True)], dtype=object
+                    )
                 else:
                     r.num[name] = vnum[col]
             self.stats.points += len(rows)
@@ -342,7 +359,7 @@ class Parser:
 
     def _names(self, data, tstart, tlen, keys, k0, k):
         sig = tuple((int(tstart[keys[k0 + j]]), int(tlen[keys[k0 + j]])) for j in range(k))
-        names = [_unkey(data[a:a + n]) for a, n in sig]
+        names = [_unkey(data[a : a + n]) for a, n in sig]
         if len(set(names)) != len(names):
             return None
         return names

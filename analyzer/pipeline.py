@@ -21,8 +21,14 @@ from analyzer.frame import Registry, Table, Window
 from analyzer.parse import Parser, Rows
 
 STREAMS = ("gpu", "gpu_nvlink", "gpu_event", "gpu_canary", "host", "bmc_sensor")
-MEASUREMENTS = {"gpu": "gpu", "gpu_nvlink": "link", "gpu_event": "gpu", "gpu_canary": "gpu",
-                "host": "host", "bmc_sensor": "host"}
+MEASUREMENTS = {
+    "gpu": "gpu",
+    "gpu_nvlink": "link",
+    "gpu_event": "gpu",
+    "gpu_canary": "gpu",
+    "host": "host",
+    "bmc_sensor": "host",
+}
 
 
 @dataclass
@@ -50,8 +56,9 @@ class Analyzer:
         self.parser = Parser(set(MEASUREMENTS))
         self.reg = Registry()
         self.detectors = build(self.config.detectors, self.poll)
-        self.engine = Engine(self.config.detectors, self.config.engine["absorb_seconds"],
-                             self.config.engine["fold"])
+        self.engine = Engine(
+            self.config.detectors, self.config.engine["absorb_seconds"], self.config.engine["fold"]
+        )
         self.buffer: dict[str, list[_Block]] = {m: [] for m in MEASUREMENTS}
         self.ctx: dict[str, _Block | None] = {m: None for m in MEASUREMENTS}
         self.window_start: dict[str, float | None] = {}
@@ -82,8 +89,9 @@ class Analyzer:
             ent = self.reg.entity(r, series, MEASUREMENTS[m])
             cols, text = dict(r.num), dict(r.text)
             if m == "gpu_event":
-                text["type"] = np.array([self._sid_extra.get(s, {}).get("type") for s in r.sid.tolist()],
-                                        dtype=object)
+                text["type"] = np.array(
+                    [self._sid_extra.get(s, {}).get("type") for s in r.sid.tolist()], dtype=object
+                )
             if m == "bmc_sensor":
                 cols = {"inlet": cols.get("value", np.full(len(r), np.nan))}
                 text = {}
@@ -203,9 +211,20 @@ class Analyzer:
                 np.maximum.at(self.last_seen, tab.ent, tab.t)
             tables["bmc_sensor"] = self._table("bmc_sensor", start, end, consume=False)
         node_of, rack_of = self.reg.arrays()
-        w = Window(start, end, self.reg, tables["gpu"], tables["gpu_nvlink"], tables["gpu_event"],
-                   tables["gpu_canary"], tables["host"], tables["bmc_sensor"], node_of, rack_of,
-                   self.last_seen.copy())
+        w = Window(
+            start,
+            end,
+            self.reg,
+            tables["gpu"],
+            tables["gpu_nvlink"],
+            tables["gpu_event"],
+            tables["gpu_canary"],
+            tables["host"],
+            tables["bmc_sensor"],
+            node_of,
+            rack_of,
+            self.last_seen.copy(),
+        )
         rack_names = list(dict.fromkeys(r for r in self.reg.host_rack if r is not None))
         for det in self.detectors:
             if m not in det.tables:
@@ -220,8 +239,12 @@ class Analyzer:
 
 
 def _sub(b: _Block, mask) -> _Block:
-    return _Block(b.ent[mask], b.t[mask], {k: v[mask] for k, v in b.cols.items()},
-                  {k: v[mask] for k, v in b.text.items()})
+    return _Block(
+        b.ent[mask],
+        b.t[mask],
+        {k: v[mask] for k, v in b.cols.items()},
+        {k: v[mask] for k, v in b.text.items()},
+    )
 
 
 def _concat(parts: list[_Block]) -> _Block | None:
@@ -236,5 +259,7 @@ def _concat(parts: list[_Block]) -> _Block | None:
         cols[k] = np.concatenate([p.cols.get(k, np.full(m, np.nan)) for p, m in zip(parts, n, strict=True)])
     text = {}
     for k in dict.fromkeys(k for p in parts for k in p.text):
-        text[k] = np.concatenate([p.text.get(k, np.full(m, None, dtype=object)) for p, m in zip(parts, n, strict=True)])
+        text[k] = np.concatenate(
+            [p.text.get(k, np.full(m, None, dtype=object)) for p, m in zip(parts, n, strict=True)]
+        )
     return _Block(np.concatenate([p.ent for p in parts]), np.concatenate([p.t for p in parts]), cols, text)

@@ -25,7 +25,9 @@ CHUNK = 4 << 20
 def lp_files(path: str | Path) -> list[Path]:
     p = Path(path)
     if p.is_dir():
-        files = sorted(f for f in p.rglob("*") if f.is_file() and (f.name.endswith(".lp") or f.name.endswith(".lp.gz")))
+        files = sorted(
+            f for f in p.rglob("*") if f.is_file() and (f.name.endswith(".lp") or f.name.endswith(".lp.gz"))
+        )
         if not files:
             raise GpufleetError(f"{p}: no .lp or .lp.gz files in this directory")
         return files
@@ -56,8 +58,8 @@ def read_chunks(path: str | Path, chunk: int = CHUNK) -> Iterator[bytes]:
                     if cut < 0:
                         rest = block
                         continue
-                    rest = block[cut + 1:]
-                    yield block[:cut + 1]
+                    rest = block[cut + 1 :]
+                    yield block[: cut + 1]
                 if rest:
                     yield rest
         except PermissionError as exc:
@@ -71,8 +73,15 @@ MEASUREMENTS = ("gpu", "gpu_nvlink", "gpu_event", "gpu_canary", "bmc_sensor", "h
 class Influx:
     """A minimal InfluxQL client (v1 ``/query`` and ``/write``) with retries."""
 
-    def __init__(self, url: str, db: str, username: str | None = None, password: str | None = None,
-                 token: str | None = None, timeout: float = 30.0):
+    def __init__(
+        self,
+        url: str,
+        db: str,
+        username: str | None = None,
+        password: str | None = None,
+        token: str | None = None,
+        timeout: float = 30.0,
+    ):
         import requests
 
         self.url = url.rstrip("/")
@@ -113,8 +122,7 @@ class Influx:
 
     def query_rows(self, measurement: str, start_ns: int, end_ns: int, series: SeriesIndex) -> Rows:
         """Every point of ``measurement`` in [start, end) as Rows (tags become the series)."""
-        q = (f'SELECT * FROM "{measurement}" WHERE time >= {int(start_ns)} AND time < {int(end_ns)} '
-             f"GROUP BY *")
+        q = f'SELECT * FROM "{measurement}" WHERE time >= {int(start_ns)} AND time < {int(end_ns)} GROUP BY *'
         r = self._get(q)
         parts = []
         for line in r.iter_lines():
@@ -140,8 +148,12 @@ class Influx:
         if not lines:
             return
         try:
-            r = self.s.post(self.url + "/write", params={"db": self.db, "precision": "ns"},
-                            data="\n".join(lines).encode(), timeout=self.timeout)
+            r = self.s.post(
+                self.url + "/write",
+                params={"db": self.db, "precision": "ns"},
+                data="\n".join(lines).encode(),
+                timeout=self.timeout,
+            )
         except requests.RequestException as exc:
             raise GpufleetError(f"InfluxDB at {self.url} unreachable: {type(exc).__name__}") from None
         if r.status_code != 204:

@@ -23,7 +23,14 @@ def _as_points(p: Parser, rows) -> list[tuple]:
         for i in range(len(r)):
             fields = {k: float(v[i]) for k, v in r.num.items() if not math.isnan(v[i])}
             fields.update({k: v[i] for k, v in r.text.items() if v[i] is not None})
-            out.append((m, tuple(sorted(p.series.tags[r.sid[i]].items())), int(r.t[i]), tuple(sorted(fields.items()))))
+            out.append(
+                (
+                    m,
+                    tuple(sorted(p.series.tags[r.sid[i]].items())),
+                    int(r.t[i]),
+                    tuple(sorted(fields.items())),
+                )
+            )
     return sorted(out, key=repr)
 
 
@@ -38,13 +45,25 @@ def _reference(lines: list[str]) -> list[tuple]:
 
 def test_wide_rows_escapes_and_strings():
     lines = [
-        encode("gpu", {"host": "n 1", "gpu": "0", "model": "NVIDIA H200"},
-               {"power_watts": 700.5, "temperature_gpu_celsius": 61, "job_id": 'a "quoted", job = 1'}, 10**18),
+        encode(
+            "gpu",
+            {"host": "n 1", "gpu": "0", "model": "NVIDIA H200"},
+            {"power_watts": 700.5, "temperature_gpu_celsius": 61, "job_id": 'a "quoted", job = 1'},
+            10**18,
+        ),
         encode("gpu", {"host": "n,2", "gpu": "1"}, {"power_watts": 1e-3, "clock_sm_mhz": 1980}, 10**18 + 1),
-        encode("gpu_nvlink", {"host": "n=3", "gpu": "0", "link": "17"}, {"up": 1, "crc_flit_errors_total": 2**40},
-               10**18 + 2),
-        encode("gpu_event", {"host": "h", "gpu": "0", "type": "xid"},
-               {"code": 79, "message": "fell off\\the bus\nagain"}, 10**18 + 3),
+        encode(
+            "gpu_nvlink",
+            {"host": "n=3", "gpu": "0", "link": "17"},
+            {"up": 1, "crc_flit_errors_total": 2**40},
+            10**18 + 2,
+        ),
+        encode(
+            "gpu_event",
+            {"host": "h", "gpu": "0", "type": "xid"},
+            {"code": 79, "message": "fell off\\the bus\nagain"},
+            10**18 + 3,
+        ),
     ]
     p, rows = _rows(("\n".join(lines) + "\n").encode())
     assert _as_points(p, rows) == _reference(lines)
@@ -53,18 +72,23 @@ def test_wide_rows_escapes_and_strings():
 
 def test_garbage_is_skipped_and_counted():
     good = encode("gpu", {"host": "a", "gpu": "0"}, {"power_watts": 100.0}, 5 * 10**18)
-    data = "\n".join([
-        good,
-        "complete garbage",
-        "gpu,host=a,gpu=0 power_watts==5 5",
-        'gpu,host=a,gpu=0 power_watts=1,x="unterminated 6',
-        "gpu,host=a,gpu=0 power_watts=7",          # no timestamp
-        "gpu,host=a,gpu=0 power_watts=abc 8",      # garbage value: absent, the row stays
-        "gpu,host=a,gpu=0 power_watts=nan 9",
-        "# a comment",
-        "",
-        "\x00\xff\xfe binary",
-    ]).encode("utf-8", "surrogateescape") + b"\xff\xfe\n"
+    data = (
+        "\n".join(
+            [
+                good,
+                "complete garbage",
+                "gpu,host=a,gpu=0 power_watts==5 5",
+                'gpu,host=a,gpu=0 power_watts=1,x="unterminated 6',
+                "gpu,host=a,gpu=0 power_watts=7",  # no timestamp
+                "gpu,host=a,gpu=0 power_watts=abc 8",  # garbage value: absent, the row stays
+                "gpu,host=a,gpu=0 power_watts=nan 9",
+                "# a comment",
+                "",
+                "\x00\xff\xfe binary",
+            ]
+        ).encode("utf-8", "surrogateescape")
+        + b"\xff\xfe\n"
+    )
     p, rows = _rows(data)
     r = rows["gpu"]
     assert sorted(r.t.tolist()) == [8, 9, 5 * 10**18]
@@ -81,16 +105,30 @@ def test_series_ids_stable_across_chunks_and_paths():
     assert b["gpu"].text["job_id"][0] == 'j"1'
 
 
-_name = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=["Cs", "Cc"], exclude_characters="\"\\"),
-               min_size=1, max_size=8)  # the encoder leaves quotes and backslashes in keys as they are
-_val = st.one_of(st.integers(-(2**53), 2**53), st.floats(allow_nan=False, allow_infinity=False, width=32),
-                 st.text(alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=10))
+_name = st.text(
+    alphabet=st.characters(codec="utf-8", exclude_categories=["Cs", "Cc"], exclude_characters='"\\'),
+    min_size=1,
+    max_size=8,
+)  # the encoder leaves quotes and backslashes in keys as they are
+_val = st.one_of(
+    st.integers(-(2**53), 2**53),
+    st.floats(allow_nan=False, allow_infinity=False, width=32),
+    st.text(alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=10),
+)
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.dictionaries(_name, _name, max_size=3),
-                          st.dictionaries(_name, _val, min_size=1, max_size=5),
-                          st.integers(1, 2**62)), min_size=1, max_size=20))
+@given(
+    st.lists(
+        st.tuples(
+            st.dictionaries(_name, _name, max_size=3),
+            st.dictionaries(_name, _val, min_size=1, max_size=5),
+            st.integers(1, 2**62),
+        ),
+        min_size=1,
+        max_size=20,
+    )
+)
 def test_matches_reference_parser(points):
     lines = [encode("m", tags, fields, t) for tags, fields, t in points]
     lines = [ln for ln in lines if ln is not None]

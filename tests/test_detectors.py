@@ -40,11 +40,20 @@ def fleet(nodes=4, gpus=4, steps=480, links=2, fault=None, seed=0) -> bytes:
                 reasons = 0x4 if load else 0x1
                 temp = 25 + 0.05 * p + offset[n, g] + rng.normal(0, 0.3)
                 c = counters.setdefault((n, g), {"sbe": 0, "dbe": 0, "replay": 0, "thr": 0, "brake": 0})
-                f = {"utilization_gpu_ratio": 1.0 if load else 0.0, "power_watts": round(p, 2),
-                     "temperature_gpu_celsius": int(round(temp)), "clock_sm_mhz": clock,
-                     "temperature_slowdown_celsius": 89, "pcie_link_gen": 5, "pcie_link_gen_max": 5,
-                     "pcie_link_width": 16, "pcie_link_width_max": 16, "up": 1, "health_code": 0,
-                     "job_id": f"job{n}" if load else None}
+                f = {
+                    "utilization_gpu_ratio": 1.0 if load else 0.0,
+                    "power_watts": round(p, 2),
+                    "temperature_gpu_celsius": int(round(temp)),
+                    "clock_sm_mhz": clock,
+                    "temperature_slowdown_celsius": 89,
+                    "pcie_link_gen": 5,
+                    "pcie_link_gen_max": 5,
+                    "pcie_link_width": 16,
+                    "pcie_link_width_max": 16,
+                    "up": 1,
+                    "health_code": 0,
+                    "job_id": f"job{n}" if load else None,
+                }
                 if on and kind == "thermal_throttle" and load:
                     f["temperature_gpu_celsius"] = 88
                     reasons |= 0x40
@@ -65,21 +74,49 @@ def fleet(nodes=4, gpus=4, steps=480, links=2, fault=None, seed=0) -> bytes:
                 if on and kind == "gpu_lost":
                     f["health_code"] = 2
                     f["up"] = 0
-                f.update({"clock_event_reasons": reasons, "throttle_hw_thermal_ns_total": c["thr"],
-                          "throttle_hw_power_brake_ns_total": c["brake"], "pcie_replay_total": c["replay"],
-                          "ecc_corrected_volatile_total": c["sbe"], "ecc_uncorrected_volatile_total": c["dbe"]})
-                tags = {"host": f"node{n}", "gpu": str(g), "model": "NVIDIA H200", "cluster": "c1",
-                        "rack": f"r{n // 2}"}
+                f.update(
+                    {
+                        "clock_event_reasons": reasons,
+                        "throttle_hw_thermal_ns_total": c["thr"],
+                        "throttle_hw_power_brake_ns_total": c["brake"],
+                        "pcie_replay_total": c["replay"],
+                        "ecc_corrected_volatile_total": c["sbe"],
+                        "ecc_uncorrected_volatile_total": c["dbe"],
+                    }
+                )
+                tags = {
+                    "host": f"node{n}",
+                    "gpu": str(g),
+                    "model": "NVIDIA H200",
+                    "cluster": "c1",
+                    "rack": f"r{n // 2}",
+                }
                 out.append(encode("gpu", tags, f, t))
                 for li in range(links):
                     crc = (s - fstep) * 5 if on and kind == "nvlink_degradation" and li == 1 else 0
-                    out.append(encode("gpu_nvlink", {**tags, "link": str(li)},
-                                      {"up": 1, "crc_flit_errors_total": crc, "replay_errors_total": 0,
-                                       "recovery_errors_total": 0}, t))
+                    out.append(
+                        encode(
+                            "gpu_nvlink",
+                            {**tags, "link": str(li)},
+                            {
+                                "up": 1,
+                                "crc_flit_errors_total": crc,
+                                "replay_errors_total": 0,
+                                "recovery_errors_total": 0,
+                            },
+                            t,
+                        )
+                    )
                 if s % 30 == 5:
                     bad = on and kind == "sdc"
-                    out.append(encode("gpu_canary", tags, {"passed": 0 if bad else 1,
-                                                           "mismatches": 17 if bad else 0}, t + 10**8))
+                    out.append(
+                        encode(
+                            "gpu_canary",
+                            tags,
+                            {"passed": 0 if bad else 1, "mismatches": 17 if bad else 0},
+                            t + 10**8,
+                        )
+                    )
                 if on and s == fstep and kind == "gpu_lost":
                     out.append(encode("gpu_event", {**tags, "type": "xid"}, {"code": 79}, t))
     return ("\n".join(out) + "\n").encode()
@@ -132,8 +169,7 @@ def test_contract(kind, healthy):
         Analyzer._process = orig
     empty = Table.empty()
     empty.new = np.zeros(0, bool)
-    w = Window(T0, T0 + 300, an.reg, empty, empty, empty, empty, empty, empty,
-               *an.reg.arrays(), an.last_seen)
+    w = Window(T0, T0 + 300, an.reg, empty, empty, empty, empty, empty, empty, *an.reg.arrays(), an.last_seen)
     assert det.fit(w) is det
     det2 = cls(**params)
     for tab_name in ("gpu", "gpu_nvlink", "gpu_canary"):
@@ -198,7 +234,7 @@ def test_node_scope_cooling_is_one_incident():
             if s >= 250:
                 m = re.search(r"temperature_gpu_celsius=(\d+)i", ln)
                 new = int(m.group(1)) + min(12, int((s - 250) * 0.1))
-                ln = ln[:m.start()] + f"temperature_gpu_celsius={new}i" + ln[m.end():]
+                ln = ln[: m.start()] + f"temperature_gpu_celsius={new}i" + ln[m.end() :]
         out.append(ln)
     an = analyse(("\n".join(out) + "\n").encode())
     incs = an.incidents()

@@ -13,9 +13,20 @@ from analyzer.detectors.sdc import SilentDataCorruption
 from analyzer.detectors.straggler import Straggler
 from analyzer.detectors.thermal_throttle import ThermalThrottle
 
-REGISTRY: dict[str, type[Detector]] = {c.kind: c for c in (
-    ThermalThrottle, CoolingDegradation, PowerBrake, NvlinkDegradation, PcieDegradation,
-    MemoryErrors, SilentDataCorruption, GpuLost, Straggler)}
+REGISTRY: dict[str, type[Detector]] = {
+    c.kind: c
+    for c in (
+        ThermalThrottle,
+        CoolingDegradation,
+        PowerBrake,
+        NvlinkDegradation,
+        PcieDegradation,
+        MemoryErrors,
+        SilentDataCorruption,
+        GpuLost,
+        Straggler,
+    )
+}
 
 
 def build(params: dict[str, dict], poll_seconds: float = 10.0) -> list[Detector]:

@@ -23,13 +23,13 @@ class Hits:
     """Rows where a detector's condition holds. ``gpu``/``link``: -1 = not that scope."""
 
     kind: str
-    host: np.ndarray            # host id (Registry.hosts)
-    gpu: np.ndarray             # GPU id (Registry) or -1 (node/rack scope)
-    link: np.ndarray            # link number or -1
+    host: np.ndarray  # host id (Registry.hosts)
+    gpu: np.ndarray  # GPU id (Registry) or -1 (node/rack scope)
+    link: np.ndarray  # link number or -1
     t: np.ndarray
     score: np.ndarray
-    critical: np.ndarray        # bool per hit
-    evidence: list[dict] = field(default_factory=list)   # one per hit, or empty
+    critical: np.ndarray  # bool per hit
+    evidence: list[dict] = field(default_factory=list)  # one per hit, or empty
     rack: np.ndarray | None = None  # rack id per hit for rack scope (host = -1)
 
     def __len__(self):
@@ -66,15 +66,25 @@ class Detector:
         raise NotImplementedError
 
     # helpers ---------------------------------------------------------------
-    def _gpu_hits(self, window: Window, tab: Table, mask: np.ndarray, score: np.ndarray,
-                  critical: np.ndarray | bool = False, evidence=None, ent_is_link: bool = False) -> Hits:
+    def _gpu_hits(
+        self,
+        window: Window,
+        tab: Table,
+        mask: np.ndarray,
+        score: np.ndarray,
+        critical: np.ndarray | bool = False,
+        evidence=None,
+        ent_is_link: bool = False,
+    ) -> Hits:
         mask = mask & (tab.new if tab.new is not None else True)
         idx = np.flatnonzero(mask)
         reg = window.reg
         if ent_is_link:
             gids = np.array([reg.link_gpu[e] for e in tab.ent[idx].tolist()], np.int64)
-            links = np.array([reg.link_no[e] if reg.link_no[e] is not None else -1
-                              for e in tab.ent[idx].tolist()], np.int64)
+            links = np.array(
+                [reg.link_no[e] if reg.link_no[e] is not None else -1 for e in tab.ent[idx].tolist()],
+                np.int64,
+            )
         else:
             gids = tab.ent[idx]
             links = np.full(len(idx), -1, np.int64)
@@ -107,8 +117,15 @@ def concat(kind: str, parts: list[Hits]) -> Hits:
     racks = None
     if any(p.rack is not None for p in parts):
         racks = np.concatenate([p.rack if p.rack is not None else np.full(len(p), -1) for p in parts])
-    return Hits(kind, *(np.concatenate([getattr(p, f) for p in parts])
-                        for f in ("host", "gpu", "link", "t", "score", "critical")), ev, racks)
+    return Hits(
+        kind,
+        *(
+            np.concatenate([getattr(p, f) for p in parts])
+            for f in ("host", "gpu", "link", "t", "score", "critical")
+        ),
+        ev,
+        racks,
+    )
 
 
 def group_median(inv: np.ndarray, v: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray]:

@@ -3,13 +3,15 @@
 Reads gpu.temperature_gpu_celsius, power_watts, temperature_slowdown_celsius and the thermal
 clock-event flags, plus a host's inlet temperature where bmc_sensor reports one (a sensor
 whose name contains "inlet"). Model, per GPU: ``T - inlet - b*P - c(t) = a_i + noise`` with a
-pooled slope ``b`` (°C/W), the fleet's common mode ``c(t)`` (median over GPUs at that time:
-fleet-wide inlet swings cancel) and a per-GPU offset ``a_i`` learned robustly (median, MAD)
-over the GPU's first ``min_learn_samples`` steady samples. The smoothed excess over that model,
-above ``excess_celsius`` and ``sigma`` robust deviations, on steady rows (throttled ones included: a GPU
-throttling where power, inlet and peers say it should not has a cooling problem) is a hit. When at least ``node_share`` of a node's GPUs (and ``node_min_gpus``) are
-hot together the hit moves to the node (gpu = null), and to the rack when ``rack_min_nodes``
-nodes of one rack are.
+pooled slope ``b`` (°C/W), the fleet's common mode ``c(t)`` (median over GPUs in the same minute
+and power band: fleet-wide inlet swings cancel) and a per-GPU offset ``a_i`` learned robustly
+(median, MAD) over the GPU's first ``min_learn_samples`` steady samples. The excess over that
+model, smoothed over ``smooth_seconds``, above ``excess_celsius`` and ``sigma`` robust deviations,
+on steady rows is a hit. Throttled rows count too: a GPU throttling where power, inlet and
+peers say it should not has a cooling problem; the evidence says whether the hit came before
+throttling. When at least ``node_share`` of a node's GPUs (and ``node_min_gpus``) are hot in
+the same minute the hit moves to the node (gpu = null), and to the rack (host = null) when
+``rack_min_nodes`` nodes of one rack are.
 """
 
 from __future__ import annotations
@@ -26,10 +28,22 @@ DEFAULT_SLOPE = 0.04  # °C per W, from the real H200 trace (39 -> 61 °C for 80
 class CoolingDegradation(Detector):
     kind = "cooling_degradation"
 
-    def __init__(self, min_power_watts=50.0, min_learn_samples=120, excess_celsius=5.0,
-                 sigma=4.0, fleet_spread_celsius=0.0, smooth_seconds=120.0, throttle_margin_celsius=3.0,
-                 node_share=0.5, node_min_gpus=2, rack_min_nodes=2, dwell_seconds=600.0, gap_seconds=120.0,
-                 resolve_seconds=3600.0):
+    def __init__(
+        self,
+        min_power_watts=50.0,
+        min_learn_samples=120,
+        excess_celsius=5.0,
+        sigma=4.0,
+        fleet_spread_celsius=0.0,
+        smooth_seconds=120.0,
+        throttle_margin_celsius=3.0,
+        node_share=0.5,
+        node_min_gpus=2,
+        rack_min_nodes=2,
+        dwell_seconds=600.0,
+        gap_seconds=120.0,
+        resolve_seconds=3600.0,
+    ):
         self.min_power_watts = min_power_watts
         self.min_learn_samples = min_learn_samples
         self.excess_celsius = excess_celsius
@@ -186,42 +200,105 @@ class CoolingDegradation(Detector):
         parts = []
         idx = np.flatnonzero(gpu_rows)
         if len(idx):
-            parts.append(self._mk(window, idx, node[idx], tab.ent[idx], None, tab.t[idx], sc[idx], r, thr,
-                                  temp, power, "gpu", below=below))
+            parts.append(
+                self._mk(
+                    window,
+                    idx,
+                    node[idx],
+                    tab.ent[idx],
+                    None,
+                    tab.t[idx],
+                    sc[idx],
+                    r,
+                    thr,
+                    temp,
+                    power,
+                    "gpu",
+                    below=below,
+                )
+            )
         for rows, scope in ((node_rows, "node"), (row_rack_hot, "rack")):
             idx = np.flatnonzero(rows)
             if not len(idx):
                 continue
             # one hit per node (rack) and minute: the hottest GPU's row speaks for it
-            grp = (node if scope == "node" else rack)[idx] * 10**7 + np.floor(tab.t[idx] / 60).astype(np.int64)
+            grp = (node if scope == "node" else rack)[idx] * 10**7 + np.floor(tab.t[idx] / 60).astype(
+                np.int64
+            )
             order = np.lexsort((-sc[idx], grp))
             first = np.ones(len(order), bool)
             first[1:] = grp[order][1:] != grp[order][:-1]
             sel = idx[order[first]]
             if scope == "node":
-                parts.append(self._mk(window, sel, node[sel], np.full(len(sel), -1), None, tab.t[sel], sc[sel], r,
-                                      thr, temp, power, scope, hot_g[inv[sel]]))
+                parts.append(
+                    self._mk(
+                        window,
+                        sel,
+                        node[sel],
+                        np.full(len(sel), -1),
+                        None,
+                        tab.t[sel],
+                        sc[sel],
+                        r,
+                        thr,
+                        temp,
+                        power,
+                        scope,
+                        hot_g[inv[sel]],
+                    )
+                )
             else:
-                parts.append(self._mk(window, sel, np.full(len(sel), -1), np.full(len(sel), -1), rack[sel],
-                                      tab.t[sel], sc[sel], r, thr, temp, power, scope, rack_nodes[rinv[sel]]))
+                parts.append(
+                    self._mk(
+                        window,
+                        sel,
+                        np.full(len(sel), -1),
+                        np.full(len(sel), -1),
+                        rack[sel],
+                        tab.t[sel],
+                        sc[sel],
+                        r,
+                        thr,
+                        temp,
+                        power,
+                        scope,
+                        rack_nodes[rinv[sel]],
+                    )
+                )
         from analyzer.detectors.base import concat
+
         return concat(self.kind, parts)
 
-    def _mk(self, window, idx, hosts, gids, racks, t, score, r, thr, temp, power, scope, count=None, below=None):
+    def _mk(
+        self, window, idx, hosts, gids, racks, t, score, r, thr, temp, power, scope, count=None, below=None
+    ):
         ev = []
         for j, i in enumerate(idx.tolist()):
-            d = {"signals": ["temperature_gpu_celsius", "power_watts"], "scope": scope,
-                 "excess_celsius": _r(r[i]), "threshold_celsius": _r(thr[i]),
-                 "temperature_gpu_celsius": _r(temp[i]), "power_watts": _r(power[i]),
-                 "slope_c_per_w": round(getattr(self, "slope_", DEFAULT_SLOPE), 4)}
+            d = {
+                "signals": ["temperature_gpu_celsius", "power_watts"],
+                "scope": scope,
+                "excess_celsius": _r(r[i]),
+                "threshold_celsius": _r(thr[i]),
+                "temperature_gpu_celsius": _r(temp[i]),
+                "power_watts": _r(power[i]),
+                "slope_c_per_w": round(getattr(self, "slope_", DEFAULT_SLOPE), 4),
+            }
             if below is not None:
                 d["before_throttling"] = bool(below[i])
             if count is not None:
                 d["hot_gpus" if scope == "node" else "hot_nodes"] = int(count[j])
             ev.append(d)
-        return Hits(self.kind, np.asarray(hosts, np.int64), np.asarray(gids, np.int64),
-                    np.full(len(idx), -1, np.int64), t, score, np.zeros(len(idx), bool), ev,
-                    None if racks is None else np.asarray(racks, np.int64))
+        return Hits(
+            self.kind,
+            np.asarray(hosts, np.int64),
+            np.asarray(gids, np.int64),
+            np.full(len(idx), -1, np.int64),
+            t,
+            score,
+            np.zeros(len(idx), bool),
+            ev,
+            None if racks is None else np.asarray(racks, np.int64),
+        )
 
 
 def _r(x):

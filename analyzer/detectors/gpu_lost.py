@@ -17,8 +17,14 @@ class GpuLost(Detector):
     kind = "gpu_lost"
     tables = ("gpu", "gpu_event")
 
-    def __init__(self, xids=(79,), lost_after_seconds=180.0, dwell_seconds=0.0, gap_seconds=86400.0,
-                 resolve_seconds=86400.0):
+    def __init__(
+        self,
+        xids=(79,),
+        lost_after_seconds=180.0,
+        dwell_seconds=0.0,
+        gap_seconds=86400.0,
+        resolve_seconds=86400.0,
+    ):
         self.xids = xids
         self.lost_after_seconds = lost_after_seconds
         self.dwell_seconds = dwell_seconds
@@ -31,16 +37,35 @@ class GpuLost(Detector):
     def detect(self, window: Window) -> Hits:
         tab = window.gpu
         lost = self.score(window) > 0
-        parts = [self._gpu_hits(window, tab, lost, lost.astype(float), True,
-                                lambda i: {"signals": ["gpu.health_code"], "health_code": 2})]
+        parts = [
+            self._gpu_hits(
+                window,
+                tab,
+                lost,
+                lost.astype(float),
+                True,
+                lambda i: {"signals": ["gpu.health_code"], "health_code": 2},
+            )
+        ]
         ev = window.event
         code = ev.col("code")
         typ = ev.text.get("type")
-        is_xid = np.ones(len(ev), bool) if typ is None else np.array(
-            [t is None or str(t).lower() == "xid" for t in typ], bool)
+        is_xid = (
+            np.ones(len(ev), bool)
+            if typ is None
+            else np.array([t is None or str(t).lower() == "xid" for t in typ], bool)
+        )
         x = is_xid & np.isin(code, list(self.xids))
-        parts.append(self._gpu_hits(window, ev, x, x.astype(float), True,
-                                    lambda i: {"signals": ["gpu_event xid"], "xid": int(code[i])}))
+        parts.append(
+            self._gpu_hits(
+                window,
+                ev,
+                x,
+                x.astype(float),
+                True,
+                lambda i: {"signals": ["gpu_event xid"], "xid": int(code[i])},
+            )
+        )
         parts.append(self._silent(window))
         return concat(self.kind, parts)
 
@@ -68,7 +93,16 @@ class GpuLost(Detector):
         if not len(g):
             return Hits.none(self.kind)
         hosts = node[g]
-        return Hits(self.kind, hosts, g.astype(np.int64), np.full(len(g), -1), last[g] + 1.0,
-                    quiet[g] / self.lost_after_seconds, np.ones(len(g), bool),
-                    [{"signals": ["absence"], "last_seen_seconds_before_peers": round(float(quiet[i]), 1)}
-                     for i in g.tolist()])
+        return Hits(
+            self.kind,
+            hosts,
+            g.astype(np.int64),
+            np.full(len(g), -1),
+            last[g] + 1.0,
+            quiet[g] / self.lost_after_seconds,
+            np.ones(len(g), bool),
+            [
+                {"signals": ["absence"], "last_seen_seconds_before_peers": round(float(quiet[i]), 1)}
+                for i in g.tolist()
+            ],
+        )

@@ -21,8 +21,15 @@ class MemoryErrors(Detector):
     kind = "memory_errors"
     tables = ("gpu", "gpu_event")
 
-    def __init__(self, xids=(48, 63, 64, 92, 94, 95), sbe_rate_min=0.05, sbe_fleet_factor=50.0,
-                 dwell_seconds=0.0, gap_seconds=3600.0, resolve_seconds=7200.0):
+    def __init__(
+        self,
+        xids=(48, 63, 64, 92, 94, 95),
+        sbe_rate_min=0.05,
+        sbe_fleet_factor=50.0,
+        dwell_seconds=0.0,
+        gap_seconds=3600.0,
+        resolve_seconds=7200.0,
+    ):
         self.xids = xids
         self.sbe_rate_min = sbe_rate_min
         self.sbe_fleet_factor = sbe_fleet_factor
@@ -58,8 +65,11 @@ class MemoryErrors(Detector):
         thr = max(self.sbe_rate_min, self.sbe_fleet_factor * getattr(self, "fleet_sbe_rate_", 0.0))
         sbe = nz(self._rates(tab)) / thr
         dbe = nz(tab.delta("ecc_uncorrected_volatile_total"))
-        flags = nz(tab.col("remapped_rows_pending")) + 10 * nz(tab.col("remapped_rows_failure")) \
+        flags = (
+            nz(tab.col("remapped_rows_pending"))
+            + 10 * nz(tab.col("remapped_rows_failure"))
             + nz(tab.col("retired_pages_pending"))
+        )
         return np.fmax(np.fmax(sbe, dbe * 10), flags)
 
     def detect(self, window: Window) -> Hits:
@@ -74,13 +84,23 @@ class MemoryErrors(Detector):
         crit = (dbe > 0) | (fail > 0)
 
         def ev(i):
-            sig = [n for n, on in (("ecc_corrected_volatile_total", rate[i] > thr),
-                                   ("ecc_uncorrected_volatile_total", dbe[i] > 0),
-                                   ("remapped_rows_pending", pend[i] > 0),
-                                   ("remapped_rows_failure", fail[i] > 0),
-                                   ("retired_pages_pending", rpend[i] > 0)) if on]
-            return {"signals": sig, "sbe_rate_per_s": round(float(rate[i]), 4),
-                    "sbe_threshold_per_s": round(thr, 4), "new_dbe": int(dbe[i])}
+            sig = [
+                n
+                for n, on in (
+                    ("ecc_corrected_volatile_total", rate[i] > thr),
+                    ("ecc_uncorrected_volatile_total", dbe[i] > 0),
+                    ("remapped_rows_pending", pend[i] > 0),
+                    ("remapped_rows_failure", fail[i] > 0),
+                    ("retired_pages_pending", rpend[i] > 0),
+                )
+                if on
+            ]
+            return {
+                "signals": sig,
+                "sbe_rate_per_s": round(float(rate[i]), 4),
+                "sbe_threshold_per_s": round(thr, 4),
+                "new_dbe": int(dbe[i]),
+            }
 
         parts = [self._gpu_hits(window, tab, hit, self.score(window), crit, ev)]
         parts.append(self._xid_hits(window))
@@ -90,8 +110,11 @@ class MemoryErrors(Detector):
         ev_tab = window.event
         code = ev_tab.col("code")
         typ = ev_tab.text.get("type")
-        is_xid = np.ones(len(ev_tab), bool) if typ is None else np.array(
-            [t is None or str(t).lower() == "xid" for t in typ], bool)
+        is_xid = (
+            np.ones(len(ev_tab), bool)
+            if typ is None
+            else np.array([t is None or str(t).lower() == "xid" for t in typ], bool)
+        )
         hit = is_xid & np.isin(code, list(self.xids))
         crit = np.isin(code, list(CRITICAL_XIDS))
 

@@ -19,8 +19,17 @@ class NvlinkDegradation(Detector):
     kind = "nvlink_degradation"
     tables = ("gpu_nvlink",)
 
-    def __init__(self, crc_rate_max=100.0, crc_rate_min=1.0, crc_fleet_factor=20.0, crc_count_min=5,
-                 crc_span_seconds=900.0, dwell_seconds=0.0, gap_seconds=600.0, resolve_seconds=3600.0):
+    def __init__(
+        self,
+        crc_rate_max=100.0,
+        crc_rate_min=1.0,
+        crc_fleet_factor=20.0,
+        crc_count_min=5,
+        crc_span_seconds=900.0,
+        dwell_seconds=0.0,
+        gap_seconds=600.0,
+        resolve_seconds=3600.0,
+    ):
         self.crc_rate_max = crc_rate_max
         self.crc_count_min = crc_count_min
         self.crc_span_seconds = crc_span_seconds
@@ -48,8 +57,10 @@ class NvlinkDegradation(Detector):
         return self
 
     def _threshold(self) -> float:
-        return min(self.crc_rate_max,
-                   max(self.crc_rate_min, self.crc_fleet_factor * getattr(self, "fleet_crc_rate_", 0.0)))
+        return min(
+            self.crc_rate_max,
+            max(self.crc_rate_min, self.crc_fleet_factor * getattr(self, "fleet_crc_rate_", 0.0)),
+        )
 
     def score(self, window: Window) -> np.ndarray:
         tab = window.nvlink
@@ -85,12 +96,24 @@ class NvlinkDegradation(Detector):
         t_hit = np.where(growing & np.isfinite(began), began, tab.t)
 
         def ev(i):
-            return {"signals": [n for n, on in (("crc_errors", crc[i] > thr or growing[i]),
-                                                ("replay_errors", rep[i] > 0),
-                                                ("recovery_errors", rec[i] > 0), ("link_down", down[i])) if on],
-                    "crc_rate_per_s": round(float(crc[i]), 3), "crc_threshold_per_s": round(thr, 3),
-                    "crc_errors_in_span": int(count[i]), "new_replays": int(rep[i]), "new_recoveries": int(rec[i]),
-                    "up": None if np.isnan(up[i]) else int(up[i])}
+            return {
+                "signals": [
+                    n
+                    for n, on in (
+                        ("crc_errors", crc[i] > thr or growing[i]),
+                        ("replay_errors", rep[i] > 0),
+                        ("recovery_errors", rec[i] > 0),
+                        ("link_down", down[i]),
+                    )
+                    if on
+                ],
+                "crc_rate_per_s": round(float(crc[i]), 3),
+                "crc_threshold_per_s": round(thr, 3),
+                "crc_errors_in_span": int(count[i]),
+                "new_replays": int(rep[i]),
+                "new_recoveries": int(rec[i]),
+                "up": None if np.isnan(up[i]) else int(up[i]),
+            }
 
         hits = self._gpu_hits(window, tab, hit, self.score(window), crit, ev, ent_is_link=True)
         hits.t = t_hit[np.flatnonzero(hit & tab.new)] if tab.new is not None else t_hit[np.flatnonzero(hit)]

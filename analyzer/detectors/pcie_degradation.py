@@ -17,8 +17,16 @@ from analyzer.frame import Window
 class PcieDegradation(Detector):
     kind = "pcie_degradation"
 
-    def __init__(self, replay_allowance_per_s=1.0, load_utilization=0.2, load_power_watts=200.0,
-                 downgrade_dwell_seconds=60.0, dwell_seconds=0.0, gap_seconds=600.0, resolve_seconds=3600.0):
+    def __init__(
+        self,
+        replay_allowance_per_s=1.0,
+        load_utilization=0.2,
+        load_power_watts=200.0,
+        downgrade_dwell_seconds=60.0,
+        dwell_seconds=0.0,
+        gap_seconds=600.0,
+        resolve_seconds=3600.0,
+    ):
         self.replay_allowance_per_s = replay_allowance_per_s
         self.load_utilization = load_utilization
         self.load_power_watts = load_power_watts
@@ -60,8 +68,9 @@ class PcieDegradation(Detector):
         allowance = np.where(allowance > 0, allowance, self.replay_allowance_per_s)
         with np.errstate(invalid="ignore", divide="ignore"):
             rate = tab.rolling_mean(tab.delta("pcie_replay_total") / tab.dt(), 60.0)
-        load = (nz(tab.col("utilization_gpu_ratio")) >= self.load_utilization) | \
-            (nz(tab.col("power_watts")) >= self.load_power_watts)
+        load = (nz(tab.col("utilization_gpu_ratio")) >= self.load_utilization) | (
+            nz(tab.col("power_watts")) >= self.load_power_watts
+        )
         down = load & (((gen_eff < gmax) & np.isfinite(gen)) | ((width_eff < wmax) & np.isfinite(width)))
         # a downgrade must hold for the dwell time under load (a poll during retraining is not one)
         run = _run_seconds(tab, down)
@@ -77,11 +86,22 @@ class PcieDegradation(Detector):
         hit = (nz(rate) > allowance) | down
 
         def ev(i):
-            return {"signals": [n for n, on in (("pcie_replay_total", nz(rate)[i] > allowance[i]),
-                                                ("pcie_link_gen/width", down[i])) if on],
-                    "replay_rate_per_s": round(float(nz(rate)[i]), 3),
-                    "replay_allowance_per_s": round(float(allowance[i]), 3),
-                    "gen": _i(gen[i]), "gen_max": _i(gmax[i]), "width": _i(width[i]), "width_max": _i(wmax[i])}
+            return {
+                "signals": [
+                    n
+                    for n, on in (
+                        ("pcie_replay_total", nz(rate)[i] > allowance[i]),
+                        ("pcie_link_gen/width", down[i]),
+                    )
+                    if on
+                ],
+                "replay_rate_per_s": round(float(nz(rate)[i]), 3),
+                "replay_allowance_per_s": round(float(allowance[i]), 3),
+                "gen": _i(gen[i]),
+                "gen_max": _i(gmax[i]),
+                "width": _i(width[i]),
+                "width_max": _i(wmax[i]),
+            }
 
         return self._gpu_hits(window, window.gpu, hit, self.score(window), False, ev)
 

@@ -29,7 +29,7 @@ class PowerBrake(Detector):
         reasons = tab.col("clock_event_reasons")
         ok = np.isfinite(reasons) & (reasons >= 0) & (reasons < 2**63)
         bits = np.zeros(len(tab))
-        bits[ok] = ((reasons[ok].astype(np.int64) & HW_POWER_BRAKE) != 0)
+        bits[ok] = (reasons[ok].astype(np.int64) & HW_POWER_BRAKE) != 0
         return np.fmax(nz(tab.col("clock_event_hw_power_brake")) > 0, bits).astype(float)
 
     def score(self, window: Window) -> np.ndarray:
@@ -43,8 +43,12 @@ class PowerBrake(Detector):
         power = tab.col("power_watts")
 
         def ev(i):
-            return {"signals": ["clock_event_hw_power_brake", "throttle_hw_power_brake_ns_total"],
-                    "brake_bit": int(bits[i]), "brake_share": round(float(sc[i]), 3),
-                    "threshold_share": self.min_share, "power_watts": _f(power[i])}
+            return {
+                "signals": ["clock_event_hw_power_brake", "throttle_hw_power_brake_ns_total"],
+                "brake_bit": int(bits[i]),
+                "brake_share": round(float(sc[i]), 3),
+                "threshold_share": self.min_share,
+                "power_watts": _f(power[i]),
+            }
 
         return self._gpu_hits(window, tab, (bits > 0) | (sc >= self.min_share), sc, False, ev)

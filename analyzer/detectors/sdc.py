@@ -33,8 +33,10 @@ class SilentDataCorruption(Detector):
         passed = tab.col("passed")
 
         def ev(i):
-            return {"signals": ["gpu_canary.passed", "gpu_canary.mismatches"],
-                    "passed": None if np.isnan(passed[i]) else int(passed[i]),
-                    "mismatches": None if np.isnan(mism[i]) else int(mism[i])}
+            return {
+                "signals": ["gpu_canary.passed", "gpu_canary.mismatches"],
+                "passed": None if np.isnan(passed[i]) else int(passed[i]),
+                "mismatches": None if np.isnan(mism[i]) else int(mism[i]),
+            }
 
         return self._gpu_hits(window, tab, sc > 0, sc, True, ev)

@@ -26,8 +26,18 @@ EXPLAINED = 0x20 | 0x40 | 0x80 | 0x8  # thermal, power brake, hw slowdown: a kno
 class Straggler(Detector):
     kind = "straggler"
 
-    def __init__(self, min_peers=3, min_slowdown=0.06, distance=4.0, busy_utilization=0.5, fit_rows=20000,
-                 dwell_seconds=300.0, gap_seconds=60.0, resolve_seconds=1800.0, poll_seconds=10.0):
+    def __init__(
+        self,
+        min_peers=3,
+        min_slowdown=0.06,
+        distance=4.0,
+        busy_utilization=0.5,
+        fit_rows=20000,
+        dwell_seconds=300.0,
+        gap_seconds=60.0,
+        resolve_seconds=1800.0,
+        poll_seconds=10.0,
+    ):
         self.min_peers = min_peers
         self.min_slowdown = min_slowdown
         self.distance = distance
@@ -101,14 +111,19 @@ class Straggler(Detector):
         sc = self.score(window)
         reasons = tab.col("clock_event_reasons")
         r = np.where(np.isfinite(reasons) & (reasons >= 0), reasons, 0).astype(np.int64)
-        explained = ((r & EXPLAINED) != 0) | (thermal_bits(tab) > 0) | (nz(tab.col("clock_event_hw_power_brake")) > 0)
+        explained = (
+            ((r & EXPLAINED) != 0) | (thermal_bits(tab) > 0) | (nz(tab.col("clock_event_hw_power_brake")) > 0)
+        )
         slow = X[:, 0] < np.log(1 - self.min_slowdown)
         hit = valid & slow & (nz(sc) > self.distance) & ~explained
 
         def ev(i):
-            return {"signals": ["clock_sm_mhz", "power_watts", "utilization_gpu_ratio"],
-                    "clock_vs_peers": round(float(np.exp(X[i, 0])), 3),
-                    "power_vs_peers": round(float(np.exp(X[i, 1])), 3),
-                    "robust_distance": round(float(sc[i]), 2), "threshold_distance": self.distance}
+            return {
+                "signals": ["clock_sm_mhz", "power_watts", "utilization_gpu_ratio"],
+                "clock_vs_peers": round(float(np.exp(X[i, 0])), 3),
+                "power_vs_peers": round(float(np.exp(X[i, 1])), 3),
+                "robust_distance": round(float(sc[i]), 2),
+                "threshold_distance": self.distance,
+            }
 
         return self._gpu_hits(window, tab, hit, sc, False, ev)

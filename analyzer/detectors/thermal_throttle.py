@@ -51,10 +51,15 @@ class ThermalThrottle(Detector):
         clock = tab.col("clock_sm_mhz")
 
         def ev(i):
-            return {"signals": ["clock_event_sw_thermal/hw_thermal", "throttle_*_thermal_ns_total"],
-                    "thermal_bits": int(bits[i]), "throttle_share": round(float(sc[i]), 3),
-                    "threshold_share": self.min_share, "temperature_gpu_celsius": _f(temp[i]),
-                    "temperature_slowdown_celsius": _f(slow[i]), "clock_sm_mhz": _f(clock[i])}
+            return {
+                "signals": ["clock_event_sw_thermal/hw_thermal", "throttle_*_thermal_ns_total"],
+                "thermal_bits": int(bits[i]),
+                "throttle_share": round(float(sc[i]), 3),
+                "threshold_share": self.min_share,
+                "temperature_gpu_celsius": _f(temp[i]),
+                "temperature_slowdown_celsius": _f(slow[i]),
+                "clock_sm_mhz": _f(clock[i]),
+            }
 
         return self._gpu_hits(window, tab, hit, sc, False, ev)
 
