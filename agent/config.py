@@ -51,6 +51,9 @@ SCHEMA: dict[str, dict[str, Spec]] = {
         "flush_timeout": Spec("duration", 5.0, 0.0, 60.0),
     },
     "labels": {},  # free-form operator labels: name = "value"
+    "gpu": {
+        "nvlink_interval": Spec("duration", 30.0, 0.0, 3600.0),
+    },
     "file": {
         "dir": Spec("path", "/var/lib/gpufleet/telemetry"),
         "segment_bytes": Spec("size", 64 * 2**20, 4096, 2**40),

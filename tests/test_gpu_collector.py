@@ -365,7 +365,7 @@ def _links(samples):
 @pytest.mark.parametrize("link_fields", [True, False])
 def test_nvlink_counters_batched_in_field_values_with_the_per_call_fallback(link_fields):
     b = CountingSim(LinkNode(n_gpus=2, t0=0.0), link_fields=link_fields)
-    c = GpuCollector(b, clock=Clock(), slow_interval_s=1e9)
+    c = GpuCollector(b, clock=Clock(), slow_interval_s=1e9, nvlink_interval_s=0)
     first = _links(c.collect(int(4000e9)))  # probe: one call per link and counter
     b.calls.clear()
     second = _links(c.collect(int(4000e9)))
@@ -385,3 +385,18 @@ def test_nvlink_counters_batched_in_field_values_with_the_per_call_fallback(link
         assert _links(c.collect(int(4000e9))) == want
         assert b.calls["fields"] == 2  # the GPU's own fields only
     c.close()
+
+
+def test_nvlink_rows_on_their_own_cadence():
+    clock = Clock()
+    c = GpuCollector(SimBackend(LinkNode(n_gpus=2, t0=0.0)), clock=clock,
+                     config={"gpu": {"nvlink_interval": 30}})
+    assert c.nvlink_interval_s == 30.0
+    seen = []
+    for _ in range(7):  # polls 10 s apart: links on the first poll, then every 30 s
+        samples = c.collect(int(4000e9 + clock.t * 1e9))
+        seen.append(len(_links(samples)))
+        assert len(gpu_rows(samples)) == 2  # the GPU rows every poll
+        clock.t += 10
+    c.close()
+    assert seen == [36, 0, 0, 36, 0, 0, 36]

@@ -228,14 +228,18 @@ class GpuCollector:
 
     ``slow_interval_s``: cadence of the slow tier; ``deadline_s``: the most a poll waits for any
     GPU; ``retry_s``: how long a lost/stale GPU (or a node without driver) waits before a retry;
-    ``nvlink``: read per-link NVLink state and counters; ``jobs``: attribute GPUs to jobs;
-    ``interval``: the agent's poll period, when known: the deadline is at most half of it.
+    ``nvlink``: read per-link NVLink state and counters; ``nvlink_interval_s``: their cadence (on
+    the first poll and then at most this often; 0 = every poll; the counters are cumulative, so
+    no error is lost, only resolution); ``jobs``: attribute GPUs to jobs; ``interval``: the agent's
+    poll period, when known: the deadline is at most half of it; ``config``: the agent config,
+    whose ``[gpu]`` section (``nvlink_interval``) overrides the keyword defaults.
     """
 
     name = "gpu"
 
     def __init__(self, backend="nvml", *, slow_interval_s: float = 60.0, deadline_s: float = 2.0,
-                 retry_s: float = 30.0, nvlink: bool = True, jobs: bool = True, interval: float | None = None,
+                 retry_s: float = 30.0, nvlink: bool = True, nvlink_interval_s: float = 30.0,
+                 jobs: bool = True, interval: float | None = None, config: dict | None = None,
                  clock=time.monotonic):
         if isinstance(backend, str):
             from agent.backends import get_backend
@@ -248,6 +252,9 @@ class GpuCollector:
             self.deadline_s = min(self.deadline_s, 0.5 * float(interval))
         self.retry_s = float(retry_s)
         self.nvlink = nvlink
+        gcfg = (config or {}).get("gpu") or {}
+        self.nvlink_interval_s = float(gcfg.get("nvlink_interval", nvlink_interval_s))
+        self._next_links = 0.0
         self.jobs = jobs
         self._clock = clock
         self._gpus: list[_Gpu] | None = None
@@ -355,7 +362,7 @@ class GpuCollector:
             f[name] = str(raw)
 
     # -- one GPU -----------------------------------------------------------------------------
-    def _read_gpu(self, g: _Gpu, slow: bool, now_ns: int) -> list[Sample]:
+    def _read_gpu(self, g: _Gpu, slow: bool, now_ns: int, links: bool = True) -> list[Sample]:
         B, q, put = self.backend, self._q, self._put
         if g.handle is None:
             self._identify(g)
@@ -399,7 +406,7 @@ class GpuCollector:
         f["up"] = 1
         f["health_code"] = 0
         out = [Sample("gpu", g.tags, f, now_ns, extra={"pci_bus_id": g.pci_bus_id, "pids": pids})]
-        if self.nvlink:
+        if self.nvlink and (links or g.links is None):
             out.extend(self._read_nvlink(g, now_ns))
         return out
 
@@ -587,6 +594,9 @@ class GpuCollector:
         slow = now >= self._next_slow
         if slow:
             self._next_slow = now + self.slow_interval_s
+        links = now >= self._next_links
+        if links:
+            self._next_links = now + self.nvlink_interval_s
         pending: dict[cf.Future, _Gpu] = {}
         rows: dict[int, list[Sample]] = {}
         for g in gpus:
@@ -595,7 +605,7 @@ class GpuCollector:
                     self._mark(g, "stale", now)
                 rows[g.index] = [self._down_row(g, now_ns)]
                 continue
-            pending[g.worker.submit(self._read_gpu, g, slow, now_ns)] = g
+            pending[g.worker.submit(self._read_gpu, g, slow, now_ns, links)] = g
         done, not_done = cf.wait(pending, timeout=self.deadline_s)
         for fut in not_done:
             g = pending[fut]
