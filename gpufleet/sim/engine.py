@@ -829,7 +829,8 @@ def build_manifest(fl: Fleet, gen: Generator, recs: list[Record], stats: dict) -
             "slow_every_steps": gen.slow_every,
             "nvlink_full_every_steps": gen.link_every,
             "canary_every_steps": gen.canary_steps,
-            "lines": dict(sorted(gen.counts.items())),
+            "lines": dict(sorted((k, v) for k, v in gen.counts.items() if k != "late")),
+            "late_lines": gen.counts.get("late", 0),
             "bytes_uncompressed": stats["bytes_uncompressed"],
         },
         "truth": {
