@@ -126,7 +126,8 @@ class Agent:
         self.last_summary = ""
         self.stats: dict[str, tuple[float, bool]] = {}
         self._errors_logged: set[str] = set()
-        self.timing = {"collect": 0.0, "otel": 0.0, "encode_export": 0.0}
+        self.timing = {"collect": 0.0, "otel": 0.0, "encode_export": 0.0}  # wall seconds, last tick
+        self.cpu_timing = dict(self.timing)  # process CPU seconds, last tick
 
     def _build_collectors(self, cfg: dict) -> list:
         from agent.collectors import load
@@ -159,6 +160,7 @@ class Agent:
         samples: list[Sample] = []
         ok_any = not self.collectors
         t_all = time.perf_counter()
+        c_all = time.process_time()
         for c in self.collectors:
             name = getattr(c, "name", type(c).__name__)
             t0 = time.perf_counter()
@@ -181,13 +183,17 @@ class Agent:
             ok_any = ok_any or ok
             samples.append(Sample("gpufleet_collector", {"collector": name},
                                   {"duration_seconds": dt, "success": int(ok)}, now_ns))
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         samples.extend(self._self_rows(now_ns))
         self.pipeline.observe(samples)
         self.pipeline.collect(now_ns)
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), time.process_time()
         enc = self.lp.encode_seconds if self.lp is not None else 0.0
+        enc_cpu = self.lp.encode_cpu_seconds if self.lp is not None else 0.0
         self.timing = {"collect": t1 - t_all, "otel": max(0.0, t2 - t1 - enc), "encode_export": enc}
+        # the same split in process CPU time (all threads: the GPU workers count in "collect")
+        self.cpu_timing = {"collect": c1 - c_all, "otel": max(0.0, c2 - c1 - enc_cpu),
+                           "encode_export": enc_cpu}
         self.ticks += 1
         self.ok_ticks += int(ok_any)
         self.last_points = self.pipeline.points

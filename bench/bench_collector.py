@@ -1,6 +1,7 @@
 """CPU cost of the GPU collector per GPU poll (``time.process_time``, all threads).
 
-On the sim backend (8 H200-like GPUs, 18 NVLink links each) and on a recorded H200. The sim
+On the sim backend (8 H200-like GPUs, 18 NVLink links each, read every poll or on the default
+30 s NVLink cadence with one poll a second) and on a recorded H200. The sim
 backend's own work (building its NVML answers from the node state) is measured apart, so the
 collector's share is the difference. On hardware the driver's own CPU time comes on top
 (about 5 ms per 12-value poll on an H200, see the reference notes).
@@ -45,11 +46,12 @@ def run(quick: bool) -> list[dict]:
     polls = 30 if quick else 300
     rows = []
     sim_only = _sim_snapshot_cost(polls)
-    for nvlink in (True, False):
-        c = GpuCollector(SimBackend(TinyNode(t0=0.0)), nvlink=nvlink)
+    for nvlink, every in ((True, 0.0), (True, 30.0), (False, 0.0)):
+        c = GpuCollector(SimBackend(TinyNode(t0=0.0)), nvlink=nvlink, nvlink_interval_s=every)
         total = _cost(c, polls, slow_every=10, n_gpus=8)
         c.close()
-        label = "with 18 NVLink links" if nvlink else "no NVLink"
+        label = ("with 18 NVLink links" + (f", links every {every:g} polls" if every else ", every poll")
+                 if nvlink else "no NVLink")
         rows.append({"benchmark": "collector", "metric": f"CPU per GPU poll, sim backend, {label}",
                      "value": total * 1e6, "unit": "µs", "target": "< 1000",
                      "note": f"8 GPUs, {polls} polls, slow tier 1 in 10; includes the sim backend"})
