@@ -16,7 +16,7 @@ ONE_FIELD = {
     "gpu": "up",
     "gpu_nvlink": "up",
     "gpu_canary": "passed",
-    "gpu_event": "code",
+    "gpu_event": "pci_bus_id",
     "host": "load1",
     "bmc_sensor": "value",
     "bmc": "power_watts",

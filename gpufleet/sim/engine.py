@@ -425,20 +425,7 @@ class Generator:
         # still arrives with its own timestamp (it was logged), so events are always written
         parts_ev = []
         for t, g, code, msg, job in self.events:
-            fields = {"code": code}
-            if job:
-                fields["pid"] = 20000 + job % 40000
-                fields["process"] = "python3"
-            fields["message"] = msg
-            info = self.xids.get(code, {})
-            for key in ("severity", "action"):
-                if info.get(key):
-                    fields[key] = info[key]
-            fields["pci_bus_id"] = "0000:" + self.fl.pci[int(self.fl.gpu_local[g])][9:14]
-            tags = {**self.gpu_tags[g], "type": "xid", "source": "kmsg"}
-            t_ns = self.start_ns + int(round(t * 1000)) * 1_000_000
-            parts_ev.append(encode("gpu_event", tags, fields, t_ns) + "\n")
-            self._count("gpu_event", 1)
+            parts_ev.extend(self._event_lines(t, g, code, msg, job))
         self.events = []
         writer.write("".join(now_parts) + "".join(parts_ev))
         if late_parts:
@@ -449,6 +436,36 @@ class Generator:
             writer.write(p[1])
             self._count("late", p[2])
         self.pending = [p for p in self.pending if p[0] > ts[-1]]
+
+    def _event_lines(self, t: float, g: int, code: int, msg: str, job: int | None) -> list[str]:
+        """One XID as the agent reports it: the kernel-log line (source=kmsg) and, a moment
+        later, the NVML event (source=nvml, no text); a DBE also raises NVML's ecc_dbe event."""
+        pci = "0000:" + self.fl.pci[int(self.fl.gpu_local[g])][9:14].lower()
+        info = self.xids.get(code, {})
+        sev = {k: info[k] for k in ("severity", "action") if info.get(k)}
+        kmsg: dict[str, object] = {"code": code}
+        if job:
+            kmsg["pid"] = 20000 + job % 40000
+            kmsg["process"] = "python3"
+        kmsg["message"] = msg
+        kmsg.update(sev)
+        kmsg["pci_bus_id"] = pci
+        t_ms = int(round(t * 1000))
+        lag_ms = 40 + (g * 37 + code * 11 + t_ms) % 400  # the event thread's wait loop
+        rows = [
+            ("xid", "kmsg", kmsg, t_ms),
+            ("xid", "nvml", {"code": code, **sev, "pci_bus_id": pci}, t_ms + lag_ms),
+        ]
+        if code == 48:
+            rows.append(
+                ("ecc_dbe", "nvml", {"message": "NVML event ecc_dbe", "pci_bus_id": pci}, t_ms + lag_ms + 1)
+            )
+        out = []
+        for etype, source, fields, ms in rows:
+            tags = {**self.gpu_tags[g], "type": etype, "source": source}
+            out.append(encode("gpu_event", tags, fields, self.start_ns + ms * 1_000_000) + "\n")
+        self._count("gpu_event", len(out))
+        return out
 
     def _count(self, key: str, n: int) -> None:
         self.counts[key] = self.counts.get(key, 0) + n
