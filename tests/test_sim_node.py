@@ -86,6 +86,10 @@ def test_unknown_host_and_from_host(monkeypatch):
     monkeypatch.setenv("GPUFLEET_SIM_SEED", "9")
     node = SimNode.from_host("gpu0012")
     assert node.fleet.n_nodes == 12 and node.fleet.scenario.name == "sdc" and node.fleet.seed == 9
+    monkeypatch.setenv("GPUFLEET_SIM_GPUS_PER_NODE", "4")
+    monkeypatch.setenv("GPUFLEET_SIM_T0", str(T0))
+    node = SimNode.from_host("gpu0002")
+    assert node.fleet.gpn == 4 and node.t0 == T0 and len(node.gpus(T0 + 10)) == 4
     monkeypatch.setenv("GPUFLEET_SIM_SEED", "x")
     with pytest.raises(GpufleetError):
         SimNode.from_host("gpu0001")

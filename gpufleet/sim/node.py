@@ -73,6 +73,7 @@ class SimNode:
 
     @classmethod
     def from_host(cls, host: str) -> SimNode:
+        """A node configured from ``GPUFLEET_SIM_*`` environment variables (see the module doc)."""
         env = os.environ
         scenario = env.get("GPUFLEET_SIM_SCENARIO", "mixed")
         try:
