@@ -109,3 +109,16 @@ def test_driver_reload_is_stale_then_counters_restart():
     assert all(
         y["energy_joules_total"] < x["energy_joules_total"] for x, y in zip(before, after, strict=True)
     )
+
+
+def test_time_going_backwards_replays_from_the_start():
+    """A probe at wall-clock time (days after the fleet's start) must not spoil the fleet's clock."""
+    probe = SimNode("gpu0001", seed=2, scenario="memory", duration="1h", t0=T0)
+    host, gpu, onset = lost_host(probe)
+    node = SimNode(host, seed=2, scenario="memory", duration="1h", t0=T0)
+    assert node.gpus(T0 + 6 * 86400)[gpu]["health"] == "lost"  # far in the future: stepped coarsely
+    early = node.gpus(T0 + 10)
+    assert early[gpu]["health"] == "up" and node.events == []
+    fresh = SimNode(host, seed=2, scenario="memory", duration="1h", t0=T0)
+    assert fresh.gpus(T0 + 10) == early  # the same as never having jumped
+    assert node.gpus(T0 + onset + 20)[gpu]["health"] == "lost"

@@ -61,13 +61,10 @@ class SimNode:
         self.host = host
         self.node = self.fleet.host_index[host]
         self.idx = np.nonzero(self.fleet.gpu_node == self.node)[0]
-        self.state = SimState(self.fleet, self.idx)
-        self.rng = np.random.default_rng(np.random.SeedSequence([seed, 0x40DE, self.node]))
+        self._seed = seed
+        self._reset()
         self.speed = float(speed)
         self.t0 = time.time() if t0 is None else float(t0)
-        self.sim_t = 0.0
-        self.events: list[tuple[float, int, int, str]] = []  # (epoch seconds, gpu index, xid, message)
-        self._last: list[dict] | None = None
         self._rack = int(self.fleet.node_rack[self.node])
         self._reloads = [r for r in self.fleet.driver_reloads if r[0] == self.node]
 
@@ -107,8 +104,10 @@ class SimNode:
     def _advance(self, target: float) -> dict:
         fl = self.fleet
         out = None
+        # at most ~360 sub-steps per call: a long jump is stepped coarsely (the physics is exact)
+        substep = max(MAX_SUBSTEP, (target - self.sim_t) / 360)
         while self.sim_t < target - 1e-9 or out is None:
-            dt = min(MAX_SUBSTEP, target - self.sim_t) if target > self.sim_t else 1e-3
+            dt = min(substep, target - self.sim_t) if target > self.sim_t else 1e-3
             t = self.sim_t + dt
             phase, jobs = fl.phase_at(self.node, np.array([t - dt / 2]))
             phase = np.repeat(phase, len(self.idx))
@@ -125,8 +124,20 @@ class SimNode:
             out = (o, phase, jobs)
         return out
 
+    def _reset(self) -> None:
+        """Back to the start of the timeline (same node, same faults, same noise stream)."""
+        self.state = SimState(self.fleet, self.idx)
+        self.rng = np.random.default_rng(np.random.SeedSequence([self._seed, 0x40DE, self.node]))
+        self.sim_t = 0.0
+        self.events: list[tuple[float, int, int, str]] = []  # (epoch seconds, gpu index, xid, message)
+        self._last: list[dict] | None = None
+
     def gpus(self, t: float) -> list[dict]:
         target = self.sim_time(t)
+        if target < self.sim_t - 1e-6:
+            # time went backwards (e.g. a probe at wall-clock time before the first poll on the
+            # fleet's clock): replay the timeline from its start, deterministically
+            self._reset()
         if self._last is not None and target <= self.sim_t + 1e-9:
             return [dict(d) for d in self._last]
         o, phase, jobs = self._advance(target)
