@@ -29,7 +29,7 @@ ANALYZER = {
 DETECTORS: dict[str, dict] = {
     "thermal_throttle": {
         "min_share": 0.05,
-        "dwell_seconds": 10.0,
+        "dwell_seconds": 0.0,
         "gap_seconds": 35.0,
         "resolve_seconds": 3600.0,
     },

@@ -209,8 +209,8 @@ class Engine:
     def _consolidate(self, rec: Record, st: _State) -> None:
         """A wider incident absorbs narrower ones of its kind that began shortly before it."""
         kind = rec.kind
-        if rec.gpu is not None and rec.link is None and rec.host is not None:
-            return
+        if rec.gpu is not None or rec.link is not None:
+            return  # only node (gpu = null) and rack (host = null) incidents are wider than others
         for other in list(self.states.values()):
             inc = other.incident
             if other is st or inc is None or other.kind != kind:

@@ -247,3 +247,12 @@ def test_build_uses_config_thresholds():
     cfg.detectors["thermal_throttle"]["min_share"] = 0.5
     dets = {d.kind: d for d in build(cfg.detectors)}
     assert dets["thermal_throttle"].min_share == 0.5
+
+
+@pytest.mark.parametrize("kind", sorted(REGISTRY))
+def test_defaults_match_config(kind):
+    got = REGISTRY[kind]().get_params()
+    got.pop("poll_seconds", None)
+    want = {k: (tuple(v) if isinstance(v, list) else v) for k, v in Config().detectors[kind].items()}
+    got = {k: (tuple(v) if isinstance(v, list) else v) for k, v in got.items()}
+    assert got == want

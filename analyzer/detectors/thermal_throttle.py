@@ -30,7 +30,7 @@ def thermal_bits(tab) -> np.ndarray:
 class ThermalThrottle(Detector):
     kind = "thermal_throttle"
 
-    def __init__(self, min_share=0.05, dwell_seconds=10.0, gap_seconds=35.0, resolve_seconds=3600.0):
+    def __init__(self, min_share=0.05, dwell_seconds=0.0, gap_seconds=35.0, resolve_seconds=3600.0):
         self.min_share = min_share
         self.dwell_seconds = dwell_seconds
         self.gap_seconds = gap_seconds
