@@ -93,9 +93,13 @@ class CoolingDegradation(Detector):
         u = temp - np.where(np.isfinite(inlet), inlet, 0.0) - slope * power
         u = np.where(steady, u, np.nan)
         # the common mode per minute and power band (idle vs loaded GPUs move differently)
+        uc = np.where(throttled, np.nan, u)
         inv, ng = buckets(tab.t, 60.0, (nz(power) >= 300).astype(np.int64))
-        med, cnt = group_median(inv, np.where(throttled, np.nan, u), ng)
-        c = np.where(cnt[inv] >= 4, med[inv], np.nan)
+        med, cnt = group_median(inv, uc, ng)
+        # a band with few GPUs in that minute falls back to the whole fleet's median
+        inv_all, ng_all = buckets(tab.t, 60.0)
+        med_all, cnt_all = group_median(inv_all, uc, ng_all)
+        c = np.where(cnt[inv] >= 8, med[inv], np.where(cnt_all[inv_all] >= 4, med_all[inv_all], np.nan))
         return u - c, steady, throttled, temp, power
 
     # ------------------------------------------------------------------ learning

@@ -24,13 +24,15 @@ class MemoryErrors(Detector):
     def __init__(
         self,
         xids=(48, 63, 64, 92, 94, 95),
-        sbe_rate_min=0.05,
+        sbe_count_min=3,
+        sbe_rate_min=0.02,
         sbe_fleet_factor=50.0,
         dwell_seconds=0.0,
         gap_seconds=3600.0,
         resolve_seconds=7200.0,
     ):
         self.xids = xids
+        self.sbe_count_min = sbe_count_min
         self.sbe_rate_min = sbe_rate_min
         self.sbe_fleet_factor = sbe_fleet_factor
         self.dwell_seconds = dwell_seconds
@@ -56,9 +58,11 @@ class MemoryErrors(Detector):
         return self
 
     def _rates(self, tab):
-        d = tab.delta("ecc_corrected_volatile_total")
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return tab.rolling_mean(d / tab.dt(), 120.0)
+        """Single-bit errors per second over the trailing two minutes; 0 unless at least
+        ``sbe_count_min`` arrived in them (a lone background SBE is not a storm)."""
+        d = nz(tab.delta("ecc_corrected_volatile_total"))
+        count = tab.rolling_sum(d, 120.0)
+        return np.where(count >= self.sbe_count_min, count / 120.0, 0.0)
 
     def score(self, window: Window) -> np.ndarray:
         tab = window.gpu

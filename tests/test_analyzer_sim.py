@@ -1,0 +1,52 @@
+"""The analyzer on the simulator's scenarios: a small suite, fresh seeds every run.
+
+Thresholds sit a notch below the targets (0.95 precision and recall per kind, 0.8 for
+cooling_degradation; at most 0.5 false incidents per 1000 GPU-days on healthy and chaos). A failure names its seed; set
+GPUFLEET_TEST_SEED to replay it. The full suite and its table are in bench/bench_analyzer.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+
+import pytest
+
+from analyzer.evaluate import matches
+from gpufleet import records
+from gpufleet.cli import main
+
+SUITE = [("mixed", 8, "3h"), ("chaos", 16, "3h"), ("thermal", 16, "3h"), ("healthy", 16, "3h")]
+
+
+def _seed() -> int:
+    return int(os.environ.get("GPUFLEET_TEST_SEED") or secrets.randbelow(2**31))
+
+
+@pytest.mark.parametrize("scenario,nodes,duration", SUITE, ids=[s[0] for s in SUITE])
+def test_scenario_scores(scenario, nodes, duration, tmp_path, capsys):
+    seed = _seed()
+    out = tmp_path / "sim"
+    assert main(["sim", "--nodes", str(nodes), "--duration", duration, "--step", "10s", "--seed", str(seed),
+                 "--scenario", scenario, "--out", str(out)]) == 0
+    inc = tmp_path / "incidents.jsonl"
+    assert main(["analyze", "--input", str(out / "telemetry.lp.gz"), "--out", str(inc)]) == 0
+    capsys.readouterr()
+    assert main(["eval", "--truth", str(out / "truth.jsonl"), "--incidents", str(inc), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    where = f"{scenario} seed {seed} (GPUFLEET_TEST_SEED={seed} to replay): {json.dumps(res['per_kind'])}"
+    for kind, d in res["per_kind"].items():
+        # cooling_degradation (node/rack scope in fleets of a few racks) is the weakest kind yet
+        bar = 0.8 if kind == "cooling_degradation" else 0.95
+        assert d["precision"] >= bar and d["recall"] >= bar, f"{kind}: {where}"
+    if scenario in ("healthy", "chaos"):
+        assert res["false_per_1000_gpu_days"] <= 0.5, where
+    # hard faults: found within one poll of the data showing them (impact_at: the first mismatching
+    # canary, the XID, the DBE)
+    truth, incs = records.read(out / "truth.jsonl"), records.read(inc)
+    for t in truth:
+        if t.kind in ("sdc", "gpu_lost") or (t.kind == "memory_errors" and t.severity == "critical"):
+            first = min((i.start for i in incs if matches(i, t)), default=None)
+            if first is not None and t.impact_at is not None:
+                assert first - t.impact_at <= 10.0, f"{t.kind} {t.host}/{t.gpu}: {where}"
