@@ -16,15 +16,17 @@ the collector's own conversions run exactly as on hardware. A ``lost`` GPU raise
 
 from __future__ import annotations
 
+import collections
 import math
 import numbers
+import threading
 import time
 import uuid as _uuid
 
 import pynvml
 
 from agent.backends._proctree import ProcTree
-from agent.backends._replay import AnswerBackend, DeviceAnswers
+from agent.backends._replay import AnswerBackend, DeviceAnswers, Handle
 
 _U32, _U64 = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
 _FIELDS = (  # catalogue field -> (NVML field id, value type, factor to NVML units)
@@ -181,8 +183,52 @@ def state_to_answers(s: dict, procs: ProcTree | None = None) -> DeviceAnswers:
     return dev
 
 
+_XID_EVENT, _DBE_EVENT = pynvml.nvmlEventTypeXidCriticalError, pynvml.nvmlEventTypeDoubleBitEccError
+SIM_EVENT_TYPES = _XID_EVENT | _DBE_EVENT  # what a simulated GPU raises: XIDs, and a DBE with XID 48
+
+
+class SimEventData:
+    """What ``nvmlEventSetWait`` gives (the fields of ``c_nvmlEventData_t``), plus ``timestamp_ns``:
+    the event's own time on the node's clock (NVML's events carry no time; the reader stamps
+    them on arrival when this is absent)."""
+
+    __slots__ = ("device", "eventType", "eventData", "gpuInstanceId", "computeInstanceId", "timestamp_ns")
+
+    def __init__(self, device, event_type: int, data: int, timestamp_ns: int):
+        self.device, self.eventType, self.eventData = device, int(event_type), int(data)
+        self.gpuInstanceId = self.computeInstanceId = 0xFFFFFFFF
+        self.timestamp_ns = int(timestamp_ns)
+
+
+class _EventSet:
+    """One ``nvmlEventSetCreate``: registered GPUs (index -> (handle, mask)) and queued events."""
+
+    def __init__(self):
+        self.masks: dict[int, tuple[object, int]] = {}
+        self.queue: collections.deque[SimEventData] = collections.deque()
+        self.cond = threading.Condition()
+
+
 class SimBackend(AnswerBackend):
-    """NVML answered from a node-state source, one snapshot per poll (``begin_poll``)."""
+    """NVML answered from a node-state source, one snapshot per poll (``begin_poll``).
+
+    Time is the poll's own: every collector that uses the backend calls ``begin_poll(now_ns)``
+    with its tick's time (a second call for the same time is free), so a node played on a fleet's
+    clock is seen at that clock's time. Before the first poll (``nvmlInit`` from a collector's
+    constructor) the snapshot is taken at the source's ``t0`` (the start of its timeline) when it
+    has one, else at the wall clock.
+
+    **Events**: a source with an ``events`` list of ``(epoch seconds, gpu index, xid, message)``
+    (:class:`gpufleet.sim.node.SimNode`) is played through NVML's event-set calls
+    (``nvmlEventSetCreate``, ``nvmlDeviceGetSupportedEventTypes``, ``nvmlDeviceRegisterEvents``,
+    ``nvmlEventSetWait[_v2]``, ``nvmlEventSetFree``): an XID (and for XID 48 the double-bit ECC
+    event) is delivered to every set that registered its GPU once the poll time has reached it,
+    stamped with its own time (:class:`SimEventData`). Without ``events`` the calls answer
+    NotSupported.
+
+    **Canary**: a source with ``canary(index, t) -> (passed, mismatches, digest)`` gives a canary
+    engine (:meth:`canary_engine`), so the canary collector reports the node's own verdicts.
+    """
 
     name = "sim"
 
@@ -197,6 +243,9 @@ class SimBackend(AnswerBackend):
         self._procs = ProcTree()
         self.driver_version = "sim"
         self.t: float | None = None
+        self._poll_ns: int | None = None
+        self._event_sets: list[_EventSet] = []
+        self._events_seen: tuple[object, int] = (None, 0)  # (the source's events list, delivered so far)
 
     @property
     def proc_root(self) -> str:
@@ -207,15 +256,131 @@ class SimBackend(AnswerBackend):
 
     def begin_poll(self, now_ns: int | None = None) -> None:
         """Take the node's state at ``now_ns`` (default: now); every answer until the next call
-        comes from this snapshot."""
+        comes from this snapshot. Events up to that time go to the registered event sets."""
+        if now_ns is not None and now_ns == self._poll_ns:
+            return
+        self._poll_ns = now_ns
         self.t = (now_ns / 1e9) if now_ns is not None else self._clock()
         states = sorted(self.source.gpus(self.t), key=lambda s: int(s.get("index", 0)))
         self.devices = [state_to_answers(s, self._procs) for s in states]
+        self._deliver_events()
 
     def nvmlInit(self):
         super().nvmlInit()
         if self.t is None:
-            self.begin_poll()
+            t0 = getattr(self.source, "t0", None)
+            self.begin_poll(int(t0 * 1e9) if isinstance(t0, numbers.Real) else None)
+
+    # -- events ----------------------------------------------------------------------------
+    def _deliver_events(self) -> None:
+        evs = getattr(self.source, "events", None)
+        if evs is None:
+            return
+        seen, done = self._events_seen
+        if evs is not seen:  # a new timeline (the node replayed from its start)
+            done = 0
+        n = done
+        while n < len(evs) and evs[n][0] <= self.t + 1e-6:
+            n += 1
+        new = evs[done:n]
+        self._events_seen = (evs, n)
+        for es in list(self._event_sets):
+            with es.cond:
+                for t, idx, code, _msg in new:
+                    reg = es.masks.get(int(idx))
+                    if reg is None:
+                        continue
+                    handle, mask = reg
+                    t_ns = int(round(t * 1e9))
+                    if mask & _XID_EVENT:
+                        es.queue.append(SimEventData(handle, _XID_EVENT, code, t_ns))
+                    if int(code) == 48 and mask & _DBE_EVENT:
+                        es.queue.append(SimEventData(handle, _DBE_EVENT, 0, t_ns))
+                es.cond.notify_all()
+
+    def _events_supported(self) -> None:
+        if getattr(self.source, "events", None) is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlEventSetCreate(self):
+        self._events_supported()
+        es = _EventSet()
+        self._event_sets.append(es)
+        return es
+
+    def nvmlEventSetFree(self, eventSet):
+        if eventSet in self._event_sets:
+            self._event_sets.remove(eventSet)
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle):
+        self._device(handle)
+        self._events_supported()
+        return SIM_EVENT_TYPES
+
+    def nvmlDeviceRegisterEvents(self, handle, eventTypes, eventSet):
+        self._device(handle)
+        if not isinstance(eventSet, _EventSet):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        mask = int(eventTypes)
+        if mask & ~SIM_EVENT_TYPES:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        with eventSet.cond:
+            eventSet.masks[handle.index] = (handle, mask)
+
+    def nvmlEventSetWait_v2(self, eventSet, timeoutms):
+        """The next event, waiting up to ``timeoutms`` of wall time; NVMLError_Timeout if none."""
+        with eventSet.cond:
+            if not eventSet.queue:
+                eventSet.cond.wait(max(0.0, timeoutms / 1000.0))
+            if not eventSet.queue:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+            return eventSet.queue.popleft()
+
+    nvmlEventSetWait = nvmlEventSetWait_v2
+
+    # -- canary ----------------------------------------------------------------------------
+    def canary_engine(self):
+        """A canary engine answering from the source's ``canary(index, t)``, or None."""
+        if not callable(getattr(self.source, "canary", None)):
+            return None
+        return SimCanaryEngine(self)
+
+
+class SimCanaryEngine:
+    """The SDC canary of a simulated node: each check is the node's own verdict
+    ``source.canary(index, t)`` at the check's time, so a GPU the fleet corrupts fails its checks.
+
+    A *verdict engine* (see :mod:`agent.collectors.canary`): ``devices()`` and
+    ``check(dev, size, now_ns) -> fields``, no GEMM of its own.
+    """
+
+    name = "sim"
+
+    def __init__(self, backend: SimBackend):
+        self.backend = backend
+        self.version = f"sim-{type(backend.source).__name__}"
+
+    def devices(self) -> list[dict]:
+        out = []
+        for i, dev in enumerate(self.backend.devices):
+            a = dev.answers
+            d = {"index": int(a.get("nvmlDeviceGetIndex", i)), "label": str(a.get("nvmlDeviceGetIndex", i)),
+                 "model": str(a.get("nvmlDeviceGetName", "unknown"))}
+            bus = (a.get("nvmlDeviceGetPciInfo") or {}).get("busId")
+            if bus:
+                dom, b, slot = str(bus).lower().split(".")[0].split(":")[-3:]
+                d["pci"] = (int(dom, 16), int(b, 16), int(slot, 16))
+            out.append(d)
+        return out
+
+    def check(self, dev: dict, size: int, now_ns: int) -> dict:
+        """The node's verdict for GPU ``dev`` at ``now_ns``: passed, mismatches, digest, duration."""
+        t0 = time.perf_counter()
+        self.backend.begin_poll(now_ns)
+        self.backend._device(Handle(int(dev["index"])))  # a lost GPU answers nothing: NVMLError
+        passed, mismatches, digest = self.backend.source.canary(int(dev["index"]), now_ns / 1e9)
+        return {"passed": int(passed), "mismatches": int(mismatches), "digest": str(digest),
+                "duration_seconds": time.perf_counter() - t0}
 
 
 class TinyNode:

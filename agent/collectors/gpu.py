@@ -216,6 +216,7 @@ class _Gpu:
         self.state = "up"
         self.retry_at = 0.0
         self.worker: _Worker | None = None
+        self.job_tags: dict[str, str] = {}  # operator-chosen job tags, from the last slow poll
 
     @property
     def tags(self) -> dict[str, str]:
@@ -231,8 +232,14 @@ class GpuCollector:
     ``nvlink``: read per-link NVLink state and counters; ``nvlink_interval_s``: their cadence (on
     the first poll and then at most this often; 0 = every poll; the counters are cumulative, so
     no error is lost, only resolution); ``jobs``: attribute GPUs to jobs; ``interval``: the agent's
-    poll period, when known: the deadline is at most half of it; ``config``: the agent config,
-    whose ``[gpu]`` section (``nvlink_interval``) overrides the keyword defaults.
+    poll period, when known: the deadline is at most half of it; ``job_tags``: low-cardinality job
+    labels to add as tags of the ``gpu`` row (``scheduler``, ``namespace``, ``partition``, ``user``;
+    see :func:`agent.jobs.job_tags`; empty: none); ``config``: the agent config, whose ``[gpu]``
+    section (``nvlink_interval``, ``job_tags``) overrides the keyword defaults.
+
+    Cadences (slow tier, NVLink, retries) follow the tick's time, ``now_ns`` (a node played on a
+    simulated fleet's clock keeps them in fleet time; time going backwards restarts them);
+    ``clock`` (seconds), when given, is used instead.
     """
 
     name = "gpu"
@@ -240,7 +247,7 @@ class GpuCollector:
     def __init__(self, backend="nvml", *, slow_interval_s: float = 60.0, deadline_s: float = 2.0,
                  retry_s: float = 30.0, nvlink: bool = True, nvlink_interval_s: float = 30.0,
                  jobs: bool = True, interval: float | None = None, config: dict | None = None,
-                 clock=time.monotonic):
+                 job_tags=(), clock=None):
         if isinstance(backend, str):
             from agent.backends import get_backend
 
@@ -256,7 +263,11 @@ class GpuCollector:
         self.nvlink_interval_s = float(gcfg.get("nvlink_interval", nvlink_interval_s))
         self._next_links = 0.0
         self.jobs = jobs
+        from agent.jobs import check_tag_keys
+
+        self.job_tags = check_tag_keys(gcfg.get("job_tags", job_tags)) if jobs else ()
         self._clock = clock
+        self._last_now: float | None = None
         self._gpus: list[_Gpu] | None = None
         self._init_error: str | None = None
         self._init_retry_at = 0.0
@@ -272,10 +283,9 @@ class GpuCollector:
                 self._resolve_job = None
 
     # -- lifecycle ---------------------------------------------------------------------------
-    def _ensure_init(self) -> list[_Gpu]:
+    def _ensure_init(self, now: float) -> list[_Gpu]:
         if self._gpus is not None:
             return self._gpus
-        now = self._clock()
         if self._init_error and now < self._init_retry_at:
             raise CollectorUnavailable(self._init_error)
         B = self.backend
@@ -405,7 +415,8 @@ class GpuCollector:
             pids = self._read_slow(g, f)
         f["up"] = 1
         f["health_code"] = 0
-        out = [Sample("gpu", g.tags, f, now_ns, extra={"pci_bus_id": g.pci_bus_id, "pids": pids})]
+        tags = {**g.tags, **g.job_tags} if g.job_tags else g.tags
+        out = [Sample("gpu", tags, f, now_ns, extra={"pci_bus_id": g.pci_bus_id, "pids": pids})]
         if self.nvlink and (links or g.links is None):
             out.extend(self._read_nvlink(g, now_ns))
         return out
@@ -491,6 +502,15 @@ class GpuCollector:
                 job = None
             if job:
                 f["job_id"] = str(job)
+        if self.job_tags:
+            g.job_tags = {}
+            if pids and proc_root:
+                from agent.jobs import job_tags
+
+                try:
+                    g.job_tags = job_tags(pids, self.job_tags, proc_root=proc_root)
+                except OSError as exc:
+                    log.debug("gpu %d: job tags lookup failed: %s", g.index, exc)
         return pids
 
     def _read_nvlink(self, g: _Gpu, now_ns: int) -> list[Sample]:
@@ -580,17 +600,22 @@ class GpuCollector:
             g.handle = None  # ask for a fresh handle on retry
 
     def _down_row(self, g: _Gpu, now_ns: int) -> Sample:
-        return Sample("gpu", g.tags, {"up": 0, "health_code": HEALTH[g.state]}, now_ns,
+        return Sample("gpu", {**g.tags, **g.job_tags}, {"up": 0, "health_code": HEALTH[g.state]}, now_ns,
                       extra={"pci_bus_id": g.pci_bus_id})
 
     def collect(self, now_ns: int | None = None) -> list[Sample]:
         if now_ns is None:
             now_ns = time.time_ns()
-        gpus = self._ensure_init()
+        now = self._clock() if self._clock is not None else now_ns / 1e9
+        if self._last_now is not None and now < self._last_now:  # time went backwards: restart cadences
+            self._next_slow = self._next_links = self._init_retry_at = 0.0
+            for g in self._gpus or ():
+                g.retry_at = min(g.retry_at, now)
+        self._last_now = now
         begin = getattr(self.backend, "begin_poll", None)
-        if begin is not None:
+        if begin is not None:  # the snapshot first: GPUs are identified at the tick's time
             begin(now_ns)
-        now = self._clock()
+        gpus = self._ensure_init(now)
         slow = now >= self._next_slow
         if slow:
             self._next_slow = now + self.slow_interval_s
