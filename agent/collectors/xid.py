@@ -28,9 +28,11 @@ from __future__ import annotations
 import collections
 import ctypes
 import errno
+import logging
 import os
 import queue
 import re
+import shutil
 import stat
 import subprocess
 import threading
@@ -43,6 +45,7 @@ from agent.model import Sample, register
 from gpufleet.errors import ConfigError, GpufleetError
 
 CATALOGUE = Path(__file__).resolve().parent.parent / "xid_catalogue.toml"
+log = logging.getLogger(__name__)
 
 
 @cache
@@ -236,6 +239,38 @@ class LogSource:
         self._fd = None
 
 
+def open_kernel_log(path: str, replay: bool = False) -> LogSource | None:
+    """The kernel-log source for ``path``, tail started now.
+
+    ``/dev/kmsg`` (or any path) that cannot be opened for want of permission (EPERM/EACCES: no
+    ``CAP_SYSLOG`` with ``kernel.dmesg_restrict = 1``, or a sandboxing systemd unit) falls back to
+    the journal (``journalctl -k -f``) with a one-line warning, and to None (no kernel-log path; the
+    NVML events go on) when ``journalctl`` is not there either. Any other error is left to the
+    first ``collect``, where it fails the collector with one line.
+    """
+    src = LogSource(path, replay=replay)
+    try:
+        src.read_available(limit=0)
+        return src
+    except PermissionError as exc:
+        src.close()
+        why = exc.strerror or "permission denied"
+    except OSError:
+        return src
+    if path != "journal" and shutil.which("journalctl"):
+        j = LogSource("journal")
+        try:
+            j.read_available(limit=0)
+            log.warning("xid: cannot read %s (%s); reading the kernel log from the journal "
+                        "(journalctl -k -f)", path, why)
+            return j
+        except OSError:
+            j.close()
+    log.warning("xid: cannot read %s (%s) and no journal; kernel-log XIDs are off, NVML events only",
+                path, why)
+    return None
+
+
 # ------------------------------------------------------------------------------ NVML events
 def _nvml_event_types() -> dict[int, str]:
     import pynvml
@@ -325,7 +360,7 @@ class NvmlEventThread(threading.Thread):
                 if self.stop_event.wait(min(30.0, 0.5 * 2 ** min(errors, 6))):
                     break
                 continue
-            now = time.time_ns()
+            now = getattr(data, "timestamp_ns", None) or time.time_ns()  # a backend's own event time
             etype = int(data.eventType)
             idx = keys.get(_handle_key(data.device))
             if idx is None:
@@ -368,12 +403,7 @@ class XidCollector:
             raise ConfigError(f"xid.kmsg: {kmsg} does not exist")
         self.backend = backend
         self.max_events = int(max_events)
-        self.source = LogSource(kmsg, replay=replay) if kmsg else None
-        if self.source is not None:
-            try:  # the tail starts now; an unreadable source fails in collect, as a failed collector
-                self.source.read_available(limit=0)
-            except OSError:
-                pass
+        self.source = open_kernel_log(kmsg, replay) if kmsg else None
         self._queue: queue.Queue = queue.Queue()
         self._pending: collections.deque = collections.deque()
         self._gpus: dict[str, dict] = {}  # pci -> {gpu, uuid, model}
@@ -386,6 +416,8 @@ class XidCollector:
         if nvml_events and backend is not None and self._handles:
             self.thread = NvmlEventThread(backend, self._handles, self._queue, wait_ms=wait_ms)
             self.thread.start()
+            self.thread.ready.wait(2.0)  # registered before the first poll: no event falls between
+        self._kmsg = kmsg
 
     def _map_gpus(self) -> None:
         b = self.backend
@@ -446,6 +478,9 @@ class XidCollector:
         return Sample("gpu_event", tags, fields, t_ns)
 
     def collect(self, now_ns: int) -> list[Sample]:
+        if self.source is None and (self.thread is None or not self.thread.registered):
+            raise GpufleetError(f"xid: no event source (kernel log {self._kmsg or 'off'}: unavailable; "
+                                f"NVML events: {self.nvml_status})")
         out: list[Sample] = []
         while True:
             try:
