@@ -15,7 +15,13 @@ for bit with
 Engines, imported lazily and never required: ``torch`` (CUDA), ``cupy``, or ``numpy`` on the CPU
 (machines without a GPU run the same logic there; the rows carry ``gpu="cpu"``). ``standin``
 runs each NVML GPU's check on the CPU with numpy (simulated fleets, tests): gating, budgets and
-comparisons as for a real GPU.
+comparisons as for a real GPU. An NVML backend may bring its own engine (``backend.canary_engine()``,
+used by ``engine = "auto"`` before the others, or named with ``"backend"``): a *verdict engine*
+with ``devices()`` and ``check(dev, size, now_ns) -> fields`` (``passed``, ``mismatches``,
+``digest``, ``duration_seconds``) whose answer is the check; the simulated node's is one.
+
+Time: intervals, back-offs and the duty-cycle budget follow the ticks' ``now_ns`` (a simulated
+fleet's clock, too); an injected ``clock`` is used instead when given.
 
 It never disturbs real work: a GPU is checked only when NVML shows it idle (no compute process,
 utilization <= ``idle_util``); when busy, only a ``busy_size`` GEMM (default: none) runs, and only
@@ -218,12 +224,26 @@ class CupyEngine(TorchEngine):
 
 
 ENGINES = {"numpy": NumpyEngine, "torch": TorchEngine, "cupy": CupyEngine}
+LOST = "GPU lost"
+_GPU_IS_LOST = 15  # NVML_ERROR_GPU_IS_LOST
+
+
+def backend_engine(backend, name: str):
+    """The NVML backend's own canary engine (``backend.canary_engine()``, e.g. a simulated node's),
+    for ``engine = "auto"`` or ``"backend"``; None when it has none (``"backend"``: an error)."""
+    if name not in ("auto", "backend"):
+        return None
+    maker = getattr(backend, "canary_engine", None) if backend is not None else None
+    eng = maker() if callable(maker) else None
+    if eng is None and name == "backend":
+        raise ConfigError("canary.engine: backend: the NVML backend has no canary engine")
+    return eng
 
 
 def make_engine(name: str):
     """``auto``: torch with CUDA, else cupy, else numpy (the CPU)."""
     if name not in ("auto", *ENGINES):
-        raise ConfigError(f"canary.engine: {name!r} is not auto, torch, cupy or numpy")
+        raise ConfigError(f"canary.engine: {name!r} is not auto, backend, torch, cupy or numpy")
     if name != "auto":
         try:
             return ENGINES[name]()
@@ -265,13 +285,13 @@ class CanaryCollector:
                  duty: float = 0.001, idle_util: float = 5.0, busy_size: int = 0,
                  busy_backoff: float = 600.0, reference: str = "", reference_refresh: float = 3600.0,
                  state_dir: str = "", standin: bool = False, config: dict | None = None,
-                 clock=time.monotonic):
+                 clock=None):
         from agent.collectors.ipmi import section_options
 
         o = section_options(config, "canary", CanaryCollector.__init__, locals())
         if o:
             return self.__init__(**o, clock=clock)
-        self.engine = make_engine(engine)
+        self.engine = backend_engine(backend, engine) or make_engine(engine)
         self.standin = bool(standin)
         gpu = self.engine.name != "numpy"
         self.size = int(size) or (4096 if gpu else 256)
@@ -286,7 +306,8 @@ class CanaryCollector:
         self.busy_backoff = float(busy_backoff)
         self.backend = backend
         self._clock = clock
-        self._t0 = clock()
+        self._tick = time.time()  # the last collect's time (seconds), when following the ticks
+        self._t0: float | None = clock() if clock is not None else None  # None: set by the first collect
         self._spent = 0.0  # seconds of checks so far (duty-cycle budget)
         self._cost: dict[int, float] = {}  # size -> duration of the last check of that size
         self._next: dict[str, float] = {}
@@ -294,7 +315,7 @@ class CanaryCollector:
         self._inject: tuple[int, int] | None = None
         self.reference_src, self.reference_refresh = reference, float(reference_refresh)
         self._refs = load_reference(reference)
-        self._refs_at = clock()
+        self._refs_at = self._now
         self.state_dir = Path(state_dir) if state_dir else None
         if self.state_dir:
             self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -368,8 +389,9 @@ class CanaryCollector:
             procs = b.nvmlDeviceGetComputeRunningProcesses(h)
             if procs:
                 return f"{len(procs)} compute process(es)"
-        except Exception:  # noqa: BLE001 - unknown: judge by utilization alone
-            pass
+        except Exception as exc:  # noqa: BLE001 - unknown: judge by utilization alone
+            if getattr(exc, "value", None) == _GPU_IS_LOST:
+                return LOST
         try:
             util = b.nvmlDeviceGetUtilizationRates(h).gpu
             if util > self.idle_util:
@@ -383,9 +405,23 @@ class CanaryCollector:
         self._inject = (int(count), int(bit))
 
     # ---------------------------------------------------------------------------- checks
-    def run_check(self, dev: dict, size: int) -> dict:
+    def run_check(self, dev: dict, size: int, now_ns: int | None = None) -> dict:
         """One check on one device now; returns the catalogue fields (and ``extra``)."""
         eng = self.engine
+        if hasattr(eng, "check"):  # a verdict engine (a backend's): its answer is the check
+            fields = dict(eng.check(dev, size, time.time_ns() if now_ns is None else now_ns))
+            if self._inject is not None:
+                count, _bit = self._inject
+                self._inject = None
+                fields["mismatches"] = int(fields.get("mismatches") or 0) + count
+                fields["passed"] = 0
+                flipped = f"{fields.get('digest')}:flipped{count}".encode()
+                fields["digest"] = hashlib.sha256(flipped).hexdigest()
+            ref = self._reference(dev, size)
+            if ref is not None and "digest" in fields:
+                fields["reference_match"] = int(ref == fields["digest"])
+                fields["passed"] = int(bool(fields.get("passed")) and ref == fields["digest"])
+            return fields
         t0 = time.perf_counter()
         out = eng.gemm(dev, size, self.dtype, self.seed)
         if self._inject is not None:
@@ -423,12 +459,13 @@ class CanaryCollector:
         return fields
 
     def _reference(self, dev, size) -> str | None:
-        if self.reference_src and self._clock() - self._refs_at > self.reference_refresh:
+        now = self._now
+        if self.reference_src and now - self._refs_at > self.reference_refresh:
             try:
                 self._refs = load_reference(self.reference_src)
             except ConfigError:
                 pass  # keep the last good set
-            self._refs_at = self._clock()
+            self._refs_at = now
         return self._refs.get(self.key(dev, size))
 
     def _state_path(self, k: str) -> Path | None:
@@ -455,15 +492,26 @@ class CanaryCollector:
             np.savez(tmp, digest=np.array(digest), result=host)
             tmp.replace(p)
 
+    @property
+    def _now(self) -> float:
+        return self._clock() if self._clock is not None else self._tick
+
     def collect(self, now_ns: int) -> list[Sample]:
+        self._tick = now_ns / 1e9
+        if self._t0 is None:
+            self._t0 = self._refs_at = self._now
         out = []
         for dev in self.devices:
             label = dev["label"]
-            now = self._clock()
+            now = self._now
             if now < self._next.get(label, 0.0):
                 continue
             busy = self._busy(dev)
             size = self.size
+            if busy == LOST:
+                self.skipped[label] = busy
+                self._next[label] = now + self.busy_backoff
+                continue
             if busy:
                 if not self.busy_size:
                     self.skipped[label] = f"busy: {busy}"
@@ -476,10 +524,17 @@ class CanaryCollector:
             if budget <= self._cost.get(size, 0.0):
                 self.skipped[label] = "duty-cycle budget spent"
                 continue
-            fields = self.run_check(dev, size)
+            try:
+                fields = self.run_check(dev, size, now_ns)
+            except ConfigError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - one GPU's failed check never stops the others
+                self.skipped[label] = f"check failed: {exc}"
+                self._next[label] = now + self.busy_backoff
+                continue
             self._spent += float(fields["duration_seconds"])
             self._cost[size] = float(fields["duration_seconds"])
-            self._next[label] = self._clock() + (self.busy_backoff if busy else self.interval)
+            self._next[label] = self._now + (self.busy_backoff if busy else self.interval)
             self.skipped.pop(label, None)
             tags = {"gpu": label}
             ident = dev.get("nvml") or {}
