@@ -37,7 +37,7 @@ DETECTORS: dict[str, dict] = {
     "cooling_degradation": {
         "min_power_watts": 50.0,
         "min_learn_samples": 120,
-        "excess_celsius": 5.0,
+        "excess_celsius": 6.0,
         "sigma": 4.0,
         "fleet_spread_celsius": 0.0,
         "smooth_seconds": 120.0,

@@ -1,7 +1,8 @@
 """The analyzer on the simulator's scenarios: a small suite, fresh seeds every run.
 
 Thresholds sit a notch below the targets (0.95 precision and recall per kind, 0.8 for
-cooling_degradation; at most 0.5 false incidents per 1000 GPU-days on healthy and chaos). A failure names its seed; set
+cooling_degradation; at most 0.5 false incidents per 1000 GPU-days on healthy and chaos). A failure
+names its seed; set
 GPUFLEET_TEST_SEED to replay it. The full suite and its table are in bench/bench_analyzer.py.
 """
 

@@ -2,7 +2,8 @@
 
 Reads gpu.temperature_gpu_celsius, power_watts, temperature_slowdown_celsius and the thermal
 clock-event flags, plus a host's inlet temperature where bmc_sensor reports one (a sensor
-whose name contains "inlet"). Model, per GPU: ``T - inlet - b*P - c(t) = a_i + noise`` with a
+whose name contains "inlet"). Model, per GPU: ``T - dInlet - b*P - c(t) = a_i + noise`` (dInlet: the
+inlet's deviation from the host's usual inlet, 0 when unknown) with a
 pooled slope ``b`` (°C/W), the fleet's common mode ``c(t)`` (median over GPUs in the same minute
 and power band: fleet-wide inlet swings cancel) and a per-GPU offset ``a_i`` learned robustly
 (median, MAD) over the GPU's first ``min_learn_samples`` steady samples. The excess over that
@@ -32,7 +33,7 @@ class CoolingDegradation(Detector):
         self,
         min_power_watts=50.0,
         min_learn_samples=120,
-        excess_celsius=5.0,
+        excess_celsius=6.0,
         sigma=4.0,
         fleet_spread_celsius=0.0,
         smooth_seconds=120.0,
@@ -90,7 +91,13 @@ class CoolingDegradation(Detector):
         throttled = thermal_bits(tab) > 0
         inlet = self._inlet(window)
         slope = getattr(self, "slope_", DEFAULT_SLOPE)
-        u = temp - np.where(np.isfinite(inlet), inlet, 0.0) - slope * power
+        # the inlet enters as its deviation from the host's usual inlet, so a host whose inlet
+        # readings come and go (late, missing, a BMC that answers sometimes) does not jump by 25 °C
+        node = window.node_of[tab.ent] if len(tab) else np.zeros(0, np.int64)
+        refs = getattr(self, "inlet_ref_", {})
+        ref = np.array([refs.get(h, np.nan) for h in node.tolist()])
+        dev = np.where(np.isfinite(inlet) & np.isfinite(ref), inlet - ref, 0.0)
+        u = temp - dev - slope * power
         u = np.where(steady, u, np.nan)
         # the common mode per minute and power band (idle vs loaded GPUs move differently)
         uc = np.where(throttled, np.nan, u)
@@ -107,6 +114,15 @@ class CoolingDegradation(Detector):
         tab = window.gpu
         if not hasattr(self, "slope_"):
             self.slope_ = self._fit_slope(window)
+        self.inlet_ref_ = getattr(self, "inlet_ref_", {})
+        bmc = window.bmc
+        if len(bmc) and "inlet" in bmc.cols:
+            v = bmc.cols["inlet"]
+            for h in np.unique(bmc.ent).tolist():
+                if h not in self.inlet_ref_:
+                    x = v[(bmc.ent == h) & np.isfinite(v)]
+                    if len(x) >= 10:
+                        self.inlet_ref_[h] = float(np.median(x))
         self.samples_ = getattr(self, "samples_", {})
         self.offset_ = getattr(self, "offset_", {})
         self.scale_ = getattr(self, "scale_", {})
