@@ -21,6 +21,9 @@ from urllib.parse import urlsplit, urlunsplit
 from gpufleet.errors import ConfigError
 
 EXPORTERS = ("file", "influx", "otlp")
+STATE_DIR = "/var/lib/gpufleet-agent"  # the systemd unit's StateDirectory: the one place it may write
+COLLECTOR_SECTIONS = ("ipmi", "xid", "canary")
+JOB_TAG_KEYS = ("scheduler", "namespace", "partition", "user")  # agent.jobs.TAG_KEYS
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|KB|MB|GB)?\s*$")
 _SIZE_UNITS = {None: 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "KB": 10**3, "MB": 10**6,
@@ -32,7 +35,7 @@ RESERVED_LABELS = {"host", "gpu", "uuid", "model", "link", "type", "source", "se
 
 @dataclass(frozen=True)
 class Spec:
-    kind: str  # str | bool | int | duration | size | choice | strlist | path
+    kind: str  # str | bool | int | float | duration | size | choice | strlist | path
     default: object
     lo: float | None = None
     hi: float | None = None
@@ -53,9 +56,10 @@ SCHEMA: dict[str, dict[str, Spec]] = {
     "labels": {},  # free-form operator labels: name = "value"
     "gpu": {
         "nvlink_interval": Spec("duration", 30.0, 0.0, 3600.0),
+        "job_tags": Spec("strlist", [], choices=JOB_TAG_KEYS),
     },
     "file": {
-        "dir": Spec("path", "/var/lib/gpufleet/telemetry"),
+        "dir": Spec("path", f"{STATE_DIR}/telemetry"),
         "segment_bytes": Spec("size", 64 * 2**20, 4096, 2**40),
         "segment_age": Spec("duration", 3600.0, 1.0, 7 * 86400.0),
         "compress": Spec("bool", True),
@@ -87,12 +91,64 @@ SCHEMA: dict[str, dict[str, Spec]] = {
         "insecure": Spec("bool", True),
     },
     "spool": {
-        "dir": Spec("path", "/var/lib/gpufleet/spool"),
+        "dir": Spec("path", f"{STATE_DIR}/spool"),
         "max_bytes": Spec("size", 512 * 2**20, 65536, 2**50),
         "segment_bytes": Spec("size", 4 * 2**20, 4096, 2**31),
         "fsync": Spec("bool", False),
     },
+    # The sections of the ipmi, xid and canary collectors: their constructor's keyword arguments
+    # (docs/sources.md), passed to the collector when it is listed in agent.collectors.
+    "ipmi": {
+        "host": Spec("str", ""),
+        "port": Spec("int", 623, 1, 65535),
+        "username": Spec("str", ""),
+        "password_file": Spec("path", ""),
+        "password_env": Spec("str", ""),
+        "privilege": Spec("choice", "", choices=("", "USER", "OPERATOR", "ADMIN")),
+        "driver": Spec("str", ""),
+        "workarounds": Spec("str", ""),
+        "deadline": Spec("duration", 4.0, 0.1, 60.0),
+        "backoff_min": Spec("duration", 10.0, 0.01, 86400.0),
+        "backoff_max": Spec("duration", 300.0, 0.01, 86400.0),
+        "sel": Spec("bool", True),
+        "sel_every": Spec("int", 6, 1, 100000),
+        "dcmi": Spec("bool", True),
+        "cache_dir": Spec("path", ""),
+    },
+    "xid": {
+        "kmsg": Spec("path", "/dev/kmsg"),
+        "nvml_events": Spec("bool", True),
+        "replay": Spec("bool", False),
+        "max_events": Spec("int", 1000, 1, 1_000_000),
+        "wait_ms": Spec("int", 500, 10, 60_000),
+    },
+    "canary": {
+        "engine": Spec("choice", "auto", choices=("auto", "backend", "torch", "cupy", "numpy")),
+        "interval": Spec("duration", 3600.0, 1.0, 30 * 86400.0),
+        "size": Spec("int", 0, 0, 32768),
+        "dtype": Spec("choice", "", choices=("", "float32", "float16", "bfloat16")),
+        "seed": Spec("int", 20261126, 0, 2**63 - 1),
+        "memory_bytes": Spec("size", 0, 0, 2**40),
+        "idle_util": Spec("float", 5.0, 0.0, 100.0),
+        "busy_size": Spec("int", 0, 0, 32768),
+        "duty": Spec("float", 0.001, 1e-9, 1.0),
+        "busy_backoff": Spec("duration", 600.0, 0.0, 30 * 86400.0),
+        "reference": Spec("str", ""),
+        "reference_refresh": Spec("duration", 3600.0, 1.0, 30 * 86400.0),
+        "state_dir": Spec("path", f"{STATE_DIR}/canary"),
+        "standin": Spec("bool", False),
+    },
 }
+# config section -> collector keyword, where the names differ
+COLLECTOR_ALIASES = {"ipmi": {"host": "bmc_host", "port": "bmc_port"}}
+
+
+def collector_options(cfg: dict, name: str) -> dict[str, object]:
+    """The validated ``[name]`` section as the collector's keyword arguments ({} when none)."""
+    if name not in COLLECTOR_SECTIONS:
+        return {}
+    aliases = COLLECTOR_ALIASES.get(name, {})
+    return {aliases.get(k, k): v for k, v in (cfg.get(name) or {}).items()}
 
 
 def _bad(key: str, why: str) -> ConfigError:
@@ -150,6 +206,10 @@ def _check(key: str, spec: Spec, v: object) -> object:
         if not isinstance(v, int) or isinstance(v, bool):
             raise _bad(key, f"expected an integer, got {v!r}")
         out: float = v
+    elif k == "float":
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            raise _bad(key, f"expected a number, got {v!r}")
+        out = float(v)
     elif k == "duration":
         out = _duration(key, v)
     elif k == "size":
@@ -227,6 +287,13 @@ def _cross_check(c: dict[str, dict[str, object]]) -> None:
         raise _bad("agent.sim_node", "needs backend = \"sim\"")
     if ix["backoff_min"] > ix["backoff_max"]:
         raise _bad("influx.backoff_min", "is larger than influx.backoff_max")
+    if c["ipmi"]["backoff_min"] > c["ipmi"]["backoff_max"]:
+        raise _bad("ipmi.backoff_min", "is larger than ipmi.backoff_max")
+    if c["ipmi"]["password_file"] and c["ipmi"]["password_env"]:
+        raise _bad("ipmi.password_file", "give password_file or password_env, not both")
+    for key in ("size", "busy_size"):
+        if 0 < c["canary"][key] < 16:
+            raise _bad(f"canary.{key}", f"{c['canary'][key]} is outside 16..32768 (0: the default)")
     if "influx" in a["exporters"]:
         url = ix["url"]
         try:

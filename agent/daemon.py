@@ -66,8 +66,15 @@ def _load_collector(name: str, load):
         raise ConfigError(f"config key 'agent.collectors': cannot load {name!r}: {exc}") from None
 
 
+# collectors that read NVML through the shared backend
+NVML_COLLECTORS = ("gpu", "xid", "canary")
+
+
 class Agent:
     """Everything one configuration builds: collectors, pipeline, exporters, spool, sender."""
+
+    backend = None
+    _backend_inited = False
 
     def __init__(self, cfg: dict):
         from agent.pipeline import Pipeline
@@ -135,19 +142,29 @@ class Agent:
         a = cfg["agent"]
         backend = None
         sim_node = None
-        needs_backend = any(n in ("gpu",) for n in a["collectors"])
-        if needs_backend:
+        needs_backend = any(n in NVML_COLLECTORS for n in a["collectors"])
+        if needs_backend:  # one NVML backend, shared by every collector that reads NVML
             from agent.backends import get_backend
 
             if a["sim_node"]:
                 sim_node = _make_sim_node(a["sim_node"])
             backend = get_backend(a["backend"], sim_node=sim_node)
+            try:  # initialised once for all (NVML counts its inits); the gpu collector reports failures
+                backend.nvmlInit()
+                self._backend_inited = True
+            except Exception as exc:  # noqa: BLE001 - no driver: the collectors say so themselves
+                log.debug("NVML backend init: %s", exc)
+        self.backend = backend
         out = []
         for name in a["collectors"]:
             cls = _load_collector(name, load)
+            opts = agent_config.collector_options(cfg, name)
+            generic = {"backend": backend, "host": self.host, "hostname": self.host, "config": cfg,
+                       "interval": self.interval}
+            if opts:  # the collector's own section: its keys win, the config is not passed again
+                generic = {k: v for k, v in generic.items() if k not in opts and k != "config"}
             try:
-                out.append(_construct(cls, backend=backend, host=self.host, hostname=self.host,
-                                      config=cfg, interval=self.interval))
+                out.append(_construct(cls, **generic, **opts))
             except GpufleetError:
                 raise
             except Exception as exc:
@@ -157,6 +174,12 @@ class Agent:
     # ------------------------------------------------------------------ one tick
     def tick(self, now_ns: int | None = None) -> bool:
         now_ns = time.time_ns() if now_ns is None else now_ns
+        begin = getattr(self.backend, "begin_poll", None)
+        if begin is not None:  # one snapshot of a simulated/recorded node per tick, for all collectors
+            try:
+                begin(now_ns)
+            except Exception as exc:  # noqa: BLE001 - the gpu collector reports the backend's failures
+                log.debug("backend begin_poll: %s", exc)
         samples: list[Sample] = []
         ok_any = not self.collectors
         t_all = time.perf_counter()
@@ -234,6 +257,12 @@ class Agent:
                     close()
                 except Exception as exc:
                     log.debug("collector close: %s", exc)
+        if self._backend_inited:
+            self._backend_inited = False
+            try:
+                self.backend.nvmlShutdown()
+            except Exception as exc:  # noqa: BLE001 - best effort at shutdown
+                log.debug("NVML shutdown: %s", exc)
         try:
             self.pipeline.shutdown()
         except Exception as exc:
