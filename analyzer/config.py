@@ -71,7 +71,7 @@ DETECTORS: dict[str, dict] = {
     "sdc": {"dwell_seconds": 0.0, "gap_seconds": 86400.0, "resolve_seconds": 86400.0},
     "memory_errors": {
         "xids": [48, 63, 64, 92, 94, 95],
-        "sbe_count_min": 3,
+        "sbe_count_min": 2,
         "sbe_rate_min": 0.02,
         "sbe_fleet_factor": 50.0,
         "dwell_seconds": 0.0,

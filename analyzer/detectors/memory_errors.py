@@ -24,7 +24,7 @@ class MemoryErrors(Detector):
     def __init__(
         self,
         xids=(48, 63, 64, 92, 94, 95),
-        sbe_count_min=3,
+        sbe_count_min=2,
         sbe_rate_min=0.02,
         sbe_fleet_factor=50.0,
         dwell_seconds=0.0,
