@@ -54,37 +54,41 @@ def _node_cmd(host: str, store: Path, steps: int, step: float, influx: dict) -> 
     return cmd
 
 
-def _run_agents(hosts, env, store: Path, steps: int, step: float, influx: dict, progress: bool,
+def _run_agents(hosts, env, store: Path, logs: Path, steps: int, step: float, influx: dict, progress: bool,
                 parallel: int) -> None:
-    """One agent process per node, ``parallel`` at a time; progress from their stdout."""
+    """One agent process per node, ``parallel`` at a time; progress from their stdout, logs to files."""
+    import selectors
+
     from tqdm import tqdm
 
+    logs.mkdir(parents=True, exist_ok=True)
     bar = tqdm(total=steps * len(hosts), unit="tick", desc="agents", disable=not progress, leave=False)
     waiting = list(hosts)
-    running: dict[str, tuple[subprocess.Popen, list[int]]] = {}
+    sel = selectors.DefaultSelector()
     failed = []
     try:
-        while waiting or running:
-            while waiting and len(running) < parallel:
+        while waiting or sel.get_map():
+            while waiting and len(sel.get_map()) < parallel:
                 h = waiting.pop(0)
-                p = subprocess.Popen(_node_cmd(h, store, steps, step, influx), env=env, text=True,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-                running[h] = (p, [0])
-            for h, (p, done) in list(running.items()):
-                line = p.stdout.readline()
+                with open(logs / f"agent-{h}.log", "w") as log:
+                    p = subprocess.Popen(_node_cmd(h, store, steps, step, influx), env=env, text=True,
+                                         stdout=subprocess.PIPE, stderr=log)
+                sel.register(p.stdout, selectors.EVENT_READ, (h, p, [0]))
+            for key, _ in sel.select(timeout=1.0):
+                h, p, done = key.data
+                line = key.fileobj.readline()
                 if line.strip().isdigit():
-                    n = int(line)
-                    bar.update(n - done[0])
-                    done[0] = n
-                elif not line and p.poll() is not None:
-                    err = p.stderr.read().strip().splitlines()
-                    if p.returncode:
-                        failed.append(f"{h}: exit {p.returncode}: {err[-1] if err else ''}")
-                    del running[h]
+                    bar.update(int(line) - done[0])
+                    done[0] = int(line)
+                elif not line:
+                    sel.unregister(key.fileobj)
+                    if p.wait():
+                        tail = (logs / f"agent-{h}.log").read_text().strip().splitlines()
+                        failed.append(f"{h}: exit {p.returncode}: {tail[-1] if tail else ''}")
     finally:
         bar.close()
-        for p, _ in running.values():
-            p.kill()
+        for key in list(sel.get_map().values()):
+            key.data[1].kill()
     if failed:
         raise GpufleetError("agent process failed: " + "; ".join(failed), exit_code=1)
 
@@ -171,7 +175,8 @@ def demo(nodes, gpus_per_node, duration, step, scenario, seed, out_dir, influx_u
     influx = {"influx_url": influx_url, "influx_db": influx_db if influx_url else None}
     env = dict(os.environ, **_sim_env(seed, scenario, nodes, gpus_per_node, duration, step, t0))
     t_agents = time.monotonic()
-    _run_agents(hosts, env, store, steps, step_s, influx, progress, parallel or os.cpu_count() or 2)
+    _run_agents(hosts, env, store, out / "logs", steps, step_s, influx, progress,
+                parallel or os.cpu_count() or 2)
     dt = time.monotonic() - t_agents
     say(f"  agents: {len(hosts)} processes, {steps} polls each through OpenTelemetry into "
         f"{'InfluxDB ' + influx_url if influx_url else str(store) + '/'} in {dt:.1f} s")
@@ -220,6 +225,7 @@ def _node_main(argv: list[str]) -> int:
         interval=f"{max(a.step, 1.0)}s", file_dir=a.store, spool_dir=str(Path(a.store) / f".spool-{a.node}"),
         influx_url=a.influx_url, influx_db=a.influx_db)
     cfg["agent"]["collectors"] = list(DEMO_COLLECTORS)
+    cfg = agent_config.validate({**cfg, **DEMO_SECTIONS})
     agent = Agent(cfg)
     try:
         for k in range(a.steps):
@@ -232,7 +238,15 @@ def _node_main(argv: list[str]) -> int:
 
 
 # The sources a simulated node can answer: its GPUs (NVML), their XID events and canary.
-DEMO_COLLECTORS = ("gpu",)
+DEMO_COLLECTORS = ("gpu", "xid", "canary")
+# A simulated node has no kernel log of its own: its XIDs arrive as NVML events. Its canary is the
+# node's own verdict (the sim backend's engine), checked every 5 min as the simulator does, busy or
+# not (a verdict costs nothing), with first answers kept in memory.
+DEMO_SECTIONS = {
+    "xid": {"kmsg": ""},
+    "canary": {"engine": "backend", "interval": 300.0, "busy_size": 256, "busy_backoff": 300.0,
+               "state_dir": ""},
+}
 
 
 if __name__ == "__main__":
