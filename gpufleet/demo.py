@@ -42,12 +42,19 @@ def _generate(out: Path, nodes, gpus_per_node, duration, step, seed, scenario):
     fleet = Fleet(scen.load(scenario), seed=seed, duration=parse_duration(duration, "--duration"),
                   step=parse_duration(step, "--step"), nodes=nodes, gpus_per_node=gpus_per_node)
     generate(fleet, out / "fleet", progress=False)
-    return json.loads((out / "fleet" / "manifest.json").read_text())
+    labels = {}  # the operator labels each node's agent carries, as the simulator's rows do
+    for i, host in enumerate(fleet.hosts):
+        rack = int(fleet.node_rack[i])
+        labels[host] = {"cluster": fleet.clusters[int(fleet.rack_cluster[rack])], "rack": fleet.racks[rack]}
+    return json.loads((out / "fleet" / "manifest.json").read_text()), labels
 
 
-def _node_cmd(host: str, store: Path, steps: int, step: float, influx: dict) -> list[str]:
+def _node_cmd(host: str, store: Path, steps: int, step: float, influx: dict,
+              labels: dict | None = None) -> list[str]:
     cmd = [sys.executable, "-m", "gpufleet.demo", "--node", host, "--store", str(store),
            "--steps", str(steps), "--step", str(step)]
+    for k, v in (labels or {}).items():
+        cmd += ["--label", f"{k}={v}"]
     for k, v in influx.items():
         if v:
             cmd += [f"--{k.replace('_', '-')}", str(v)]
@@ -55,7 +62,7 @@ def _node_cmd(host: str, store: Path, steps: int, step: float, influx: dict) -> 
 
 
 def _run_agents(hosts, env, store: Path, logs: Path, steps: int, step: float, influx: dict, progress: bool,
-                parallel: int) -> None:
+                parallel: int, labels: dict | None = None) -> None:
     """One agent process per node, ``parallel`` at a time; progress from their stdout, logs to files."""
     import selectors
 
@@ -71,7 +78,8 @@ def _run_agents(hosts, env, store: Path, logs: Path, steps: int, step: float, in
             while waiting and len(sel.get_map()) < parallel:
                 h = waiting.pop(0)
                 with open(logs / f"agent-{h}.log", "w") as log:
-                    p = subprocess.Popen(_node_cmd(h, store, steps, step, influx), env=env, text=True,
+                    p = subprocess.Popen(_node_cmd(h, store, steps, step, influx, (labels or {}).get(h)),
+                                         env=env, text=True,
                                          stdout=subprocess.PIPE, stderr=log)
                 sel.register(p.stdout, selectors.EVENT_READ, (h, p, [0]))
             for key, _ in sel.select(timeout=1.0):
@@ -93,6 +101,31 @@ def _run_agents(hosts, env, store: Path, logs: Path, steps: int, step: float, in
         raise GpufleetError("agent process failed: " + "; ".join(failed), exit_code=1)
 
 
+def _time_merged_chunks(store: Path, chunk: int = 1 << 18):
+    """The store's files merged in time order, chunk by chunk.
+
+    Each agent writes its own files in time order, but the agents of the demo do not run side by
+    side in time as a real fleet's do: file after file, the analyzer would see every node but the
+    first hours late. Chunks (whole lines) of all files are interleaved by their first line's time,
+    as a fleet writing into one store at the same time would deliver them.
+    """
+    import heapq
+
+    from analyzer.sources import lp_files, read_chunks
+
+    def keyed(f: Path):
+        for c in read_chunks(f, chunk):
+            first = c[: c.find(b"\n")] if b"\n" in c else c
+            try:
+                t = int(first.rsplit(b" ", 1)[-1])
+            except ValueError:
+                t = 0
+            yield t, c
+
+    for _t, c in heapq.merge(*(keyed(f) for f in lp_files(store)), key=lambda x: x[0]):
+        yield c
+
+
 def _analyze(store: Path, influx: dict, start_ns: int, end_ns: int):
     from analyzer.config import Config
     from analyzer.pipeline import Analyzer
@@ -110,9 +143,7 @@ def _analyze(store: Path, influx: dict, start_ns: int, end_ns: int):
             _pull(an, src, t, min(t + window, end_ns))
             t += window
     else:
-        from analyzer.sources import read_chunks
-
-        for chunk in read_chunks(store):
+        for chunk in _time_merged_chunks(store):
             an.feed_bytes(chunk)
     an.finish()
     return an.incidents()
@@ -160,7 +191,7 @@ def demo(nodes, gpus_per_node, duration, step, scenario, seed, out_dir, influx_u
 
     say(f"gpufleet demo: {nodes} nodes x {gpus_per_node} GPUs, scenario {scenario}, {duration} at {step} "
         f"(seed {seed}) -> {out}/")
-    manifest = _generate(out, nodes, gpus_per_node, duration, step, seed, scenario)
+    manifest, labels = _generate(out, nodes, gpus_per_node, duration, step, seed, scenario)
     t0 = records.from_rfc3339(manifest["start"])
     steps = int(manifest["steps"])
     hosts = manifest["fleet"]["hosts"]
@@ -176,7 +207,7 @@ def demo(nodes, gpus_per_node, duration, step, scenario, seed, out_dir, influx_u
     env = dict(os.environ, **_sim_env(seed, scenario, nodes, gpus_per_node, duration, step, t0))
     t_agents = time.monotonic()
     _run_agents(hosts, env, store, out / "logs", steps, step_s, influx, progress,
-                parallel or os.cpu_count() or 2)
+                parallel or os.cpu_count() or 2, labels)
     dt = time.monotonic() - t_agents
     say(f"  agents: {len(hosts)} processes, {steps} polls each through OpenTelemetry into "
         f"{'InfluxDB ' + influx_url if influx_url else str(store) + '/'} in {dt:.1f} s")
@@ -217,13 +248,14 @@ def _node_main(argv: list[str]) -> int:
     ap.add_argument("--step", type=float, required=True)
     ap.add_argument("--influx-url")
     ap.add_argument("--influx-db")
+    ap.add_argument("--label", action="append", default=[])
     a = ap.parse_args(argv)
     t0 = float(os.environ["GPUFLEET_SIM_T0"])
     exporters = ("influx",) if a.influx_url else ("file",)
     cfg = agent_config.apply_overrides(
         agent_config.load(None), exporters=exporters, backend="sim", sim_node=a.node, host=a.node,
         interval=f"{max(a.step, 1.0)}s", file_dir=a.store, spool_dir=str(Path(a.store) / f".spool-{a.node}"),
-        influx_url=a.influx_url, influx_db=a.influx_db)
+        influx_url=a.influx_url, influx_db=a.influx_db, labels=tuple(a.label))
     cfg["agent"]["collectors"] = list(DEMO_COLLECTORS)
     cfg = agent_config.validate({**cfg, **DEMO_SECTIONS})
     agent = Agent(cfg)
