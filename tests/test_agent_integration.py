@@ -260,3 +260,22 @@ def test_unreadable_kernel_log_falls_back_to_the_journal_then_to_nvml_events_onl
             else:  # neither: the NVML events carry on
                 assert "SOURCE None registered" in out and "ROWS 0" in out
                 assert err.count("\n") == 1 and "NVML events only" in err
+
+
+def test_agents_sharing_a_file_directory_leave_each_others_segments_alone(tmp_path):
+    from agent.pipeline.filesink import FileSink
+
+    a = FileSink(tmp_path, "gpu0001")
+    a.write(["gpu,host=gpu0001 up=1i 1"])
+    other = tmp_path / "gpufleet-gpu0001-b-20261120T000000Z.lp"  # a host whose name starts alike
+    other.write_bytes(b"gpu,host=gpu0001-b up=1i 1\ngpu,host=gpu0001-b up=")  # still being written
+    b = FileSink(tmp_path, "gpu0002")  # a second agent starts while the first is mid-segment
+    b.write(["gpu,host=gpu0002 up=1i 1"])
+    a.write(["gpu,host=gpu0001 up=1i 2"])
+    a.close()
+    b.close()
+    (mine,) = tmp_path.glob("gpufleet-gpu0001-2*.lp")
+    assert mine.read_text() == "gpu,host=gpu0001 up=1i 1\ngpu,host=gpu0001 up=1i 2\n"  # not gzipped away
+    assert other.read_bytes().endswith(b"up=")  # another host's torn tail is not cut
+    FileSink(tmp_path, "gpu0001").close()  # its own restart closes (gzips) its own old segment
+    assert not mine.exists() and mine.with_suffix(".lp.gz").exists() and other.exists()

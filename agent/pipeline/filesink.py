@@ -45,7 +45,11 @@ class FileSink:
         self._size = 0
         self._opened = 0.0
         self._path: Path | None = None
+        # only this host's own segments: agents sharing a directory never touch each other's open files
+        self._own = re.compile(rf"gpufleet-{re.escape(self.host)}-\d{{8}}T\d{{6}}Z(?:-\d+)?\.lp(?:\.gz)?")
         for p in self.dir.glob("*.lp"):
+            if not self._own.fullmatch(p.name):
+                continue
             _cut_torn_tail(p)
             if compress:
                 _gzip(p)
@@ -84,7 +88,7 @@ class FileSink:
         self._trim()
 
     def _trim(self) -> None:
-        files = sorted((p for p in self.dir.iterdir() if p.name.endswith((".lp", ".lp.gz"))),
+        files = sorted((p for p in self.dir.iterdir() if self._own.fullmatch(p.name)),
                        key=lambda p: p.stat().st_mtime)
         total = sum(p.stat().st_size for p in files)
         for p in files:
