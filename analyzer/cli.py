@@ -225,7 +225,9 @@ def _follow(
     if sinks is not None:
         sink_list, notifier_cls = sinks
         notifier = notifier_cls(sink_list, state_path or "analyzer-notifier.json", page_base_url)
-    cfg.analyzer["lateness_seconds"] = min(cfg.analyzer["lateness_seconds"], max(2 * poll, 30.0))
+    # online: short windows (a fault is reported within a poll or two), little waiting for late points
+    cfg.analyzer["lateness_seconds"] = min(cfg.analyzer["lateness_seconds"], max(2 * poll, 10.0))
+    cfg.analyzer["window_seconds"] = min(cfg.analyzer["window_seconds"], max(3 * poll, 10.0))
     an = Analyzer(cfg, shard_t)
     lag = int(max(poll, 5.0) * 1e9)
     cursor = time.time_ns() - int(
@@ -243,8 +245,10 @@ def _follow(
                 now = time.time_ns()
                 upto = now - lag
                 if upto > cursor:
-                    _pull(an, influx, cursor, upto)
+                    # look back over the lateness allowance: points that arrived late still count
+                    _pull(an, influx, cursor - int(cfg.analyzer["lateness_seconds"] * 1e9), upto)
                     cursor = upto
+                an.advance_clock(upto / 1e9)
                 an.engine.advance(upto / 1e9 - cfg.analyzer["lateness_seconds"])
                 incs = an.incidents() + an.engine.absorbed
                 changed = [

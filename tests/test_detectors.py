@@ -17,7 +17,7 @@ T0 = 1_795_000_000
 STEP = 10
 
 
-def fleet(nodes=4, gpus=4, steps=480, links=2, fault=None, seed=0) -> bytes:
+def fleet(nodes=4, gpus=4, steps=480, links=2, fault=None, seed=0, t0=T0) -> bytes:
     """A small healthy fleet under steady load (one job per node), with one optional fault.
 
     ``fault`` = (kind, node, gpu, step at which it starts).
@@ -28,7 +28,7 @@ def fleet(nodes=4, gpus=4, steps=480, links=2, fault=None, seed=0) -> bytes:
     offset = rng.normal(0, 1.0, (nodes, gpus))
     counters = {}
     for s in range(steps):
-        t = (T0 + s * STEP) * 10**9
+        t = (t0 + s * STEP) * 10**9
         load = (s // 60) % 4 != 3  # 30 min of work, 10 min idle, repeated
         for n in range(nodes):
             for g in range(gpus):

@@ -1,0 +1,203 @@
+"""gpufleet analyze: files, the real H200 trace, shards, bad input, and a real InfluxDB 1.6.7."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from analyzer.h200 import convert
+from analyzer.pipeline import Analyzer, shard_of
+from gpufleet import records
+from gpufleet.cli import main
+from tests.servers import InfluxDB1, free_port, skip_unless
+from tests.test_detectors import T0, fleet
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def test_real_h200_trace_has_no_incidents(tmp_path, capsys):
+    lines = convert(FIXTURES / "h200" / "trace.csv")
+    assert len(lines) == 1454
+    lp = tmp_path / "h200.lp"
+    lp.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "inc.jsonl"
+    assert main(["analyze", "--input", str(lp), "--out", str(out), "--stats"]) == 0
+    assert out.read_text() == ""
+    stats = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
+    assert stats["gpu_samples"] == 1454 and stats["bad_lines"] == 0
+    # the trace is pinned at the power cap (0x4) under GEMM: healthy, not throttling
+    assert any("clock_event_sw_power_cap=1i" in ln for ln in lines)
+
+
+def test_directory_gzip_and_garbage(tmp_path):
+    data = fleet(fault=("sdc", 1, 2, 95), steps=200)
+    d = tmp_path / "lp"
+    d.mkdir()
+    half = data.index(b"\n", len(data) // 2) + 1
+    (d / "a.lp").write_bytes(data[:half] + b"this is not line protocol\n")
+    with gzip.open(d / "b.lp.gz", "wb") as f:
+        f.write(data[half:])
+    out = tmp_path / "inc.jsonl"
+    assert main(["analyze", "--input", str(d), "--out", str(out)]) == 0
+    incs = records.read(out)
+    assert [(i.kind, i.host, i.gpu) for i in incs] == [("sdc", "node1", 2)]
+
+
+def test_shards_cover_every_host_once_and_find_the_same(tmp_path):
+    data = fleet(nodes=6, fault=("gpu_lost", 4, 1, 120), steps=240)
+    full = Analyzer()
+    full.feed_bytes(data)
+    full.finish()
+    want = sorted((i.kind, i.host, i.gpu, i.start) for i in full.incidents())
+    hosts = {f"node{n}" for n in range(6)}
+    got, seen = [], []
+    for i in range(3):
+        an = Analyzer(shard=(i, 3))
+        an.feed_bytes(data)
+        an.finish()
+        got += [(r.kind, r.host, r.gpu, r.start) for r in an.incidents()]
+        seen += [(h, i) for h in an.reg.hosts]
+    assert sorted(h for h, _ in seen) == sorted(hosts)  # every host in exactly one shard
+    assert all(shard_of(h, 3) == i for h, i in seen)  # the stable hash decides which
+    assert len({i for _, i in seen}) > 1
+    assert sorted(got) == want and want
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["analyze", "--input", "/nonexistent/telemetry.lp.gz"], "no such file"),
+        (["analyze"], "exactly one of"),
+        (["analyze", "--input", "x", "--shard", "3/2"], "--shard"),
+        (["analyze", "--influx-url", "http://127.0.0.1:9", "--db", "x", "--since", "1h"], "unreachable"),
+        (["analyze", "--input", "x", "--config", "/nonexistent.toml"], "no such config"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(argv, needle, capsys):
+    if "--influx-url" in argv:
+        argv = [a.replace(":9", f":{free_port()}") for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1
+
+
+def test_bad_config_values(tmp_path, capsys):
+    cfg = tmp_path / "a.toml"
+    cfg.write_text("[detectors.thermal_throttle]\nmin_share = 'lots'\n")
+    assert main(["analyze", "--input", "x", "--config", str(cfg)]) == 2
+    assert "min_share" in capsys.readouterr().err
+    cfg.write_text("[detectors.nope]\n")
+    assert main(["analyze", "--input", "x", "--config", str(cfg)]) == 2
+
+
+@skip_unless("influxd")
+def test_influxdb_batch_matches_files_and_bad_database(tmp_path, capsys):
+    data = fleet(fault=("memory_errors", 2, 3, 100), steps=240)
+    with InfluxDB1(tmp_path / "influx") as db:
+        db.create_db("fleet")
+        db.write("fleet", data)
+        out = tmp_path / "inc.jsonl"
+        start, end = str(T0 - 10), str(T0 + 240 * 10 + 10)
+        assert (
+            main(
+                [
+                    "analyze",
+                    "--influx-url",
+                    db.url,
+                    "--db",
+                    "fleet",
+                    "--start",
+                    start,
+                    "--end",
+                    end,
+                    "--out",
+                    str(out),
+                ]
+            )
+            == 0
+        )
+        got = [(i.kind, i.host, i.gpu, i.start) for i in records.read(out)]
+        an = Analyzer()
+        an.feed_bytes(data)
+        an.finish()
+        assert got == [(i.kind, i.host, i.gpu, i.start) for i in an.incidents()] and got
+        assert main(["analyze", "--influx-url", db.url, "--db", "nope", "--since", "1h"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "does not exist" in err and len(err.splitlines()) == 1
+
+
+@skip_unless("influxd")
+def test_follow_writes_incidents_and_survives_a_restart(tmp_path):
+    now = int(time.time())
+    t0 = now - 40 * 60
+    data = fleet(fault=("sdc", 1, 2, 95), steps=230, t0=t0)
+    with InfluxDB1(tmp_path / "influx") as db:
+        db.create_db("fleet")
+        db.write("fleet", data)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gpufleet",
+                "analyze",
+                "--follow",
+                "--influx-url",
+                db.url,
+                "--db",
+                "fleet",
+                "--since",
+                "45m",
+                "--poll",
+                "1s",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            rows = _wait_incident(db, 60)
+            assert rows, "no incident written back"
+            cols, vals = rows["columns"], rows["values"][0]
+            point = dict(zip(cols, vals, strict=True))
+            assert point["kind"] == "sdc" and point["host"] == "node1" and point["gpu"] == 2
+            assert point["state"] == "firing" and point["severity"] == "critical" and point["id"]
+            assert abs(point["time"] / 1e9 - (t0 + 950)) < 60
+            db.stop()
+            time.sleep(2.5)
+            db.start()
+            # a GPU lost after the restart is found too: the process kept its state and retried
+            t1 = t0 + 230 * 10
+            steps = (int(time.time()) - t1) // 10 + 2  # up to now: the data arrives live
+            more = fleet(fault=("gpu_lost", 3, 0, steps - 3), steps=steps, t0=t1)
+            db.write("fleet", more)
+            deadline = time.monotonic() + 40
+            kinds = set()
+            while time.monotonic() < deadline and "gpu_lost" not in kinds:
+                r = _wait_incident(db, 5)
+                kinds = {dict(zip(r["columns"], v, strict=True))["kind"] for v in r["values"]} if r else set()
+            assert "gpu_lost" in kinds
+            assert proc.poll() is None
+        finally:
+            proc.terminate()
+            _, err = proc.communicate(timeout=20)
+        assert "retrying" in err
+
+
+def _wait_incident(db, seconds):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            res = db.query("SELECT * FROM incident", db="fleet")["results"][0]
+        except requests.RequestException:
+            res = {}
+        if res.get("series"):
+            return res["series"][0]
+        time.sleep(0.5)
+    return None
