@@ -91,6 +91,7 @@ def analyze(
 
     cfg = Config.load(config_path)
     shard_t = _shard(shard)
+    sinks = _sinks(cfg, sink_specs)  # a bad sink is a ConfigError before any work
     if bool(input_path) == bool(influx_url):
         raise ConfigError("give exactly one of --input PATH or --influx-url URL --db NAME")
     if follow and not influx_url:
@@ -108,6 +109,7 @@ def analyze(
             an.feed_bytes(chunk)
         an.finish()
         _write(out_path, an.incidents())
+        _notify_once(sinks, state_path, out_path, page_base_url, an)
         _report(an, stats, time.perf_counter() - t0)
         return
     if not db:
@@ -123,7 +125,7 @@ def analyze(
             influx,
             shard_t,
             out_path,
-            sink_specs,
+            sinks,
             state_path,
             page_base_url,
             parse_duration(poll, "--poll"),
@@ -148,7 +150,28 @@ def analyze(
         t += step
     an.finish()
     _write(out_path, an.incidents())
+    _notify_once(sinks, state_path, out_path, page_base_url, an)
     _report(an, stats, time.perf_counter() - t0)
+
+
+def _state_path(state_path, out_path) -> str:
+    if state_path:
+        return state_path
+    if out_path:
+        return str(Path(out_path).with_suffix(".notifier.db"))
+    return "gpufleet-analyzer-notifier.db"
+
+
+def _notify_once(sinks, state_path, out_path, page_base_url, an) -> None:
+    """Batch mode with sinks: deliver the incidents found (new ones fire, ended ones resolve)."""
+    if sinks is None:
+        return
+    sink_list, notifier_cls = sinks
+    notifier = notifier_cls(sink_list, _state_path(state_path, out_path), page_base_url)
+    try:
+        notifier.update(an.incidents() + an.engine.absorbed, time.time())
+    finally:
+        notifier.close()
 
 
 def _pull(an, influx, s_ns: int, e_ns: int) -> None:
@@ -213,18 +236,17 @@ def incident_lines(recs, now_ns: int | None = None) -> list[str]:
 
 
 def _follow(
-    cfg, influx, shard_t, out_path, sink_specs, state_path, page_base_url, poll: float, since
+    cfg, influx, shard_t, out_path, sinks, state_path, page_base_url, poll: float, since
 ) -> None:
     """Online mode: pull new data every ``poll`` seconds, keep state, retry with backoff."""
     from analyzer.config import parse_duration
     from analyzer.pipeline import Analyzer
     from analyzer.sources import backoff
 
-    sinks = _sinks(cfg, sink_specs)
     notifier = None
     if sinks is not None:
         sink_list, notifier_cls = sinks
-        notifier = notifier_cls(sink_list, state_path or "analyzer-notifier.json", page_base_url)
+        notifier = notifier_cls(sink_list, _state_path(state_path, out_path), page_base_url)
     # online: short windows (a fault is reported within a poll or two), little waiting for late points
     cfg.analyzer["lateness_seconds"] = min(cfg.analyzer["lateness_seconds"], max(2 * poll, 10.0))
     cfg.analyzer["window_seconds"] = min(cfg.analyzer["window_seconds"], max(3 * poll, 10.0))
@@ -258,7 +280,7 @@ def _follow(
                 for r in changed:
                     written[r.id] = "resolved" if r.end is not None else "firing"
                 if notifier is not None:
-                    notifier.update(an.incidents(), time.time())
+                    notifier.update(incs, time.time())
                 if out_path:
                     _write(out_path, an.incidents())
                 if attempt:

@@ -201,3 +201,28 @@ def _wait_incident(db, seconds):
             return res["series"][0]
         time.sleep(0.5)
     return None
+
+
+def test_console_sink_pages_each_incident_once(tmp_path, capsys):
+    data = fleet(fault=("sdc", 1, 2, 95), steps=200)
+    lp = tmp_path / "a.lp"
+    lp.write_bytes(data)
+    state = tmp_path / "state.db"
+    argv = [
+        "analyze",
+        "--input",
+        str(lp),
+        "--out",
+        str(tmp_path / "i.jsonl"),
+        "--sink",
+        "console=",
+        "--state",
+        str(state),
+    ]
+    assert main(argv) == 0
+    assert capsys.readouterr().err.count("FIRING") == 1
+    assert main(argv) == 0  # the notifier's state remembers what it sent
+    assert "FIRING" not in capsys.readouterr().err
+    assert main(["analyze", "--input", str(lp), "--sink", "bogus=http://x"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.strip().splitlines()) == 1
