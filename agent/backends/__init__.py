@@ -13,8 +13,14 @@ by raising real ``pynvml.NVMLError`` instances (``NVMLError_NotSupported``, ``NV
 
 Optional members a backend may have, which the collector uses when present:
 
-- ``begin_poll(now_ns)``: called once at the start of every poll (the simulator takes its
-  snapshot of the node there);
+- ``begin_poll(now_ns)``: called at the start of every poll with the tick's time (the simulator
+  takes its snapshot of the node there; the daemon calls it once per tick for all collectors
+  sharing the backend, and a second call for the same time is free);
+- ``canary_engine()``: a canary engine of the backend's own, or None (the sim backend's gives
+  the simulated node's verdicts; see :mod:`agent.collectors.canary`);
+- the NVML event-set calls (``nvmlEventSetCreate``, ``nvmlDeviceRegisterEvents``,
+  ``nvmlEventSetWait[_v2]``, ...) for the XID collector; event data may carry ``timestamp_ns``,
+  the event's own time;
 - ``proc_root``: where ``/proc/<pid>`` of the GPU processes can be read for job attribution
   (``"/proc"`` for real NVML, a synthesised tree for recordings and the simulator, None: none).
 """
