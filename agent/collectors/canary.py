@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import platform
 import time
@@ -318,7 +319,13 @@ class CanaryCollector:
         self._refs_at = self._now
         self.state_dir = Path(state_dir) if state_dir else None
         if self.state_dir:
-            self.state_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                self.state_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:  # e.g. the packaged default outside the unit, unprivileged
+                logging.getLogger(__name__).warning(
+                    "canary.state_dir %s: %s; first answers are kept in memory only", state_dir,
+                    exc.strerror or exc)
+                self.state_dir = None
         self.driver = self._driver()
         self.devices = self._map_devices()
         self.skipped: dict[str, str] = {}  # label -> why the last attempt did not run
