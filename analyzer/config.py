@@ -90,7 +90,7 @@ DETECTORS: dict[str, dict] = {
         "min_slowdown": 0.06,
         "distance": 4.0,
         "busy_utilization": 0.5,
-        "fit_rows": 20000,
+        "fit_rows": 5000,
         "dwell_seconds": 300.0,
         "gap_seconds": 60.0,
         "resolve_seconds": 1800.0,

@@ -194,20 +194,38 @@ class Table:
         return out
 
     def ffill_text(self, name: str) -> np.ndarray:
+        """Forward-fill a string column within each entity (None before the first value)."""
         v = self.text.get(name)
         if v is None:
             return np.full(len(self.t), None, dtype=object)
-        out = v.copy()
-        first = self.first_of_entity()
-        last = None
-        for i in range(len(out)):
-            if first[i]:
-                last = None
-            if out[i] is None:
-                out[i] = last
-            else:
-                last = out[i]
+        idx = self._ffill_index(v != None)  # noqa: E711 - elementwise on an object array
+        out = np.full(len(v), None, dtype=object)
+        ok = idx >= 0
+        out[ok] = v[idx[ok]]
         return out
+
+    def ffill_codes(self, name: str) -> np.ndarray:
+        """Forward-filled integer codes of a string column (equal strings, equal codes; -1 none)."""
+        v = self.text.get(name)
+        if v is None:
+            return np.full(len(self.t), -1, np.int64)
+        has = np.flatnonzero(v != None)  # noqa: E711
+        codes = np.full(len(v), -1, np.int64)
+        seen: dict = {}
+        codes[has] = [seen.setdefault(x, len(seen)) for x in v[has].tolist()]
+        idx = self._ffill_index(codes >= 0)
+        return np.where(idx >= 0, codes[np.maximum(idx, 0)], -1)
+
+    def _ffill_index(self, present: np.ndarray) -> np.ndarray:
+        """Per row: index of the entity's latest row with ``present`` set at or before it, or -1."""
+        n = len(present)
+        if not n:
+            return np.zeros(0, np.int64)
+        idx = np.where(present, np.arange(n), -1)
+        np.maximum.accumulate(idx, out=idx)
+        starts = np.flatnonzero(self.first_of_entity())
+        seg_start = starts[np.searchsorted(starts, np.arange(n), side="right") - 1]
+        return np.where(idx >= seg_start, idx, -1)
 
     def rolling_sum(self, v: np.ndarray, seconds: float) -> np.ndarray:
         """Sum of the entity's non-NaN values over the trailing ``seconds`` (inclusive)."""

@@ -116,7 +116,12 @@ class Stats:
 class Parser:
     """Stateful chunk parser: ``feed(bytes)`` -> {measurement: Rows}; series ids persist."""
 
-    def __init__(self, measurements: set[str] | None = None):
+    def __init__(
+        self, measurements: set[str] | None = None, fields: dict[str, set[str] | None] | None = None
+    ):
+        """``measurements``: keep only these; ``fields``: per measurement, the fields to convert
+        (None: all). Other values are tokenized but never converted."""
+        self.fields = fields
         self.series = SeriesIndex()
         self.stats = Stats()
         self.only = measurements
@@ -330,8 +335,8 @@ class Parser:
         ukeys, ginv = np.unique(gkey, return_inverse=True)
         vstart = tstart[vals]
         is_str = buf[vstart] == _QUOTE
-        vnum, vok = _to_numbers(buf, vstart, tlen[vals], as_int=False, skip=is_str)
-        self.stats.bad_values += int((~vok & ~is_str).sum())
+        groups = []
+        need = np.zeros(len(vals), bool)
         for g in range(len(ukeys)):
             rows = np.flatnonzero(ginv == g)
             line0 = gl[rows[0]]
@@ -340,19 +345,34 @@ class Parser:
             if names is None:
                 self.stats.bad_lines += len(rows)
                 continue
-            base = kfirst[gl[rows]]
-            vidx = base[:, None] + np.arange(k)
             mname = self.series.measurement[int(sids[rows[0]])]
+            wanted = self.fields.get(mname) if self.fields is not None else None
+            cols = [(j, n) for j, n in enumerate(names) if wanted is None or n in wanted]
+            vidx = kfirst[gl[rows]][:, None] + np.array([j for j, _ in cols], np.int64)
+            need[vidx.ravel()] = True
+            groups.append((rows, vidx, [n for _, n in cols], mname))
+        # convert only the values some detector reads
+        vnum = np.full(len(vals), np.nan)
+        sel = np.flatnonzero(need & ~is_str)
+        conv, vok = _to_numbers(buf, vstart[sel], tlen[vals[sel]], as_int=False)
+        vnum[sel] = conv
+        self.stats.bad_values += int((~vok).sum())
+        for rows, vidx, names, mname in groups:
             r = Rows(mname, sids[rows], tvals[rows])
             for j, name in enumerate(names):
                 col = vidx[:, j]
-                if is_str[col].any():
+                strs = is_str[col]
+                if strs.any():
                     ss = vstart[col].tolist()
                     ll = tlen[vals[col]].tolist()
                     r.text[name] = np.array(
-                        [_unquote(data[a : a + n]) for a, n in zip(ss, ll, strict=True)], dtype=object
+                        [
+                            _unquote(data[a : a + n]) if q else None
+                            for a, n, q in zip(ss, ll, strs.tolist(), strict=True)
+                        ],
+                        dtype=object,
                     )
-                else:
+                if not strs.all():  # a field may be a number in one line and a string in another
                     r.num[name] = vnum[col]
             self.stats.points += len(rows)
             pieces.setdefault(mname, []).append(r)
@@ -367,10 +387,28 @@ class Parser:
     def _head(self, head: bytes) -> int:
         """Parse a new series head once; -1 if malformed or filtered out."""
         sid = -1
+        text = head.decode("utf-8", "replace")
         try:
-            p = parse_line(head.decode("utf-8", "replace") + " x=1 1")
-            if self.only is None or p.measurement in self.only:
-                sid = self.series.add(p.measurement, p.tags)
+            if '"' in text or "\x00" in text or "\x01" in text or "\x02" in text or "\x03" in text:
+                p = parse_line(text + " x=1 1")
+                meas, tags = p.measurement, p.tags
+            else:  # plain splits, escapes swapped for placeholders first ("NVIDIA\ H200")
+                esc = "\\" in text
+                if esc:
+                    text = text.replace("\\\\", "\x00").replace("\\,", "\x01").replace("\\=", "\x02")
+                    text = text.replace("\\ ", "\x03")
+                meas, *pairs = text.split(",")
+                tags = {}
+                for pair in pairs:
+                    k, eq, v = pair.partition("=")
+                    if not eq or not k or "=" in v:
+                        raise ParseError(f"bad tag {pair!r}")
+                    tags[_unplace(k) if esc else k] = _unplace(v) if esc else v
+                meas = _unplace(meas) if esc else meas
+                if not meas:
+                    raise ParseError("empty measurement")
+            if self.only is None or meas in self.only:
+                sid = self.series.add(meas, tags)
         except (ParseError, ValueError):
             sid = -2
         self._heads[head] = sid
@@ -378,6 +416,13 @@ class Parser:
 
 
 _UNESC = {b'\\"': b'"', b"\\\\": b"\\", b"\\n": b"\n", b"\\r": b"\r"}
+
+
+_PLACE = str.maketrans({"\x00": "\\", "\x01": ",", "\x02": "=", "\x03": " "})
+
+
+def _unplace(s: str) -> str:
+    return s.translate(_PLACE)
 
 
 def _unkey(raw: bytes) -> str:

@@ -20,6 +20,38 @@ from analyzer.engine import Engine
 from analyzer.frame import Registry, Table, Window
 from analyzer.parse import Parser, Rows
 
+# the gpu fields some detector reads (the rest of the wide row is tokenized, never converted)
+FIELDS: dict[str, set[str] | None] = {
+    "gpu": {
+        "utilization_gpu_ratio",
+        "power_watts",
+        "temperature_gpu_celsius",
+        "temperature_slowdown_celsius",
+        "clock_sm_mhz",
+        "clock_event_reasons",
+        "clock_event_sw_thermal",
+        "clock_event_hw_thermal",
+        "clock_event_hw_power_brake",
+        "throttle_sw_thermal_ns_total",
+        "throttle_hw_thermal_ns_total",
+        "throttle_hw_power_brake_ns_total",
+        "pcie_link_gen",
+        "pcie_link_gen_max",
+        "pcie_link_width",
+        "pcie_link_width_max",
+        "pcie_replay_total",
+        "ecc_corrected_volatile_total",
+        "ecc_uncorrected_volatile_total",
+        "remapped_rows_pending",
+        "remapped_rows_failure",
+        "retired_pages_pending",
+        "up",
+        "health_code",
+        "job_id",
+    },
+    "host": set(),
+    "bmc_sensor": {"value"},
+}
 STREAMS = ("gpu", "gpu_nvlink", "gpu_event", "gpu_canary", "host", "bmc_sensor")
 MEASUREMENTS = {
     "gpu": "gpu",
@@ -53,7 +85,7 @@ class Analyzer:
         self.lateness = a["lateness_seconds"]
         self.poll = a["poll_seconds"]
         self.shard = shard
-        self.parser = Parser(set(MEASUREMENTS))
+        self.parser = Parser(set(MEASUREMENTS), FIELDS)
         self.reg = Registry()
         self.detectors = build(self.config.detectors, self.poll)
         self.engine = Engine(

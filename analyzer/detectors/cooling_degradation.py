@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from analyzer.detectors.base import Detector, Hits, buckets, group_median, nz
+from analyzer.detectors.base import Detector, Hits, buckets, group_median, lookup, nz
 from analyzer.detectors.thermal_throttle import thermal_bits
 from analyzer.frame import Window
 
@@ -80,6 +80,9 @@ class CoolingDegradation(Detector):
         return out
 
     def _features(self, window: Window):
+        return self._cached("features", lambda: self._features_uncached(window))
+
+    def _features_uncached(self, window: Window):
         tab = window.gpu
         temp = tab.col("temperature_gpu_celsius")
         power = tab.col("power_watts")
@@ -95,7 +98,7 @@ class CoolingDegradation(Detector):
         # readings come and go (late, missing, a BMC that answers sometimes) does not jump by 25 °C
         node = window.node_of[tab.ent] if len(tab) else np.zeros(0, np.int64)
         refs = getattr(self, "inlet_ref_", {})
-        ref = np.array([refs.get(h, np.nan) for h in node.tolist()])
+        ref = lookup(refs, node)
         dev = np.where(np.isfinite(inlet) & np.isfinite(ref), inlet - ref, 0.0)
         u = temp - dev - slope * power
         u = np.where(steady, u, np.nan)
@@ -162,13 +165,15 @@ class CoolingDegradation(Detector):
 
     # ------------------------------------------------------------------ scoring
     def _excess(self, window: Window):
+        return self._cached("excess", lambda: self._excess_uncached(window))
+
+    def _excess_uncached(self, window: Window):
         tab = window.gpu
         v, steady, throttled, temp, power = self._features(window)
         off = getattr(self, "offset_", {})
         sc = getattr(self, "scale_", {})
-        ents = tab.ent.tolist()
-        a = np.array([off.get(e, np.nan) for e in ents])
-        s = np.array([sc.get(e, np.nan) for e in ents])
+        a = lookup(off, tab.ent)
+        s = lookup(sc, tab.ent)
         fleet_a = np.median(list(off.values())) if len(off) >= 4 else np.nan
         # a GPU whose learned offset is itself far off the fleet's was hot from the start
         base = np.where(np.isfinite(a), a, np.nan)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from analyzer.detectors.base import Detector, Hits, nz
+from analyzer.detectors.base import Detector, Hits, lookup, nz
 from analyzer.frame import Window
 
 
@@ -54,14 +54,16 @@ class PcieDegradation(Detector):
         return self
 
     def _parts(self, window: Window):
+        return self._cached("parts", lambda: self._parts_uncached(window))
+
+    def _parts_uncached(self, window: Window):
         tab = window.gpu
         gen = tab.col("pcie_link_gen")
         width = tab.col("pcie_link_width")
         bg = getattr(self, "best_gen_", {})
         bw = getattr(self, "best_width_", {})
-        ents = tab.ent.tolist()
-        gmax = np.fmax(tab.ffill("pcie_link_gen_max"), np.array([bg.get(e, np.nan) for e in ents]))
-        wmax = np.fmax(tab.ffill("pcie_link_width_max"), np.array([bw.get(e, np.nan) for e in ents]))
+        gmax = np.fmax(tab.ffill("pcie_link_gen_max"), lookup(bg, tab.ent))
+        wmax = np.fmax(tab.ffill("pcie_link_width_max"), lookup(bw, tab.ent))
         gen_eff = np.where(np.isfinite(gen), gen, gmax)
         width_eff = np.where(np.isfinite(width), width, wmax)
         allowance = self.replay_allowance_per_s * nz(gmax) * nz(wmax) / 80.0

@@ -12,7 +12,6 @@ Mahalanobis distance; a hit needs that distance above ``distance``, a clock at l
 from __future__ import annotations
 
 import warnings
-import zlib
 
 import numpy as np
 
@@ -32,7 +31,7 @@ class Straggler(Detector):
         min_slowdown=0.06,
         distance=4.0,
         busy_utilization=0.5,
-        fit_rows=20000,
+        fit_rows=5000,
         dwell_seconds=300.0,
         gap_seconds=60.0,
         resolve_seconds=1800.0,
@@ -49,15 +48,17 @@ class Straggler(Detector):
         self.poll_seconds = poll_seconds
 
     def _features(self, window: Window):
+        return self._cached("features", lambda: self._features_uncached(window))
+
+    def _features_uncached(self, window: Window):
         tab = window.gpu
         clock = tab.col("clock_sm_mhz")
         power = tab.col("power_watts")
         util = tab.col("utilization_gpu_ratio")
         busy = (util >= self.busy_utilization) & (clock > 0) & (power > 0)
-        jobs = tab.ffill_text("job_id")
+        jobs = tab.ffill_codes("job_id")
         node = window.node_of[tab.ent]
-        jkey = np.array([zlib.crc32(j.encode()) if j else -1 for j in jobs.tolist()], np.int64)
-        group = np.where(jkey >= 0, jkey * 2, node * 2 + 1)
+        group = np.where(jobs >= 0, jobs * 2, node * 2 + 1)
         inv, ng = buckets(tab.t, self.poll_seconds, group % 1_000_003)
         feats = []
         n = None
