@@ -226,3 +226,11 @@ def test_console_sink_pages_each_incident_once(tmp_path, capsys):
     assert main(["analyze", "--input", str(lp), "--sink", "bogus=http://x"]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and len(captured.err.strip().splitlines()) == 1
+
+
+def test_example_config_is_the_defaults():
+    from analyzer.config import Config
+
+    root = Path(__file__).resolve().parent.parent
+    cfg = Config.load(root / "packaging" / "config" / "analyzer.toml")
+    assert cfg.detectors == Config().detectors and cfg.analyzer == Config().analyzer
