@@ -280,3 +280,4 @@ class Window:
     rack_of: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     last_seen: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per GPU, up to window end
     host_last_seen: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per host (host rows)
+    seq: int = -1  # a number unique to this window within a run (-1: none), for per-window caches

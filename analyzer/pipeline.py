@@ -263,6 +263,7 @@ class Analyzer:
             node_of,
             rack_of,
             self.last_seen.copy(),
+            seq=self.windows,
         )
         rack_names = list(dict.fromkeys(r for r in self.reg.host_rack if r is not None))
         for det in self.detectors:

@@ -57,8 +57,8 @@ class Detector:
             inner = cls.__dict__["detect"]
 
             def detect(self, window, _inner=inner):
-                # within one detect call, features computed for scoring are computed once
-                self._memo = {}
+                # features computed for scoring are computed once per window (fit, score, detect)
+                self._open_memo(window)
                 try:
                     return _inner(self, window)
                 finally:
@@ -66,6 +66,13 @@ class Detector:
 
             detect.__doc__ = inner.__doc__
             cls.detect = detect
+
+    def _open_memo(self, window) -> None:
+        seq = getattr(window, "seq", -1)
+        if seq < 0 or getattr(self, "_memo_seq", None) != seq or getattr(self, "_memo_keep", None) is None:
+            self._memo_keep = {}
+            self._memo_seq = seq
+        self._memo = self._memo_keep if seq >= 0 else {}
 
     def _cached(self, name: str, fn):
         memo = getattr(self, "_memo", None)

@@ -131,7 +131,11 @@ class CoolingDegradation(Detector):
         self.scale_ = getattr(self, "scale_", {})
         if not len(tab):
             return self
-        v, *_ = self._features(window)
+        self._open_memo(window)  # detect() on this window reuses these features
+        try:
+            v, *_ = self._features(window)
+        finally:
+            self._memo = None
         ok = np.isfinite(v) & ~np.isin(tab.ent, list(self.offset_)) & (thermal_bits(tab) == 0)
         ents, vals = tab.ent[ok], v[ok]
         for e in np.unique(ents).tolist():
@@ -334,5 +338,5 @@ def _distinct_count(inv: np.ndarray, ent: np.ndarray, mask: np.ndarray, n: int) 
     """Per group: how many distinct entities have a row with ``mask`` set."""
     if not mask.any():
         return np.zeros(n, np.int64)
-    pairs = np.unique(np.stack([inv[mask], ent[mask]], 1), axis=0)
-    return np.bincount(pairs[:, 0], minlength=n)
+    key = np.unique(inv[mask].astype(np.int64) * (int(ent.max()) + 2) + (ent[mask] + 1))
+    return np.bincount(key // (int(ent.max()) + 2), minlength=n)
