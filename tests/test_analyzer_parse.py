@@ -145,3 +145,18 @@ def test_matches_reference_parser(points):
                 assert gf[k] == rf[k]
             else:
                 assert math.isclose(gf[k], rf[k], rel_tol=1e-12, abs_tol=1e-300)
+
+
+def test_key_fingerprint_is_injective_over_the_catalogue():
+    from analyzer.parse import _fingerprint
+    from gpufleet import catalogue
+
+    names = sorted({m.field for m in catalogue.load()})
+    data = (",".join(names) + ",").encode() + b"\0" * 64
+    buf = np.frombuffer(data, np.uint8)
+    starts, pos = [], 0
+    for n in names:
+        starts.append(pos)
+        pos += len(n) + 1
+    fp = _fingerprint(buf, np.array(starts), np.array([len(n) for n in names]))
+    assert len(set(fp.tolist())) == len(names)
