@@ -414,29 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m agent.daemon``: the same command outside the ``gpufleet`` group."""
     from gpufleet.cli import main as gpufleet_main
 
-    return gpufleet_main(["agent", "run", *(argv or [])]) if _agent_cli_present() else _standalone(argv)
-
-
-def _agent_cli_present() -> bool:
-    try:
-        from agent import cli  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _standalone(argv) -> int:
-    try:
-        run_command.main(args=argv, prog_name="gpufleet agent run", standalone_mode=False)
-    except GpufleetError as exc:
-        click.echo(f"gpufleet: error: {exc}", err=True)
-        return exc.exit_code
-    except click.exceptions.Exit as exc:
-        return exc.exit_code
-    except click.ClickException as exc:
-        exc.show()
-        return exc.exit_code
-    return 0
+    return gpufleet_main(["agent", "run", *(argv or [])])
 
 
 if __name__ == "__main__":
