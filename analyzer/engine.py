@@ -46,6 +46,7 @@ class _State:
     critical: bool = False
     first_evidence: dict = field(default_factory=dict)
     peak_evidence: dict = field(default_factory=dict)
+    began: float = np.inf  # earliest onset the detector reported for the current run
 
 
 class Engine:
@@ -73,11 +74,18 @@ class Engine:
             return
         self._reg, self._racks = reg, rack_names
         racks = hits.rack if hits.rack is not None else np.full(len(hits), -1)
+        began = hits.began if hits.began is not None else hits.t
         ev = hits.evidence
         for i in range(len(hits)):
             key = (hits.kind, int(hits.host[i]), int(hits.gpu[i]), int(hits.link[i]), int(racks[i]))
             self.pending.setdefault(key, []).append(
-                (float(hits.t[i]), float(hits.score[i]), bool(hits.critical[i]), ev[i] if ev else {})
+                (
+                    float(hits.t[i]),
+                    float(hits.score[i]),
+                    bool(hits.critical[i]),
+                    ev[i] if ev else {},
+                    min(float(began[i]), float(hits.t[i])),
+                )
             )
 
     def _run(self, key: tuple, items: list) -> None:
@@ -89,7 +97,7 @@ class Engine:
         st = self.states.get(key)
         if st is None:
             st = self.states[key] = _State(kind, key)
-        for t, score, critical, e in sorted(items, key=lambda x: x[0]):
+        for t, score, critical, e, began in sorted(items, key=lambda x: x[0]):
             if st.incident is not None and t < st.incident.start:
                 # a late hit (another stream, late data) just before the incident: it began earlier
                 if st.incident.start - t <= gap:
@@ -105,14 +113,16 @@ class Engine:
                 st.run_start, st.run_hits = t, 0
                 st.critical, st.peak, st.hits = False, -np.inf, 0
                 st.first_evidence = e
+                st.began = began
+            st.began = min(st.began, began)
             st.run_hits += 1
             self._extend(st, t, score, critical, e)
             if t - st.run_start >= dwell:
                 wide = self._cover(st)
                 if wide is not None:
                     # a node/rack incident of this kind already covers it: one page, not eight
-                    if st.run_start < wide.start:
-                        wide.start = st.run_start
+                    if min(st.run_start, st.began) < wide.start:
+                        wide.start = min(st.run_start, st.began)
                     st.run_hits = 0
                     continue
                 st.incident = self._open(st, self._reg, self._racks)
@@ -128,7 +138,7 @@ class Engine:
             inc = o.incident
             if inc is None or o.kind != kind or o.key[2] != -1 or o is st:
                 continue
-            if inc.start - self.absorb_seconds > st.run_start:
+            if inc.start - self.absorb_seconds > min(st.run_start, st.began):
                 continue
             if gpu != -1 and inc.host is not None and inc.host == hname:
                 return inc
@@ -188,7 +198,7 @@ class Engine:
             host=hname,
             gpu=gidx,
             link=lno,
-            start=st.run_start,
+            start=min(st.run_start, st.began),
             end=None,
             severity="critical" if st.critical or kind in ("sdc", "gpu_lost") else "warning",
             cluster=cluster,

@@ -227,6 +227,18 @@ class Table:
         seg_start = starts[np.searchsorted(starts, np.arange(n), side="right") - 1]
         return np.where(idx >= seg_start, idx, -1)
 
+    def run_start(self, cond: np.ndarray) -> np.ndarray:
+        """Time the entity's current run of ``cond`` began, per row (NaN where ``cond`` is false)."""
+        n = len(cond)
+        if not n:
+            return np.zeros(0)
+        first = self.first_of_entity()
+        prev = np.concatenate([[False], cond[:-1]])
+        began = cond & (first | ~prev)
+        idx = np.where(began, np.arange(n), 0)
+        np.maximum.accumulate(idx, out=idx)
+        return np.where(cond, self.t[idx], np.nan)
+
     def rolling_sum(self, v: np.ndarray, seconds: float) -> np.ndarray:
         """Sum of the entity's non-NaN values over the trailing ``seconds`` (inclusive)."""
         lo, hi = self._span(seconds)

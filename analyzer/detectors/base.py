@@ -31,6 +31,7 @@ class Hits:
     critical: np.ndarray  # bool per hit
     evidence: list[dict] = field(default_factory=list)  # one per hit, or empty
     rack: np.ndarray | None = None  # rack id per hit for rack scope (host = -1)
+    began: np.ndarray | None = None  # per hit: when the condition behind it began (<= t), if known
 
     def __len__(self):
         return len(self.t)
@@ -148,6 +149,9 @@ def concat(kind: str, parts: list[Hits]) -> Hits:
     racks = None
     if any(p.rack is not None for p in parts):
         racks = np.concatenate([p.rack if p.rack is not None else np.full(len(p), -1) for p in parts])
+    began = None
+    if any(p.began is not None for p in parts):
+        began = np.concatenate([p.began if p.began is not None else p.t for p in parts])
     return Hits(
         kind,
         *(
@@ -156,6 +160,7 @@ def concat(kind: str, parts: list[Hits]) -> Hits:
         ),
         ev,
         racks,
+        began,
     )
 
 

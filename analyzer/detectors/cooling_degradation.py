@@ -201,6 +201,9 @@ class CoolingDegradation(Detector):
         below = ~throttled & (temp < slow - self.throttle_margin_celsius)
         hot = ((nz(r) > thr) | (nz(from_fleet) > 0)) & steady & np.isfinite(v)
         sc = self.score(window)
+        # the drift began where the excess last rose above half the bar and stayed there
+        began = tab.run_start(nz(r) > thr / 2)
+        self._began = np.where(hot & np.isfinite(began), began, tab.t)
         new = tab.new if tab.new is not None else np.ones(len(tab), bool)
         hot &= new
         if not hot.any():
@@ -327,6 +330,7 @@ class CoolingDegradation(Detector):
             np.zeros(len(idx), bool),
             ev,
             None if racks is None else np.asarray(racks, np.int64),
+            self._began[idx] if getattr(self, "_began", None) is not None else None,
         )
 
 

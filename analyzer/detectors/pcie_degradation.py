@@ -114,14 +114,4 @@ def _i(x):
 
 def _run_seconds(tab, cond: np.ndarray) -> np.ndarray:
     """Seconds the condition has held continuously on the entity up to each row (0 where false)."""
-    out = np.zeros(len(cond))
-    if not len(cond):
-        return out
-    brk = ~cond | tab.first_of_entity()
-    # start time of the current run: last row where the run began
-    began = cond & (brk | ~np.concatenate([[False], cond[:-1]]))
-    began |= cond & tab.first_of_entity()
-    idx = np.where(began, np.arange(len(cond)), 0)
-    np.maximum.accumulate(idx, out=idx)
-    out = np.where(cond, tab.t - tab.t[idx], 0.0)
-    return out
+    return np.nan_to_num(tab.t - tab.run_start(cond), nan=0.0)
