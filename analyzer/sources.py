@@ -82,9 +82,18 @@ class Influx:
         token: str | None = None,
         timeout: float = 30.0,
     ):
+        from urllib.parse import urlsplit, urlunsplit
+
         import requests
 
-        self.url = url.rstrip("/")
+        parts = urlsplit(url.rstrip("/"))
+        if parts.username and not username:
+            username, password = parts.username, parts.password
+        netloc = parts.hostname or ""
+        if parts.port:
+            netloc += f":{parts.port}"
+        # the URL without credentials: the only form that reaches requests' URL or any message
+        self.url = urlunsplit((parts.scheme, netloc, parts.path, "", ""))
         self.db = db
         self.s = requests.Session()
         self.timeout = timeout

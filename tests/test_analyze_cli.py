@@ -234,3 +234,10 @@ def test_example_config_is_the_defaults():
     root = Path(__file__).resolve().parent.parent
     cfg = Config.load(root / "packaging" / "config" / "analyzer.toml")
     assert cfg.detectors == Config().detectors and cfg.analyzer == Config().analyzer
+
+
+def test_credentials_never_reach_messages(capsys):
+    url = f"http://bob:s3cret@127.0.0.1:{free_port()}"
+    assert main(["analyze", "--influx-url", url, "--db", "x", "--since", "1h"]) == 2
+    err = capsys.readouterr().err
+    assert "unreachable" in err and "s3cret" not in err and "bob" not in err
