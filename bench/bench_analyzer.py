@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import resource
 import secrets
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -42,8 +44,8 @@ def _rates(path: Path) -> dict:
     from analyzer.sources import read_chunks
 
     chunks = list(read_chunks(path))
+    mb = sum(map(len, chunks)) / 1e6
     an = Analyzer()
-    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t = time.perf_counter()
     rows = [an.parser.feed(c) for c in chunks]
     parse = time.perf_counter() - t
@@ -52,23 +54,28 @@ def _rates(path: Path) -> dict:
         an.feed_rows(r)
     an.finish()
     detect = time.perf_counter() - t
-    del rows
-    # end to end in one pass, as `gpufleet analyze` runs it (read, parse, detect, chunk by chunk)
-    an2 = Analyzer()
+    del rows, chunks
+    # end to end as `gpufleet analyze` runs it (read, parse, detect, chunk by chunk), in its own
+    # process so that its peak memory is its own
     t = time.perf_counter()
-    for c in read_chunks(path):
-        an2.feed_bytes(c)
-    an2.finish()
+    out = subprocess.run(
+        [sys.executable, "-m", "gpufleet", "analyze", "--input", str(path), "--stats"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     e2e = time.perf_counter() - t
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    stats = json.loads(out.stderr.strip().splitlines()[-1])
+    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     n = an.gpu_samples
     return {
         "n": n,
-        "mb": sum(map(len, chunks)) / 1e6,
+        "mb": mb,
         "parse": parse,
         "detect": detect,
         "e2e": e2e,
-        "rss_mb": max(rss, rss0) / 1024,
+        "e2e_inner": stats["seconds"],
+        "rss_mb": rss / 1024,
     }
 
 
@@ -101,10 +108,10 @@ def run(quick: bool) -> list[dict]:
             {
                 "benchmark": "analyzer",
                 "metric": "batch end to end (read+parse+detect)",
-                "value": r["n"] / r["e2e"],
+                "value": r["n"] / r["e2e_inner"],
                 "unit": "GPU-samples/s",
                 "target": ">= 100,000",
-                "note": note,
+                "note": note + f"; {r['n'] / r['e2e']:,.0f}/s counting interpreter start-up",
             },
             {
                 "benchmark": "analyzer",
@@ -124,7 +131,7 @@ def run(quick: bool) -> list[dict]:
             },
             {
                 "benchmark": "analyzer",
-                "metric": "peak RSS",
+                "metric": "peak RSS of gpufleet analyze",
                 "value": r["rss_mb"],
                 "unit": "MiB",
                 "target": "",
