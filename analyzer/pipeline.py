@@ -185,7 +185,9 @@ class Analyzer:
                 self.window_start[m] = end
         if final:
             self.engine.advance(max(self.stream_wm.values(), default=0) / 1e9)
-        elif self.online:
+        else:
+            # hand the engine what every stream has analysed so far: its queue stays short (a stream
+            # that shows up later, e.g. events at the end of an export, arrives as late hits)
             done = [self.window_start[m] for m in self.window_start if self.window_start[m] is not None]
             if done:
                 self.engine.advance(min(done))
