@@ -50,6 +50,6 @@ def test_scenario_scores(scenario, nodes, duration, tmp_path, capsys):
         if t.kind in ("sdc", "gpu_lost") or (t.kind == "memory_errors" and t.severity == "critical"):
             first = min((i.start for i in incs if matches(i, t)), default=None)
             if first is not None and t.impact_at is not None:
-                # a DBE fault announces itself with a few single-bit errors: allow a second poll
-                limit = 20.0 if t.kind == "memory_errors" else 10.0
+                # a DBE fault announces itself with single-bit errors that ramp up: allow a minute
+                limit = 60.0 if t.kind == "memory_errors" else 10.0
                 assert first - t.impact_at <= limit, f"{t.kind} {t.host}/{t.gpu}: {where}"

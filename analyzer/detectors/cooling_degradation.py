@@ -202,7 +202,8 @@ class CoolingDegradation(Detector):
         hot = ((nz(r) > thr) | (nz(from_fleet) > 0)) & steady & np.isfinite(v)
         sc = self.score(window)
         # the drift began where the excess last rose above half the bar and stayed there
-        began = tab.run_start(nz(r) > thr / 2)
+        # (at most 3/4 of a smoothing span back: about what the smoothing delays a sudden step by)
+        began = np.fmax(tab.run_start(nz(r) > thr / 2), tab.t - 0.75 * self.smooth_seconds)
         self._began = np.where(hot & np.isfinite(began), began, tab.t)
         new = tab.new if tab.new is not None else np.ones(len(tab), bool)
         hot &= new
