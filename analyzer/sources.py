@@ -37,33 +37,150 @@ def lp_files(path: str | Path) -> list[Path]:
 
 
 def read_chunks(path: str | Path, chunk: int = CHUNK) -> Iterator[bytes]:
-    """Bytes of every line-protocol file under ``path``, in chunks that end at a line end."""
-    for f in lp_files(path):
+    """Bytes of every line-protocol file under ``path``, in chunks that end at a line end.
+
+    One file is read front to back. Several files (a store written by several agents: one
+    segment file per host, possibly several per host) are merged by time, as the fleet wrote
+    them: see :func:`merged_chunks`.
+    """
+    files = lp_files(path)
+    if len(files) == 1:
+        yield from _file_chunks(files[0], chunk)
+    else:
+        yield from merged_chunks(files, chunk)
+
+
+def _file_chunks(f: Path, chunk: int = CHUNK) -> Iterator[bytes]:
+    try:
+        opener = gzip.open if f.name.endswith(".gz") else open
+        with opener(f, "rb") as fh:
+            rest = b""
+            while True:
+                try:
+                    block = fh.read(chunk)
+                except (EOFError, OSError, zlib.error) as exc:
+                    # a truncated gzip (a file still being written): keep what was readable
+                    if rest:
+                        yield rest
+                    raise GpufleetError(f"{f}: unreadable ({exc})") from None
+                if not block:
+                    break
+                block = rest + block
+                cut = block.rfind(b"\n")
+                if cut < 0:
+                    rest = block
+                    continue
+                rest = block[cut + 1 :]
+                yield block[: cut + 1]
+            if rest:
+                yield rest + b"\n"
+    except PermissionError as exc:
+        raise GpufleetError(f"{f}: {exc.strerror}") from None
+
+
+def _line_time(block: bytes, starts: np.ndarray, ends: np.ndarray, i: int) -> int | None:
+    """Timestamp of line ``i`` of ``block`` (or of the next line that has one, a few lines on)."""
+    n = len(starts)
+    for j in range(i, min(n, i + 8)):
+        line = block[starts[j] : ends[j]].rstrip(b"\r")
+        sp = line.rfind(b" ")
+        if sp < 0:
+            continue
         try:
-            opener = gzip.open if f.name.endswith(".gz") else open
-            with opener(f, "rb") as fh:
-                rest = b""
-                while True:
-                    try:
-                        block = fh.read(chunk)
-                    except (EOFError, OSError, zlib.error) as exc:
-                        # a truncated gzip (a file still being written): keep what was readable
-                        if rest:
-                            yield rest
-                        raise GpufleetError(f"{f}: unreadable ({exc})") from None
-                    if not block:
-                        break
-                    block = rest + block
-                    cut = block.rfind(b"\n")
-                    if cut < 0:
-                        rest = block
-                        continue
-                    rest = block[cut + 1 :]
-                    yield block[: cut + 1]
-                if rest:
-                    yield rest
-        except PermissionError as exc:
-            raise GpufleetError(f"{f}: {exc.strerror}") from None
+            return int(line[sp + 1 :])
+        except ValueError:
+            continue
+    return None
+
+
+def _pieces(f: Path, chunk: int, span_ns: int) -> Iterator[tuple[int | None, bytes]]:
+    """A file's lines in pieces of at most ``span_ns`` of time each, with each piece's first time.
+
+    A file is written in time order (the agent's segments, the simulator's output); a piece is
+    cut where a line's time reaches the piece's first time + span (binary search: a few
+    timestamps per piece are read, not every line). Out-of-order lines only make pieces uneven.
+    """
+    for block in _file_chunks(f, chunk):
+        nl = np.flatnonzero(np.frombuffer(block, np.uint8) == 10)
+        if not len(nl):
+            continue
+        ends = nl
+        starts = np.empty_like(nl)
+        starts[0] = 0
+        starts[1:] = nl[:-1] + 1
+        n = len(starts)
+        i = 0
+        while i < n:
+            t0 = _line_time(block, starts, ends, i)
+            if t0 is None:
+                yield None, block[starts[i] :]
+                break
+            lim = t0 + span_ns
+            lo, hi = i + 1, n
+            while lo < hi:  # first line at or past the limit
+                mid = (lo + hi) // 2
+                tm = _line_time(block, starts, ends, mid)
+                if tm is None or tm < lim:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            yield t0, block[starts[i] : ends[lo - 1] + 1]
+            i = lo
+
+
+def _first_time(f: Path) -> int:
+    for t, _piece in _pieces_head(f):
+        return t if t is not None else -(2**62)
+    return 2**62
+
+
+def _pieces_head(f: Path) -> Iterator[tuple[int | None, bytes]]:
+    it = _pieces(f, 1 << 16, 1)
+    try:
+        yield next(it)
+    except StopIteration:
+        return
+    finally:
+        it.close()
+
+
+def merged_chunks(
+    files: list[Path], chunk: int = CHUNK, span_s: float = 60.0, piece_chunk: int = 1 << 20
+) -> Iterator[bytes]:
+    """Lines of several files merged in time order (a k-way merge), in chunks of about ``chunk``.
+
+    Every file is read in pieces of at most ``span_s`` of time; the piece with the earliest first
+    time goes next, so hosts whose files are read side by side are seen side by side, never
+    hours apart (the analyzer would drop a late host's data). A file is opened when the merge
+    reaches its first timestamp and closed at its end: memory holds one block per open file
+    (the hosts writing at the same time), not the history. Pieces are joined into chunks of
+    about ``chunk`` bytes for the parser.
+    """
+    import heapq
+
+    span_ns = int(span_s * 1e9)
+    heap: list[tuple[int, int, Iterator | Path, bytes | None]] = []
+    for seq, f in enumerate(files):
+        heap.append((_first_time(f), seq, f, None))
+    heapq.heapify(heap)
+    out: list[bytes] = []
+    size = 0
+    while heap:
+        t, seq, src, piece = heapq.heappop(heap)
+        if piece is None:  # not opened yet
+            src = _pieces(src, piece_chunk, span_ns)
+        else:
+            out.append(piece)
+            size += len(piece)
+            if size >= chunk:
+                yield b"".join(out)
+                out, size = [], 0
+        nxt = next(src, None)
+        if nxt is not None:
+            nt, np_ = nxt
+            heapq.heappush(heap, (t if nt is None else nt, seq, src, np_))
+    if out:
+        yield b"".join(out)
 
 
 # ---------------------------------------------------------------------------- InfluxDB

@@ -101,31 +101,6 @@ def _run_agents(hosts, env, store: Path, logs: Path, steps: int, step: float, in
         raise GpufleetError("agent process failed: " + "; ".join(failed), exit_code=1)
 
 
-def _time_merged_chunks(store: Path, chunk: int = 1 << 18):
-    """The store's files merged in time order, chunk by chunk.
-
-    Each agent writes its own files in time order, but the agents of the demo do not run side by
-    side in time as a real fleet's do: file after file, the analyzer would see every node but the
-    first hours late. Chunks (whole lines) of all files are interleaved by their first line's time,
-    as a fleet writing into one store at the same time would deliver them.
-    """
-    import heapq
-
-    from analyzer.sources import lp_files, read_chunks
-
-    def keyed(f: Path):
-        for c in read_chunks(f, chunk):
-            first = c[: c.find(b"\n")] if b"\n" in c else c
-            try:
-                t = int(first.rsplit(b" ", 1)[-1])
-            except ValueError:
-                t = 0
-            yield t, c
-
-    for _t, c in heapq.merge(*(keyed(f) for f in lp_files(store)), key=lambda x: x[0]):
-        yield c
-
-
 def _analyze(store: Path, influx: dict, start_ns: int, end_ns: int):
     from analyzer.config import Config
     from analyzer.pipeline import Analyzer
@@ -143,7 +118,10 @@ def _analyze(store: Path, influx: dict, start_ns: int, end_ns: int):
             _pull(an, src, t, min(t + window, end_ns))
             t += window
     else:
-        for chunk in _time_merged_chunks(store):
+        from analyzer.sources import read_chunks
+
+        # a directory of per-host segment files: the analyzer's input merges them by time
+        for chunk in read_chunks(store):
             an.feed_bytes(chunk)
     an.finish()
     return an.incidents()
