@@ -67,7 +67,8 @@ class Record:
         d = asdict(self)
         for k in ("start", "end", "impact_at"):
             d[k] = to_rfc3339(d[k])
-        d = {k: v for k, v in d.items() if v not in (None, {}, "") or k in ("gpu", "link", "end", "impact_at")}
+        keep = ("gpu", "link", "end", "impact_at")  # always present, null when unknown
+        d = {k: v for k, v in d.items() if v not in (None, {}, "") or k in keep}
         return json.dumps(d, sort_keys=False, separators=(",", ":"))
 
     @classmethod
