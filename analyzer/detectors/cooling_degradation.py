@@ -87,10 +87,13 @@ class CoolingDegradation(Detector):
         temp = tab.col("temperature_gpu_celsius")
         power = tab.col("power_watts")
         pprev = tab.prev(power)
-        # steady: no power step above 40 W in the last minute (temperature lags power by tens of seconds)
-        jump = (np.abs(power - pprev) >= 40.0) | np.isnan(pprev)
+        # steady: no power drop above 40 W in the last minute (temperature lags power by tens of
+        # seconds: after a drop the GPU is still warmer than its new power predicts). After a rise it
+        # is cooler than predicted, so those rows stay: a GPU that overheats as its job starts shows.
+        jump = (pprev - power >= 40.0) | np.isnan(pprev)
         settled = tab.rolling_mean(jump.astype(float), 60.0) == 0
-        steady = (power >= self.min_power_watts) & settled & (temp > 0) & (temp < 150)
+        valid = (power >= self.min_power_watts) & (temp > 0) & (temp < 150)
+        steady = valid & settled
         throttled = thermal_bits(tab) > 0
         inlet = self._inlet(window)
         slope = getattr(self, "slope_", DEFAULT_SLOPE)
@@ -100,10 +103,13 @@ class CoolingDegradation(Detector):
         refs = getattr(self, "inlet_ref_", {})
         ref = lookup(refs, node)
         dev = np.where(np.isfinite(inlet) & np.isfinite(ref), inlet - ref, 0.0)
-        u = temp - dev - slope * power
-        u = np.where(steady, u, np.nan)
+        # within a minute of a power drop the model takes the minute's highest power: a lower bound
+        # of the excess (a GPU whose power fell as it got hotter, e.g. throttling, still shows)
+        p_eff = np.where(settled, power, _recent_max(tab, power, 60.0))
+        u = temp - dev - slope * p_eff
+        u = np.where(valid, u, np.nan)
         # the common mode per minute and power band (idle vs loaded GPUs move differently)
-        uc = np.where(throttled, np.nan, u)
+        uc = np.where(throttled | ~steady, np.nan, u)
         inv, ng = buckets(tab.t, 60.0, (nz(power) >= 300).astype(np.int64))
         med, cnt = group_median(inv, uc, ng)
         # a band with few GPUs in that minute falls back to the whole fleet's median
@@ -133,10 +139,10 @@ class CoolingDegradation(Detector):
             return self
         self._open_memo(window)  # detect() on this window reuses these features
         try:
-            v, *_ = self._features(window)
+            v, steady, *_ = self._features(window)
         finally:
             self._memo = None
-        ok = np.isfinite(v) & ~np.isin(tab.ent, list(self.offset_)) & (thermal_bits(tab) == 0)
+        ok = np.isfinite(v) & steady & ~np.isin(tab.ent, list(self.offset_)) & (thermal_bits(tab) == 0)
         ents, vals = tab.ent[ok], v[ok]
         for e in np.unique(ents).tolist():
             self.samples_.setdefault(e, []).extend(vals[ents == e].tolist())
@@ -189,6 +195,28 @@ class CoolingDegradation(Detector):
         thr = np.fmax(self.excess_celsius, self.sigma * s)
         return r, thr, from_fleet, steady, throttled, temp, power, v
 
+    @staticmethod
+    def _step_onset(tab, raw: np.ndarray, thr: np.ndarray) -> np.ndarray:
+        """Per row: the time of the last normal poll before the current run of raw excess above half
+        the bar, where that run opened with a jump past the full bar (NaN otherwise)."""
+        n = len(raw)
+        out = np.full(n, np.nan)
+        if not n:
+            return out
+        high = nz(raw) > thr / 2
+        first = tab.first_of_entity()
+        prev_high = np.concatenate([[False], high[:-1]])
+        opened = high & ~first & ~prev_high
+        prev_raw = tab.prev(raw)
+        # the run opened at a jump: from a measured normal poll straight past the full bar
+        jump = opened & (nz(raw) > thr) & np.isfinite(prev_raw) & (prev_raw < thr / 2)
+        pt = tab.prev(tab.t)
+        idx = np.where(opened | (high & first), np.arange(n), 0)
+        np.maximum.accumulate(idx, out=idx)
+        ok = high & jump[idx]
+        out[ok] = pt[idx[ok]]
+        return out
+
     def score(self, window: Window) -> np.ndarray:
         r, thr, from_fleet, *_ = self._excess(window)
         return np.fmax(r / thr, from_fleet / self.excess_celsius)
@@ -199,11 +227,15 @@ class CoolingDegradation(Detector):
         slow = tab.ffill("temperature_slowdown_celsius")
         slow = np.where(np.isfinite(slow), slow, 89.0)
         below = ~throttled & (temp < slow - self.throttle_margin_celsius)
-        hot = ((nz(r) > thr) | (nz(from_fleet) > 0)) & steady & np.isfinite(v)
+        hot = ((nz(r) > thr) | (nz(from_fleet) > 0)) & np.isfinite(v)
         sc = self.score(window)
         # the drift began where the excess last rose above half the bar and stayed there
         # (at most 3/4 of a smoothing span back: about what the smoothing delays a sudden step by)
         began = np.fmax(tab.run_start(nz(r) > thr / 2), tab.t - 0.75 * self.smooth_seconds)
+        # a step (the raw excess jumped from below half the bar to above it between two polls): the
+        # fault began after the last normal poll, and that is the best onset the data can give
+        raw = v - lookup(getattr(self, "offset_", {}), tab.ent)
+        began = np.fmin(began, self._step_onset(tab, raw, thr))
         self._began = np.where(hot & np.isfinite(began), began, tab.t)
         new = tab.new if tab.new is not None else np.ones(len(tab), bool)
         hot &= new
@@ -333,6 +365,19 @@ class CoolingDegradation(Detector):
             None if racks is None else np.asarray(racks, np.int64),
             self._began[idx] if getattr(self, "_began", None) is not None else None,
         )
+
+
+def _recent_max(tab, v: np.ndarray, seconds: float, polls: int = 8) -> np.ndarray:
+    """Per row: the largest of the entity's values over the trailing ``seconds`` (up to ``polls`` rows)."""
+    out = v.copy()
+    pv, pt = v, tab.t
+    for _ in range(polls):
+        pv, pt = tab.prev(pv), tab.prev(pt)
+        near = np.isfinite(pt) & (tab.t - pt <= seconds)
+        if not near.any():
+            break
+        out = np.where(near, np.fmax(out, pv), out)
+    return out
 
 
 def _r(x):
