@@ -41,6 +41,9 @@ class CoolingDegradation(Detector):
         node_share=0.5,
         node_min_gpus=2,
         rack_min_nodes=2,
+        inlet_excess_celsius=6.0,
+        low_power_watts=300.0,
+        low_excess_celsius=3.0,
         dwell_seconds=600.0,
         gap_seconds=120.0,
         resolve_seconds=3600.0,
@@ -55,6 +58,9 @@ class CoolingDegradation(Detector):
         self.node_share = node_share
         self.node_min_gpus = node_min_gpus
         self.rack_min_nodes = rack_min_nodes
+        self.inlet_excess_celsius = inlet_excess_celsius
+        self.low_power_watts = low_power_watts
+        self.low_excess_celsius = low_excess_celsius
         self.dwell_seconds = dwell_seconds
         self.gap_seconds = gap_seconds
         self.resolve_seconds = resolve_seconds
@@ -110,7 +116,7 @@ class CoolingDegradation(Detector):
         u = np.where(valid, u, np.nan)
         # the common mode per minute and power band (idle vs loaded GPUs move differently)
         uc = np.where(throttled | ~steady, np.nan, u)
-        inv, ng = buckets(tab.t, 60.0, (nz(power) >= 300).astype(np.int64))
+        inv, ng = buckets(tab.t, 60.0, (nz(power) >= self.low_power_watts).astype(np.int64))
         med, cnt = group_median(inv, uc, ng)
         # a band with few GPUs in that minute falls back to the whole fleet's median
         inv_all, ng_all = buckets(tab.t, 60.0)
@@ -142,19 +148,36 @@ class CoolingDegradation(Detector):
             v, steady, *_ = self._features(window)
         finally:
             self._memo = None
-        ok = np.isfinite(v) & steady & ~np.isin(tab.ent, list(self.offset_)) & (thermal_bits(tab) == 0)
-        ents, vals = tab.ent[ok], v[ok]
-        for e in np.unique(ents).tolist():
-            self.samples_.setdefault(e, []).extend(vals[ents == e].tolist())
-        # freeze a GPU's baseline once it has seen enough steady load
-        for e in list(self.samples_):
-            s = self.samples_[e]
-            if len(s) >= self.min_learn_samples:
-                arr = np.asarray(s)
-                med = float(np.median(arr))
-                self.offset_[e] = med
-                self.scale_[e] = max(1.4826 * float(np.median(np.abs(arr - med))), 0.25)
-                del self.samples_[e]
+        self.samples_lo_ = getattr(self, "samples_lo_", {})
+        self.offset_lo_ = getattr(self, "offset_lo_", {})
+        self.scale_lo_ = getattr(self, "scale_lo_", {})
+        good = np.isfinite(v) & steady & (thermal_bits(tab) == 0)
+        power = tab.col("power_watts")
+        low = nz(power) < self.low_power_watts
+        # the baseline over all steady load, and one of its own at low power: there a degrading
+        # heatsink shows only a few degrees (the excess scales with power), against a baseline
+        # learned at high power the GPU's own slope would hide them
+        for ok, samples, offset, scale, need in (
+            (good, self.samples_, self.offset_, self.scale_, self.min_learn_samples),
+            (good & low, self.samples_lo_, self.offset_lo_, self.scale_lo_, self.min_learn_samples // 2),
+        ):
+            ok = ok & ~np.isin(tab.ent, list(offset))
+            ents, vals = tab.ent[ok], v[ok]
+            if len(ents):
+                order = np.argsort(ents, kind="stable")
+                ents, vals = ents[order], vals[order]
+                u, first = np.unique(ents, return_index=True)
+                for e, part in zip(u.tolist(), np.split(vals, first[1:]), strict=True):
+                    samples.setdefault(e, []).extend(part.tolist())
+            # freeze a GPU's baseline once it has seen enough steady samples
+            for e in list(samples):
+                s = samples[e]
+                if len(s) >= need:
+                    arr = np.asarray(s)
+                    med = float(np.median(arr))
+                    offset[e] = med
+                    scale[e] = max(1.4826 * float(np.median(np.abs(arr - med))), 0.25)
+                    del samples[e]
         return self
 
     def _fit_slope(self, window: Window) -> float:
@@ -193,6 +216,15 @@ class CoolingDegradation(Detector):
         if self.fleet_spread_celsius <= 0:
             from_fleet[:] = np.nan
         thr = np.fmax(self.excess_celsius, self.sigma * s)
+        # at low power, against the GPU's low-power baseline where it has one, with a lower bar
+        a_lo = lookup(getattr(self, "offset_lo_", {}), tab.ent)
+        lo = (nz(power) < self.low_power_watts) & np.isfinite(a_lo) & np.isfinite(a)
+        if lo.any():
+            s_lo = lookup(getattr(self, "scale_lo_", {}), tab.ent)
+            base = np.where(lo, a_lo, base)
+            r = tab.rolling_mean(v - base, self.smooth_seconds)
+            thr = np.where(lo, np.fmax(self.low_excess_celsius, self.sigma * s_lo), thr)
+        self._base = base
         return r, thr, from_fleet, steady, throttled, temp, power, v
 
     @staticmethod
@@ -234,13 +266,14 @@ class CoolingDegradation(Detector):
         began = np.fmax(tab.run_start(nz(r) > thr / 2), tab.t - 0.75 * self.smooth_seconds)
         # a step (the raw excess jumped from below half the bar to above it between two polls): the
         # fault began after the last normal poll, and that is the best onset the data can give
-        raw = v - lookup(getattr(self, "offset_", {}), tab.ent)
+        raw = v - self._base
         began = np.fmin(began, self._step_onset(tab, raw, thr))
         self._began = np.where(hot & np.isfinite(began), began, tab.t)
         new = tab.new if tab.new is not None else np.ones(len(tab), bool)
         hot &= new
+        inlet_hits = self._inlet_hits(window)
         if not hot.any():
-            return Hits.none(self.kind)
+            return inlet_hits
         node = window.node_of[tab.ent]
         rack = window.rack_of[tab.ent]
         # node scope: share of the node's evaluated GPUs hot in the same minute
@@ -332,7 +365,80 @@ class CoolingDegradation(Detector):
                 )
         from analyzer.detectors.base import concat
 
-        return concat(self.kind, parts)
+        return concat(self.kind, parts + [inlet_hits])
+
+    def _inlet_hits(self, window: Window) -> Hits:
+        """Rack scope from the inlet itself: the inlet of a rack's nodes above their own usual inlet by
+        ``inlet_excess_celsius`` more than the other racks' inlets moved (the room's common mode; with
+        one rack, the usual inlet alone). The GPU model subtracts the inlet, so this is where a hot
+        aisle or a failing rack cooler shows, in fleets of two racks as of many."""
+        bmc = window.bmc
+        refs = getattr(self, "inlet_ref_", {})
+        if not len(bmc) or "inlet" not in bmc.cols or not refs or not len(window.node_of):
+            return Hits.none(self.kind)
+        n_hosts = int(max(bmc.ent.max(), window.node_of.max())) + 1
+        host_rack = np.full(n_hosts, -1, np.int64)
+        host_rack[window.node_of] = window.rack_of
+        ref = lookup(refs, bmc.ent)
+        rack = host_rack[bmc.ent]
+        new = bmc.new if bmc.new is not None else np.ones(len(bmc), bool)
+        ok = new & np.isfinite(bmc.cols["inlet"]) & np.isfinite(ref) & (rack >= 0) & (rack < 10**6)
+        if not ok.any():
+            return Hits.none(self.kind)
+        dev = (bmc.cols["inlet"] - ref)[ok]
+        host, rack, t = bmc.ent[ok], rack[ok], bmc.t[ok]
+        minute = np.floor(t / 60.0).astype(np.int64)
+        # per (minute, rack): median deviation of the rack's hosts
+        inv, ng = buckets(t, 60.0, rack)
+        rmed, _ = group_median(inv, dev, ng)
+        first = np.zeros(ng, np.int64)
+        first[inv] = np.arange(len(inv))
+        g_min, g_rack = minute[first], rack[first]
+        # the other racks' movement in the same minute (leave one out; 0 with a single rack)
+        others = np.zeros(ng)
+        um, minv = np.unique(g_min, return_inverse=True)
+        for k in range(len(um)):
+            idx = np.flatnonzero(minv == k)
+            if len(idx) < 2:
+                continue
+            vals = rmed[idx]
+            for j, gi in enumerate(idx.tolist()):
+                others[gi] = float(np.median(np.delete(vals, j)))
+        excess_row = dev - others[inv]
+        hot_row = excess_row >= self.inlet_excess_celsius
+        hosts_hot = _distinct_count(inv, host, hot_row, ng)
+        hosts_all = _distinct_count(inv, host, np.ones(len(inv), bool), ng)
+        need = np.minimum(self.rack_min_nodes, hosts_all)
+        flag = (rmed - others >= self.inlet_excess_celsius) & (hosts_hot >= np.maximum(need, 1))
+        sel = np.flatnonzero(flag)
+        if not len(sel):
+            return Hits.none(self.kind)
+        tmax = np.full(ng, -np.inf)
+        np.maximum.at(tmax, inv, t)
+        ev = [
+            {
+                "signals": ["bmc_sensor.value (inlet)"],
+                "scope": "rack",
+                "inlet_excess_celsius": _r(rmed[g] - others[g]),
+                "threshold_celsius": self.inlet_excess_celsius,
+                "other_racks_celsius": _r(others[g]),
+                "hot_nodes": int(hosts_hot[g]),
+            }
+            for g in sel.tolist()
+        ]
+        n = len(sel)
+        return Hits(
+            self.kind,
+            np.full(n, -1, np.int64),
+            np.full(n, -1, np.int64),
+            np.full(n, -1, np.int64),
+            tmax[sel],
+            (rmed[sel] - others[sel]) / self.inlet_excess_celsius,
+            np.zeros(n, bool),
+            ev,
+            g_rack[sel],
+            None,
+        )
 
     def _mk(
         self, window, idx, hosts, gids, racks, t, score, r, thr, temp, power, scope, count=None, below=None
