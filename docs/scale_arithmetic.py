@@ -91,6 +91,7 @@ class Fleet:
     collectors_per_node: int = 4     # gpu, host, ipmi, xid
     exporters_per_node: int = 1
     slow_interval_s: float = 60.0    # the GPU collector's slow tier (limits, remaps, processes)
+    nvlink_interval_s: float = 30.0  # [gpu] nvlink_interval: link counters are cumulative
     bmc_min_interval_s: float = 10.0  # BMC sensors are not read faster than this
     stored_bytes_per_value: float = 3.0  # InfluxDB's sizing guide: non-string values ~3 bytes
 
@@ -144,7 +145,8 @@ def rows(fleet: Fleet, interval_s: float) -> list[Row]:
     n, g = fleet.nodes, fleet.gpus
     per = {
         "gpu": (g, g, interval_s),
-        "gpu_nvlink": (g * fleet.nvlinks_per_gpu, g * fleet.nvlinks_per_gpu, interval_s),
+        "gpu_nvlink": (g * fleet.nvlinks_per_gpu, g * fleet.nvlinks_per_gpu,
+                       max(interval_s, fleet.nvlink_interval_s)),
         "bmc_sensor": (n * fleet.bmc_sensors_per_node, n * fleet.bmc_sensors_per_node,
                        max(interval_s, fleet.bmc_min_interval_s)),
         "bmc": (n, n, interval_s),
@@ -190,7 +192,8 @@ def render(fleet: Fleet) -> str:
     gpu = next(r for r in rows(fleet, 10.0) if r.measurement == "gpu")
     out.append(
         f"Fleet: {fleet.gpus:,} GPUs, {fleet.gpus_per_node} per node ({fleet.nodes:,} nodes), "
-        f"{fleet.nvlinks_per_gpu} NVLink links per GPU, {fleet.bmc_sensors_per_node} BMC sensors per node, "
+        f"{fleet.nvlinks_per_gpu} NVLink links per GPU (read every {fleet.nvlink_interval_s:g} s), "
+        f"{fleet.bmc_sensors_per_node} BMC sensors per node, "
         f"slow tier every {fleet.slow_interval_s:g} s, BMC no faster than every "
         f"{fleet.bmc_min_interval_s:g} s. A GPU row carries {gpu.fast} fast fields "
         f"(+{gpu.slow} slow) from the catalogue; one fast GPU line is {gpu.row_bytes} bytes.")

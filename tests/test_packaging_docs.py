@@ -40,8 +40,12 @@ def test_scale_arithmetic_matches_an_independent_count():
     one_s = mod.totals(fleet, 1.0)
     ten_s = mod.totals(fleet, 10.0)
     assert ten_s["values_s"] > gpu_values_s  # links, BMC and host come on top
-    # 1 s polling multiplies everything but the BMC (read no faster than every 10 s) by ten
-    assert 8 * ten_s["values_s"] < one_s["values_s"] < 10 * ten_s["values_s"]
+    # 1 s polling multiplies everything but the BMC (read no faster than every 10 s) and NVLink
+    # (its own cadence) by ten; with links read at every poll, nearly everything
+    assert 3 * ten_s["values_s"] < one_s["values_s"] < 10 * ten_s["values_s"]
+    every = mod.Fleet(gpus=100_000, gpus_per_node=8, nvlink_interval_s=0)
+    assert 8 * mod.totals(every, 10.0)["values_s"] < mod.totals(every, 1.0)["values_s"]
+    assert mod.totals(every, 10.0)["values_s"] > ten_s["values_s"]
     # the GPU line carries every fast field of the reference row, tags and a 19-digit timestamp
     assert gpu.row_bytes > sum(len(m["field"]) + 2 for m in metrics
                                if m["measurement"] == "gpu" and m["tier"] == "fast") + 19
