@@ -47,7 +47,7 @@ DETECTORS: dict[str, dict] = {
         "rack_min_nodes": 2,
         "inlet_excess_celsius": 6.0,
         "low_power_watts": 300.0,
-        "low_excess_celsius": 3.0,
+        "low_excess_celsius": 3.5,
         "dwell_seconds": 600.0,
         "gap_seconds": 120.0,
         "resolve_seconds": 3600.0,
