@@ -256,3 +256,50 @@ def test_defaults_match_config(kind):
     want = {k: (tuple(v) if isinstance(v, list) else v) for k, v in Config().detectors[kind].items()}
     got = {k: (tuple(v) if isinstance(v, list) else v) for k, v in got.items()}
     assert got == want
+
+
+def _with_inlet(data: bytes, hot_rack: str | None, rise_c: float = 10.0, from_step: int = 200, nodes=4):
+    """``data`` plus each host's BMC inlet reading every 30 s (24 °C and a slow room-wide swing); the
+    inlet of ``hot_rack``'s hosts ramps up by ``rise_c`` over 40 min from ``from_step``, their GPUs
+    warming with it."""
+    rng = np.random.default_rng(5)
+    out = []
+    rise_at = {}
+    for s in range(0, 480, 3):
+        t = T0 + s * STEP
+        room = 24 + 1.5 * np.sin(s / 480 * np.pi)
+        for n in range(nodes):
+            rack = f"r{n // 2}"
+            rise = rise_c * min(1.0, max(0.0, (s - from_step) / 240)) if rack == hot_rack else 0.0
+            rise_at[(n, s // 3)] = rise
+            tags = {"host": f"node{n}", "sensor": "Inlet Temp", "sensor_type": "Temperature", "unit": "C",
+                    "cluster": "c1", "rack": rack}
+            value = round(float(room + rise + rng.normal(0, 0.2)), 1)
+            out.append(encode("bmc_sensor", tags, {"value": value}, t * 10**9))
+    lines = []
+    for ln in data.decode().splitlines():
+        if ln.startswith("gpu,"):
+            n = int(re.search(r",host=node(\d+)", ln).group(1))
+            s = (int(ln.rsplit(" ", 1)[1]) // 10**9 - T0) // STEP
+            add = rise_at.get((n, s // 3), 0.0)
+            if add:
+                m = re.search(r"temperature_gpu_celsius=(\d+)i", ln)
+                new = int(m.group(1)) + round(add)
+                ln = ln[: m.start()] + f"temperature_gpu_celsius={new}i" + ln[m.end() :]
+        lines.append(ln)
+    # as an agent writes them: in time order
+    lines = sorted(lines + out, key=lambda ln: int(ln.rsplit(" ", 1)[1]))
+    return ("\n".join(lines) + "\n").encode()
+
+
+def test_rack_inlet_rise_in_a_two_rack_fleet_is_one_rack_incident():
+    # 4 nodes, racks r0 and r1: the room swings both, only r1's inlet (and its GPUs) rises
+    incs = analyse(_with_inlet(fleet(steps=480), "r1")).incidents()
+    cool = [i for i in incs if i.kind == "cooling_degradation"]
+    assert [(i.host, i.gpu, i.rack) for i in cool] == [(None, None, "r1")], [i.to_json()[:300] for i in incs]
+    assert cool[0].start > T0 + 200 * STEP
+    assert cool[0].evidence["first"]["scope"] == "rack"
+
+
+def test_inlet_swinging_with_the_room_is_no_incident():
+    assert not [i for i in analyse(_with_inlet(fleet(steps=480), None)).incidents()]
