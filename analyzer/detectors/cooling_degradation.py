@@ -111,7 +111,7 @@ class CoolingDegradation(Detector):
         dev = np.where(np.isfinite(inlet) & np.isfinite(ref), inlet - ref, 0.0)
         # within a minute of a power drop the model takes the minute's highest power: a lower bound
         # of the excess (a GPU whose power fell as it got hotter, e.g. throttling, still shows)
-        p_eff = np.where(settled, power, _recent_max(tab, power, 60.0))
+        p_eff = power if settled.all() else np.where(settled, power, _recent_max(tab, power, 60.0))
         u = temp - dev - slope * p_eff
         u = np.where(valid, u, np.nan)
         # the common mode per minute and power band (idle vs loaded GPUs move differently)
@@ -210,11 +210,6 @@ class CoolingDegradation(Detector):
         fleet_a = np.median(list(off.values())) if len(off) >= 4 else np.nan
         # a GPU whose learned offset is itself far off the fleet's was hot from the start
         base = np.where(np.isfinite(a), a, np.nan)
-        r = tab.rolling_mean(v - base, self.smooth_seconds)
-        from_fleet = tab.rolling_mean(v - fleet_a, self.smooth_seconds) - self.fleet_spread_celsius
-        from_fleet[~np.isfinite(a)] = np.nan  # only for GPUs with a baseline of their own to compare
-        if self.fleet_spread_celsius <= 0:
-            from_fleet[:] = np.nan
         thr = np.fmax(self.excess_celsius, self.sigma * s)
         # at low power, against the GPU's low-power baseline where it has one, with a lower bar
         a_lo = lookup(getattr(self, "offset_lo_", {}), tab.ent)
@@ -222,8 +217,12 @@ class CoolingDegradation(Detector):
         if lo.any():
             s_lo = lookup(getattr(self, "scale_lo_", {}), tab.ent)
             base = np.where(lo, a_lo, base)
-            r = tab.rolling_mean(v - base, self.smooth_seconds)
             thr = np.where(lo, np.fmax(self.low_excess_celsius, self.sigma * s_lo), thr)
+        r = tab.rolling_mean(v - base, self.smooth_seconds)
+        from_fleet = np.full(len(v), np.nan)
+        if self.fleet_spread_celsius > 0:
+            from_fleet = tab.rolling_mean(v - fleet_a, self.smooth_seconds) - self.fleet_spread_celsius
+            from_fleet[~np.isfinite(a)] = np.nan  # only for GPUs with a baseline of their own to compare
         self._base = base
         return r, thr, from_fleet, steady, throttled, temp, power, v
 
@@ -476,13 +475,12 @@ class CoolingDegradation(Detector):
 def _recent_max(tab, v: np.ndarray, seconds: float, polls: int = 8) -> np.ndarray:
     """Per row: the largest of the entity's values over the trailing ``seconds`` (up to ``polls`` rows)."""
     out = v.copy()
-    pv, pt = v, tab.t
-    for _ in range(polls):
-        pv, pt = tab.prev(pv), tab.prev(pt)
-        near = np.isfinite(pt) & (tab.t - pt <= seconds)
+    ent, t = tab.ent, tab.t
+    for k in range(1, min(polls, len(v) - 1) + 1):
+        near = (ent[k:] == ent[:-k]) & (t[k:] - t[:-k] <= seconds)
         if not near.any():
             break
-        out = np.where(near, np.fmax(out, pv), out)
+        out[k:] = np.where(near, np.fmax(out[k:], v[:-k]), out[k:])
     return out
 
 
