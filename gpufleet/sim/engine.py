@@ -55,6 +55,19 @@ NVLINK_FIELDS = (
 )
 
 
+# What the physics reports per GPU and step, before gpu_values() turns it into catalogue fields.
+SENSOR_KEYS = (
+    "utilization_gpu",
+    "utilization_memory",
+    "power",
+    "power_instant",
+    "temperature_gpu",
+    "temperature_memory",
+    "clock_sm",
+    "reasons",
+)
+
+
 def head(measurement: str, tags: dict) -> str:
     out = escape_measurement(measurement)
     for k in sorted(tags):
@@ -326,17 +339,7 @@ class Generator:
         phase = phase_n[:, fl.gpu_node]
         jobs = job_n[:, fl.gpu_node]
         inlet = inlet_r[:, fl.gpu_rack]
-        keys = (
-            "utilization_gpu",
-            "utilization_memory",
-            "power",
-            "power_instant",
-            "temperature_gpu",
-            "temperature_memory",
-            "clock_sm",
-            "reasons",
-        )
-        A = {key: np.empty((C, n)) for key in keys}
+        A = {key: np.empty((C, n)) for key in SENSOR_KEYS}
         A["reasons"] = np.empty((C, n), dtype=np.int64)
         cnt_keys = list(st.counters())
         B = {key: np.empty((C, n), dtype=np.float64 if key == "energy_j" else np.int64) for key in cnt_keys}
@@ -350,7 +353,7 @@ class Generator:
                 st.reload_gpus(fl.gpu_node == node)
             evs: list = []
             o = st.step(float(ts[c]), fl.step, phase[c], inlet[c], self.rng, evs, jobs[c])
-            for key in keys:
+            for key in SENSOR_KEYS:
                 A[key][c] = o[key]
             cn = st.counters()
             for key in cnt_keys:

@@ -24,7 +24,7 @@ import numpy as np
 
 from gpufleet.errors import GpufleetError
 from gpufleet.sim import scenario as scen
-from gpufleet.sim.engine import NVLINK_FIELDS, SIM_GPU_FIELDS, gpu_values
+from gpufleet.sim.engine import NVLINK_FIELDS, SENSOR_KEYS, SIM_GPU_FIELDS, gpu_values
 from gpufleet.sim.fleet import Fleet
 from gpufleet.sim.state import SimState
 from gpufleet.sim.units import parse_duration
@@ -143,19 +143,7 @@ class SimNode:
         o, phase, jobs = self._advance(target)
         fl = self.fleet
         st = self.state
-        A = {
-            k: o[k][None, :]
-            for k in (
-                "utilization_gpu",
-                "utilization_memory",
-                "power",
-                "power_instant",
-                "temperature_gpu",
-                "temperature_memory",
-                "clock_sm",
-                "reasons",
-            )
-        }
+        A = {k: o[k][None, :] for k in SENSOR_KEYS}
         B = {k: v[None, :] for k, v in st.counters().items()}
         V = gpu_values(fl, self.rng, A, B, phase[None, :], jobs[None, :])
         reloading = any(a <= self.sim_t < b for _n, a, b in self._reloads)
