@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -232,8 +233,13 @@ def test_example_config_is_the_defaults():
     from analyzer.config import Config
 
     root = Path(__file__).resolve().parent.parent
-    cfg = Config.load(root / "packaging" / "config" / "analyzer.toml")
+    path = root / "packaging" / "config" / "analyzer.toml"
+    cfg = Config.load(path)
     assert cfg.detectors == Config().detectors and cfg.analyzer == Config().analyzer
+    # every setting is spelled out in the example, none left to a silent default
+    written = tomllib.loads(path.read_text())
+    for name, params in Config().detectors.items():
+        assert set(written["detectors"][name]) == set(params), name
 
 
 def test_credentials_never_reach_messages(capsys):
