@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import platform
+import subprocess
 import sys
 import time
 import traceback
@@ -51,6 +53,25 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _run_isolated(name: str, quick: bool) -> list[dict] | None:
+    """Run one benchmark in a fresh interpreter, so that the peak memory of the processes it
+    starts (read from RUSAGE_CHILDREN) is its own and not another benchmark's."""
+    code = ("import json, sys; from bench.run import _one; "
+            f"print('\\n' + json.dumps(_one({name!r}, {quick!r})))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=HERE.parent, stdout=subprocess.PIPE, text=True)
+    if r.returncode != 0:
+        return None
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _one(name: str, quick: bool) -> list[dict]:
+    try:
+        return importlib.import_module(f"bench.bench_{name}").run(quick=quick)
+    except Exception:
+        traceback.print_exc()
+        raise SystemExit(1) from None
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--only", action="append", help="run only these benchmarks (module suffix)")
@@ -64,11 +85,8 @@ def main(argv=None) -> int:
     failed = 0
     for name in names:
         t0 = time.perf_counter()
-        try:
-            mod = importlib.import_module(f"bench.bench_{name}")
-            got = mod.run(quick=args.quick)
-        except Exception:  # a broken benchmark is reported, the others still run
-            traceback.print_exc()
+        got = _run_isolated(name, args.quick)
+        if got is None:  # a broken benchmark is reported, the others still run
             got = [{"benchmark": name, "metric": "error", "value": "failed", "unit": ""}]
             failed += 1
         rows.extend(got)
