@@ -43,6 +43,19 @@ def _rates(path: Path) -> dict:
     from analyzer.pipeline import Analyzer
     from analyzer.sources import read_chunks
 
+    # end to end as `gpufleet analyze` runs it (read, parse, detect, chunk by chunk), in its own
+    # process so that its peak memory is its own; first, while this process is still small (a
+    # child forked from a large parent starts out counting the parent's pages)
+    t = time.perf_counter()
+    out = subprocess.run(
+        [sys.executable, "-m", "gpufleet", "analyze", "--input", str(path), "--stats"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    e2e = time.perf_counter() - t
+    stats = json.loads(out.stderr.strip().splitlines()[-1])
+    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     chunks = list(read_chunks(path))
     mb = sum(map(len, chunks)) / 1e6
     an = Analyzer()
@@ -55,18 +68,6 @@ def _rates(path: Path) -> dict:
     an.finish()
     detect = time.perf_counter() - t
     del rows, chunks
-    # end to end as `gpufleet analyze` runs it (read, parse, detect, chunk by chunk), in its own
-    # process so that its peak memory is its own
-    t = time.perf_counter()
-    out = subprocess.run(
-        [sys.executable, "-m", "gpufleet", "analyze", "--input", str(path), "--stats"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    e2e = time.perf_counter() - t
-    stats = json.loads(out.stderr.strip().splitlines()[-1])
-    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     n = an.gpu_samples
     return {
         "n": n,
