@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -101,18 +102,31 @@ def _run_agents(hosts, env, store: Path, logs: Path, steps: int, step: float, in
         raise GpufleetError("agent process failed: " + "; ".join(failed), exit_code=1)
 
 
+def _create_db(url: str, db: str) -> None:
+    """InfluxDB 1.x answers writes to a database that does not exist with 404: make it first."""
+    import requests
+
+    try:
+        r = requests.post(url.rstrip("/") + "/query", params={"q": f'CREATE DATABASE "{db}"'}, timeout=10)
+    except requests.RequestException as exc:
+        raise GpufleetError(f"--influx-url {url}: unreachable ({type(exc).__name__})") from None
+    if r.status_code != 200:
+        raise GpufleetError(f"--influx-url {url}: CREATE DATABASE answered {r.status_code}")
+
+
 def _analyze(store: Path, influx: dict, start_ns: int, end_ns: int):
     from analyzer.config import Config
     from analyzer.pipeline import Analyzer
 
-    an = Analyzer(Config.load(None))
+    cfg = Config.load(None)
+    an = Analyzer(cfg)
     if influx.get("influx_url"):
         from analyzer.cli import _pull
         from analyzer.sources import Influx
 
         src = Influx(influx["influx_url"], influx["influx_db"])
         src.check()
-        window = int(an.config.analyzer["window_seconds"] * 1e9) if hasattr(an, "config") else int(3600e9)
+        window = int(cfg.analyzer["window_seconds"] * 1e9)
         t = start_ns
         while t < end_ns:
             _pull(an, src, t, min(t + window, end_ns))
@@ -178,10 +192,10 @@ def demo(nodes, gpus_per_node, duration, step, scenario, seed, out_dir, influx_u
     say(f"  fleet: {len(hosts)} nodes, {manifest['fleet']['gpus']} GPUs, {len(truth)} injected faults")
 
     store = out / "store"
-    if store.exists():
-        for f in store.glob("*"):
-            f.unlink()
+    shutil.rmtree(store, ignore_errors=True)  # a rerun starts from an empty store
     influx = {"influx_url": influx_url, "influx_db": influx_db if influx_url else None}
+    if influx_url:
+        _create_db(influx_url, influx_db)
     env = dict(os.environ, **_sim_env(seed, scenario, nodes, gpus_per_node, duration, step, t0))
     t_agents = time.monotonic()
     _run_agents(hosts, env, store, out / "logs", steps, step_s, influx, progress,

@@ -42,3 +42,18 @@ def test_demo_finds_every_injected_fault_through_the_agents(tmp_path):
     assert ",rack=" in text and "source=nvml" in text
     assert text.count("\ngpu,") + text.startswith("gpu,") == 2 * 720 * 8  # every poll of every GPU
     assert "could not start" not in (out / "logs" / "agent-gpu0001.log").read_text()
+
+
+def test_demo_through_a_real_influxdb(tmp_path, influxdb):
+    """With --influx-url the agents write through the spool into InfluxDB 1.6.7 (v1 /write) and the
+    analyzer reads the fleet back with InfluxQL."""
+    out = tmp_path / "demo"
+    r = subprocess.run([sys.executable, "-m", "gpufleet.cli", "demo", "--nodes", "1", "--duration", "1h",
+                        "--no-progress", "--json", "--out", str(out), "--influx-url", influxdb.url,
+                        "--influx-db", "demo"], capture_output=True, text=True, cwd=ROOT, timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    scores = json.loads(r.stdout[r.stdout.rindex("\n{") + 1:])
+    assert scores["overall"]["detected"] >= 1 and scores["overall"]["false_incidents"] == 0
+    n = influxdb.query('SELECT count("power_watts") FROM "gpu"', db="demo")["results"][0]["series"][0]
+    assert n["values"][0][1] == 360 * 8  # every poll of every GPU, through the spool
+    assert not list((out / "store").glob("gpufleet-*.lp*"))  # nothing went to the file store
