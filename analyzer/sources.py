@@ -7,7 +7,6 @@ into the analyzer's :class:`~analyzer.parse.Rows`.
 
 from __future__ import annotations
 
-import gzip
 import json
 import time
 import zlib
@@ -52,30 +51,69 @@ def read_chunks(path: str | Path, chunk: int = CHUNK) -> Iterator[bytes]:
 
 def _file_chunks(f: Path, chunk: int = CHUNK) -> Iterator[bytes]:
     try:
-        opener = gzip.open if f.name.endswith(".gz") else open
-        with opener(f, "rb") as fh:
-            rest = b""
-            while True:
-                try:
-                    block = fh.read(chunk)
-                except (EOFError, OSError, zlib.error) as exc:
-                    # a truncated gzip (a file still being written): keep what was readable
-                    if rest:
-                        yield rest
-                    raise GpufleetError(f"{f}: unreadable ({exc})") from None
-                if not block:
-                    break
-                block = rest + block
-                cut = block.rfind(b"\n")
-                if cut < 0:
-                    rest = block
-                    continue
-                rest = block[cut + 1 :]
-                yield block[: cut + 1]
+        blocks = _gz_blocks(f, chunk) if f.name.endswith(".gz") else _raw_blocks(f, chunk)
+        rest = b""
+        while True:
+            try:
+                block = next(blocks, b"")
+            except (EOFError, OSError, zlib.error) as exc:
+                # a truncated gzip (a file still being written): keep what was readable
+                if rest:
+                    yield rest
+                raise GpufleetError(f"{f}: unreadable ({exc})") from None
+            if not block:
+                break
+            cut = block.rfind(b"\n")
+            if cut < 0:
+                rest += block
+                continue
             if rest:
-                yield rest + b"\n"
+                yield rest + block[: cut + 1]
+            else:
+                yield block if cut == len(block) - 1 else block[: cut + 1]
+            rest = block[cut + 1 :]
+        if rest:
+            yield rest + b"\n"
     except PermissionError as exc:
         raise GpufleetError(f"{f}: {exc.strerror}") from None
+
+
+def _raw_blocks(f: Path, chunk: int) -> Iterator[bytes]:
+    with open(f, "rb") as fh:
+        while block := fh.read(chunk):
+            yield block
+
+
+def _gz_blocks(f: Path, chunk: int) -> Iterator[bytes]:
+    """Decompressed blocks of about ``chunk`` bytes: zlib on large reads (members concatenated,
+    as ``gzip`` reads them); a truncated file raises EOFError after its readable part."""
+    with open(f, "rb") as fh:
+        d = zlib.decompressobj(wbits=31)
+        out: list[bytes] = []
+        size = 0
+        started = False
+        while raw := fh.read(1 << 18):
+            while raw:
+                if d.eof:  # another gzip member follows (or trailing zero padding)
+                    if not raw.lstrip(b"\0"):
+                        break
+                    d = zlib.decompressobj(wbits=31)
+                started = True
+                piece = d.decompress(raw, chunk - size)
+                raw = d.unused_data if d.eof else d.unconsumed_tail
+                if piece:
+                    out.append(piece)
+                    size += len(piece)
+                if size >= chunk:
+                    yield b"".join(out)
+                    out, size = [], 0
+        tail = d.flush()
+        if tail:
+            out.append(tail)
+        if out:
+            yield b"".join(out)
+        if started and not d.eof:
+            raise EOFError("Compressed file ended before the end-of-stream marker was reached")
 
 
 def _line_time(block: bytes, starts: np.ndarray, ends: np.ndarray, i: int) -> int | None:
