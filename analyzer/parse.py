@@ -283,14 +283,7 @@ class Parser:
         head_end = np.full(len(nl), -1, np.int64)
         head_end[lid[first_sp_tok]] = P[first_sp_tok]
         hs, he = starts[gl].tolist(), head_end[gl].tolist()
-        heads = self._heads
-        sids = np.array(
-            [
-                heads[data[a:b]] if data[a:b] in heads else self._head(data[a:b])
-                for a, b in zip(hs, he, strict=False)
-            ],
-            np.int64,
-        )
+        sids = self._sids([data[a:b] for a, b in zip(hs, he, strict=True)])
         keep = sids >= 0
         gl, sids = gl[keep], sids[keep]
         if not len(gl):
@@ -377,6 +370,11 @@ class Parser:
             self.stats.points += len(rows)
             pieces.setdefault(mname, []).append(r)
 
+    def _sids(self, heads: list[bytes]) -> np.ndarray:
+        """Series id per head (cached; a new head is parsed once)."""
+        cache = self._heads
+        return np.array([cache[h] if h in cache else self._head(h) for h in heads], np.int64)
+
     def _names(self, data, tstart, tlen, keys, k0, k):
         sig = tuple((int(tstart[keys[k0 + j]]), int(tlen[keys[k0 + j]])) for j in range(k))
         names = [_unkey(data[a : a + n]) for a, n in sig]
@@ -453,12 +451,28 @@ def _slices(data: bytes, starts: np.ndarray, ends: np.ndarray) -> list[bytes]:
     return [data[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
 
 
+_LOW = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [(1 << 64) - 1], dtype=np.uint64)
+
+
+def _words(buf: np.ndarray) -> np.ndarray:
+    """Every 8-byte little-endian word of ``buf``, one per byte offset (an overlapping view, no copy)."""
+    return np.ndarray((len(buf) - 7,), dtype="<u8", buffer=buf, strides=(1,))
+
+
 def _gather(buf: np.ndarray, start: np.ndarray, n: np.ndarray, width: int) -> np.ndarray:
-    """(len(start), width) bytes from buf[start:start+n], zero beyond n (buf ends in >= width pad bytes)."""
-    win = np.lib.stride_tricks.sliding_window_view(buf, width)
-    out = win[np.minimum(start, len(win) - 1)]
-    out *= np.arange(width, dtype=np.int64)[None, :] < n[:, None]
-    return out
+    """(len(start), width) bytes from buf[start:start+n], zero beyond n (buf ends in >= width pad bytes).
+
+    Read as 8-byte words through an overlapping view (one fancy index per word, not per byte)."""
+    nw = width // 8
+    words = _words(buf)
+    start = np.minimum(start, len(words) - 1 - 8 * (nw - 1))
+    if nw == 1:
+        out = words[start] & _LOW[np.clip(n, 0, 8)]
+        return out.view(np.uint8).reshape(len(start), 8)
+    j = np.arange(nw, dtype=np.int64) * 8
+    out = words[start[:, None] + j[None, :]]
+    out &= _LOW[np.clip(n[:, None] - j[None, :], 0, 8)]
+    return out.view(np.uint8).reshape(len(start), width)
 
 
 def _fingerprint(buf: np.ndarray, start: np.ndarray, n: np.ndarray) -> np.ndarray:
@@ -469,9 +483,10 @@ def _fingerprint(buf: np.ndarray, start: np.ndarray, n: np.ndarray) -> np.ndarra
     """
     if not len(start):
         return np.zeros(0, np.uint64)
-    a = _gather(buf, start, np.minimum(n, 8), 8).view("<u8")[:, 0]
+    words = _words(buf)
+    a = words[start] & _LOW[np.clip(n, 0, 8)]
     off = np.minimum(8, np.maximum(n - 8, 0))
-    b = _gather(buf, start + off, np.minimum(n - off, 8), 8).view("<u8")[:, 0]
+    b = words[start + off] & _LOW[np.clip(n - off, 0, 8)]
     with np.errstate(over="ignore"):
         return (a * _MULT[0]) ^ (b * _MULT[1]) ^ (n.astype(np.uint64) << np.uint64(56))
 
