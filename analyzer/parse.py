@@ -212,19 +212,26 @@ class Parser:
         def count(pos):
             return np.bincount(np.searchsorted(nl, pos), minlength=nlines)
 
+        # a byte right after a backslash is escaped, never a delimiter (buf[-1] is a pad byte, not one)
         bsp = nz[k == 3]
-        escp = bsp + 1  # a byte escaped by a backslash is never a delimiter
-        qpos = nz[k == 2]
-        qpos = qpos[~_member(qpos, escp)]
+        qi = np.flatnonzero(k == 2)  # quotes, as indices into nz
+        qpos = nz[qi]
+        unesc = buf[qpos - 1] != _BSLASH
+        qi, qpos = qi[unesc], qpos[unesc]
         slow = real & (
-            (count(bsp[_member(bsp, escp)]) > 0) | (count(qpos) % 2 == 1) | (count(nz[k == 4]) > 0)
+            (count(bsp[buf[bsp - 1] == _BSLASH]) > 0) | (count(qpos) % 2 == 1) | (count(nz[k == 4]) > 0)
         )
         if slow.any():
-            qpos = qpos[~slow[np.searchsorted(nl, qpos)]]
+            keepq = ~slow[np.searchsorted(nl, qpos)]
+            qi, qpos = qi[keepq], qpos[keepq]
         fast = real & ~slow
-        D = nz[k == 1]
-        drop = _member(D, escp) & (buf[D] != _NL)
-        drop |= np.searchsorted(qpos, D, "right") % 2 == 1
+        di = np.flatnonzero(k == 1)
+        D = nz[di]
+        drop = (buf[D - 1] == _BSLASH) & (buf[D] != _NL)
+        if len(qi):  # inside quotes: an odd number of quotes before it
+            qm = np.zeros(len(nz), np.int32)
+            qm[qi] = 1
+            drop |= (np.cumsum(qm, dtype=np.int32)[di] & 1).astype(bool)
         P = D[~drop]
         c = buf[P]
         tstart = np.empty(len(P), np.int64)
@@ -437,14 +444,6 @@ def _unquote(raw: bytes) -> str | None:
         for k, v in _UNESC.items():
             body = body.replace(k, v)
     return body.decode("utf-8", "replace")
-
-
-def _member(a: np.ndarray, sorted_b: np.ndarray) -> np.ndarray:
-    """Which elements of ``a`` are in the sorted array ``sorted_b``."""
-    if not len(sorted_b) or not len(a):
-        return np.zeros(len(a), bool)
-    j = np.minimum(np.searchsorted(sorted_b, a), len(sorted_b) - 1)
-    return sorted_b[j] == a
 
 
 def _slices(data: bytes, starts: np.ndarray, ends: np.ndarray) -> list[bytes]:
