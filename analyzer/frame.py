@@ -121,23 +121,39 @@ def _int(s):
 
 @dataclass
 class Table:
-    """Rows of one measurement for one window, sorted by (entity, time), duplicates removed."""
+    """Rows of one measurement for one window, sorted by (entity, time), duplicates removed.
+
+    A table is read-only once built: what the detectors derive from it (counter deltas,
+    forward fills, rolling spans) is computed once per table and shared, as read-only arrays.
+    """
 
     ent: np.ndarray
     t: np.ndarray  # seconds since the epoch
     cols: dict[str, np.ndarray] = field(default_factory=dict)
     text: dict[str, np.ndarray] = field(default_factory=dict)
     new: np.ndarray | None = None  # rows inside the window proper
+    _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def build(cls, ent: np.ndarray, t_ns: np.ndarray, cols: dict, text: dict | None = None) -> Table:
-        order = np.lexsort((np.arange(len(ent)), t_ns, ent))
+        n = len(ent)
+        if n > 1 and bool((t_ns[1:] >= t_ns[:-1]).all()):
+            # rows already in time order (as files and exports are): a stable sort by entity keeps
+            # each entity's rows in time order, arrival order breaking ties (as the lexsort below)
+            small = int(ent.min()) >= 0 and int(ent.max()) < 2**16  # a 16-bit key sorts by radix
+            order = np.argsort(ent.astype(np.uint16) if small else ent, kind="stable")
+        else:
+            order = np.lexsort((np.arange(n), t_ns, ent))
         ent, t_ns = ent[order], t_ns[order]
         keep = np.ones(len(ent), bool)
         if len(ent) > 1:
             keep[:-1] = (ent[1:] != ent[:-1]) | (t_ns[1:] != t_ns[:-1])  # last copy wins
-        idx = order[keep]
-        tab = cls(ent[keep], t_ns[keep] / 1e9)
+        if keep.all():
+            idx = order
+        else:
+            idx = order[keep]
+            ent, t_ns = ent[keep], t_ns[keep]
+        tab = cls(ent, t_ns / 1e9)
         tab.cols = {k: v[idx] for k, v in cols.items()}
         tab.text = {k: v[idx] for k, v in (text or {}).items()}
         return tab
@@ -149,17 +165,37 @@ class Table:
     def __len__(self):
         return len(self.t)
 
+    def cached(self, key, fn):
+        """``fn()`` computed once per table and key; an array result is returned read-only."""
+        v = self._memo.get(key)
+        if v is None:
+            v = fn()
+            for a in v if isinstance(v, tuple) else (v,):
+                if isinstance(a, np.ndarray):
+                    a.flags.writeable = False
+            self._memo[key] = v
+        return v
+
     def col(self, name: str) -> np.ndarray:
         v = self.cols.get(name)
         if v is None:
-            return np.full(len(self.t), np.nan)
+            return self.cached(("nan",), lambda: np.full(len(self.t), np.nan))
         return v
 
     def first_of_entity(self) -> np.ndarray:
+        return self.cached(("first",), self._first_of_entity)
+
+    def _first_of_entity(self) -> np.ndarray:
         f = np.ones(len(self.ent), bool)
         if len(f) > 1:
             f[1:] = self.ent[1:] != self.ent[:-1]
         return f
+
+    def entity_start(self) -> np.ndarray:
+        """Per row: the index of its entity's first row."""
+        return self.cached(
+            ("entity_start",), lambda: _carry(np.where(self.first_of_entity(), np.arange(len(self)), 0))
+        )
 
     def prev(self, v: np.ndarray) -> np.ndarray:
         out = np.empty(len(v), dtype=float)
@@ -170,10 +206,13 @@ class Table:
         return out
 
     def dt(self) -> np.ndarray:
-        return self.t - self.prev(self.t)
+        return self.cached(("dt",), lambda: self.t - self.prev(self.t))
 
     def delta(self, name: str) -> np.ndarray:
         """Counter increase since the entity's previous row; NaN at resets, rollovers and gaps."""
+        return self.cached(("delta", name), lambda: self._delta(name))
+
+    def _delta(self, name: str) -> np.ndarray:
         v = self.col(name)
         d = v - self.prev(v)
         d[d < 0] = np.nan
@@ -181,17 +220,15 @@ class Table:
 
     def ffill(self, name: str) -> np.ndarray:
         """Forward-fill a slow-tier column within each entity."""
-        v = self.col(name).copy()
+        return self.cached(("ffill", name), lambda: self._ffill(name))
+
+    def _ffill(self, name: str) -> np.ndarray:
+        v = self.col(name)
         if not len(v):
-            return v
-        idx = np.where(np.isnan(v), 0, np.arange(len(v)))
-        starts = np.flatnonzero(self.first_of_entity())
+            return v.copy()
         # reset the carry at each entity start: positions before the first valid value stay NaN
-        np.maximum.accumulate(idx, out=idx)
-        seg = np.searchsorted(starts, np.arange(len(v)), side="right") - 1
-        ok = idx >= starts[seg]
-        out = np.where(ok, v[idx], np.nan)
-        return out
+        idx = _carry(np.where(np.isnan(v), 0, np.arange(len(v))))
+        return np.where(idx >= self.entity_start(), v[idx], np.nan)
 
     def ffill_text(self, name: str) -> np.ndarray:
         """Forward-fill a string column within each entity (None before the first value)."""
@@ -206,6 +243,9 @@ class Table:
 
     def ffill_codes(self, name: str) -> np.ndarray:
         """Forward-filled integer codes of a string column (equal strings, equal codes; -1 none)."""
+        return self.cached(("ffill_codes", name), lambda: self._ffill_codes(name))
+
+    def _ffill_codes(self, name: str) -> np.ndarray:
         v = self.text.get(name)
         if v is None:
             return np.full(len(self.t), -1, np.int64)
@@ -221,11 +261,8 @@ class Table:
         n = len(present)
         if not n:
             return np.zeros(0, np.int64)
-        idx = np.where(present, np.arange(n), -1)
-        np.maximum.accumulate(idx, out=idx)
-        starts = np.flatnonzero(self.first_of_entity())
-        seg_start = starts[np.searchsorted(starts, np.arange(n), side="right") - 1]
-        return np.where(idx >= seg_start, idx, -1)
+        idx = _carry(np.where(present, np.arange(n), -1))
+        return np.where(idx >= self.entity_start(), idx, -1)
 
     def run_start(self, cond: np.ndarray) -> np.ndarray:
         """Time the entity's current run of ``cond`` began, per row (NaN where ``cond`` is false)."""
@@ -235,14 +272,13 @@ class Table:
         first = self.first_of_entity()
         prev = np.concatenate([[False], cond[:-1]])
         began = cond & (first | ~prev)
-        idx = np.where(began, np.arange(n), 0)
-        np.maximum.accumulate(idx, out=idx)
+        idx = _carry(np.where(began, np.arange(n), 0))
         return np.where(cond, self.t[idx], np.nan)
 
     def rolling_sum(self, v: np.ndarray, seconds: float) -> np.ndarray:
         """Sum of the entity's non-NaN values over the trailing ``seconds`` (inclusive)."""
         lo, hi = self._span(seconds)
-        c = np.concatenate([[0.0], np.cumsum(np.nan_to_num(v, nan=0.0))])
+        c = np.concatenate([[0.0], np.cumsum(nan_to_zero(v))])
         return c[hi] - c[lo]
 
     def rolling_first(self, mask: np.ndarray, seconds: float) -> np.ndarray:
@@ -258,23 +294,40 @@ class Table:
         return out
 
     def _span(self, seconds: float):
+        """Per row: [lo, hi) row range of the entity's trailing ``seconds`` (inclusive)."""
+        return self.cached(("span", seconds), lambda: self._span_uncached(seconds))
+
+    def _span_uncached(self, seconds: float):
         t0 = self.t.min() if len(self.t) else 0.0
-        key = self.ent.astype(np.float64) * 1e7 + (self.t - t0)
-        lo = np.searchsorted(key, key - seconds, side="left")
-        return lo, np.arange(len(self.t)) + 1
+        key = self.ent.astype(np.float64) * 1e7 + (self.t - t0)  # exact while a window spans < 1e7 s
+        return np.searchsorted(key, key - seconds, side="left"), np.arange(len(self.t)) + 1
 
     def rolling_mean(self, v: np.ndarray, seconds: float) -> np.ndarray:
         """Mean of the entity's non-NaN values over the trailing ``seconds`` (inclusive)."""
         ok = ~np.isnan(v)
         c = np.concatenate([[0.0], np.cumsum(np.where(ok, v, 0.0))])
         n = np.concatenate([[0], np.cumsum(ok)])
-        t0 = self.t.min() if len(self.t) else 0.0
-        key = self.ent.astype(np.float64) * 1e7 + (self.t - t0)  # exact while a window spans < 1e7 s
-        lo = np.searchsorted(key, key - seconds, side="left")
-        hi = np.arange(len(v)) + 1
+        lo, hi = self._span(seconds)
         cnt = n[hi] - n[lo]
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(cnt > 0, (c[hi] - c[lo]) / np.maximum(cnt, 1), np.nan)
+
+
+def nan_to_zero(v: np.ndarray) -> np.ndarray:
+    """``np.nan_to_num(v, nan=0.0)`` (NaN -> 0, ±inf -> ±largest float) in a new array, faster."""
+    v = np.asarray(v)
+    if v.dtype.kind != "f":
+        return np.array(v, copy=True)
+    big = np.finfo(v.dtype).max
+    out = np.where(np.isnan(v), v.dtype.type(0), v)
+    np.clip(out, -big, big, out=out)
+    return out
+
+
+def _carry(idx: np.ndarray) -> np.ndarray:
+    """Running maximum, in place (carries the latest marked row index forward)."""
+    np.maximum.accumulate(idx, out=idx)
+    return idx
 
 
 @dataclass

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from analyzer.frame import Table, Window
+from analyzer.frame import Table, Window, nan_to_zero
 
 
 @dataclass
@@ -133,8 +133,8 @@ def share(tab: Table, counter: str) -> np.ndarray:
 
 
 def nz(v: np.ndarray) -> np.ndarray:
-    """NaN -> 0 for flags and counts."""
-    return np.nan_to_num(v, nan=0.0)
+    """NaN -> 0 for flags and counts (``np.nan_to_num``; a new array)."""
+    return nan_to_zero(v)
 
 
 def concat(kind: str, parts: list[Hits]) -> Hits:
@@ -176,7 +176,7 @@ def group_median(inv: np.ndarray, v: np.ndarray, n_groups: int) -> tuple[np.ndar
     span = hi_v - lo_v
     if span > 0 and n_groups < 2**40:
         # group index plus the value scaled into [0, 0.5]: one float sort instead of a lexsort
-        order = np.argsort(inv + (v - lo_v) * (0.5 / span), kind="stable")
+        order = _stable_argsort(inv + (v - lo_v) * (0.5 / span), v)
     else:
         order = np.argsort(inv, kind="stable")
     vs = v[order]
@@ -188,18 +188,56 @@ def group_median(inv: np.ndarray, v: np.ndarray, n_groups: int) -> tuple[np.ndar
     return med, cnt
 
 
+def _stable_argsort(key: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """An order of ``key`` whose ``v[order]`` equals that of the stable sort: the fast unstable
+    sort, unless rows with equal keys carry different values (then their order would matter)."""
+    order = np.argsort(key)
+    ks, vs = key[order], v[order]
+    if ((ks[1:] == ks[:-1]) & (vs[1:] != vs[:-1])).any():
+        return np.argsort(key, kind="stable")
+    return order
+
+
+def dense_inverse(key: np.ndarray) -> tuple[np.ndarray, int]:
+    """``np.unique(key, return_inverse=True)`` for integers as (inverse, number of distinct keys);
+    keys within a small range are ranked by counting instead of sorting."""
+    if not len(key):
+        return np.zeros(0, np.int64), 0
+    lo, hi = int(key.min()), int(key.max())
+    if hi - lo > 8 * len(key) + 4096:
+        u, inv = np.unique(key, return_inverse=True)
+        return inv.reshape(-1), len(u)
+    k = key - lo
+    present = np.zeros(hi - lo + 1, bool)
+    present[k] = True
+    rank = np.cumsum(present) - 1
+    return rank[k], int(rank[-1]) + 1
+
+
 def buckets(t: np.ndarray, seconds: float, extra: np.ndarray | None = None):
     """Group rows by time bucket (and an extra integer key): (inverse, number of groups)."""
     b = np.floor(t / seconds).astype(np.int64)
-    key = b if extra is None else b * 1_000_003 + extra
-    u, inv = np.unique(key, return_inverse=True)
-    return inv, len(u)
+    if extra is None:
+        return dense_inverse(b)
+    if len(extra) and int(extra.min()) >= 0 and int(extra.max()) < 1_000_003:
+        # (bucket, extra) ranks as the combined key below does, counted instead of sorted
+        e, ne = dense_inverse(extra)
+        return dense_inverse((b - int(b.min())) * ne + e)
+    return dense_inverse(b * 1_000_003 + extra)
 
 
 def lookup(mapping: dict, keys: np.ndarray, default=np.nan) -> np.ndarray:
-    """``[mapping.get(k, default) for k in keys]`` for an integer array, one lookup per distinct key."""
+    """``[mapping.get(k, default) for k in keys]`` for an integer array (as floats)."""
     if not len(keys):
         return np.zeros(0)
-    u, inv = np.unique(keys, return_inverse=True)
-    vals = np.array([mapping.get(k, default) for k in u.tolist()], dtype=float)
-    return vals[inv]
+    lo, hi = int(keys.min()), int(keys.max())
+    if lo < 0 or hi > 4 * len(keys) + 4096:
+        u, inv = np.unique(keys, return_inverse=True)
+        vals = np.array([mapping.get(k, default) for k in u.tolist()], dtype=float)
+        return vals[inv]
+    # dense ids (entities, hosts): a table indexed by id
+    table = np.full(hi + 1, default, dtype=float)
+    ks = [k for k in mapping if 0 <= k <= hi]
+    if ks:
+        table[ks] = [mapping[k] for k in ks]
+    return table[keys]

@@ -278,13 +278,9 @@ class CoolingDegradation(Detector):
         # node scope: share of the node's evaluated GPUs hot in the same minute
         inv, ng = buckets(tab.t, 60.0, node)
         evald = np.isfinite(v) & new
-        n_eval = np.bincount(inv, weights=evald.astype(float), minlength=ng)
-        gpus_in_bucket = np.zeros(ng)
-        np.add.at(gpus_in_bucket, inv, 0)  # placeholder for clarity
         hot_g = _distinct_count(inv, tab.ent, hot, ng)
         ev_g = _distinct_count(inv, tab.ent, evald, ng)
         node_hot = (hot_g >= self.node_min_gpus) & (hot_g >= self.node_share * np.maximum(ev_g, 1))
-        del n_eval
         row_node_hot = node_hot[inv] & hot
         # rack scope: nodes of a rack hot together in the same minute
         rinv, rng_ = buckets(tab.t, 60.0, rack)
@@ -394,15 +390,7 @@ class CoolingDegradation(Detector):
         first[inv] = np.arange(len(inv))
         g_min, g_rack = minute[first], rack[first]
         # the other racks' movement in the same minute (leave one out; 0 with a single rack)
-        others = np.zeros(ng)
-        um, minv = np.unique(g_min, return_inverse=True)
-        for k in range(len(um)):
-            idx = np.flatnonzero(minv == k)
-            if len(idx) < 2:
-                continue
-            vals = rmed[idx]
-            for j, gi in enumerate(idx.tolist()):
-                others[gi] = float(np.median(np.delete(vals, j)))
+        others = _leave_one_out_median(g_min, rmed)
         excess_row = dev - others[inv]
         hot_row = excess_row >= self.inlet_excess_celsius
         hosts_hot = _distinct_count(inv, host, hot_row, ng)
@@ -492,5 +480,37 @@ def _distinct_count(inv: np.ndarray, ent: np.ndarray, mask: np.ndarray, n: int) 
     """Per group: how many distinct entities have a row with ``mask`` set."""
     if not mask.any():
         return np.zeros(n, np.int64)
-    key = np.unique(inv[mask].astype(np.int64) * (int(ent.max()) + 2) + (ent[mask] + 1))
-    return np.bincount(key // (int(ent.max()) + 2), minlength=n)
+    m = int(ent.max()) + 2
+    key = inv[mask].astype(np.int64) * m + (ent[mask] + 1)
+    if n * m <= 8 * len(key) + 2**20:  # pairs counted on a table of all (group, entity) pairs
+        present = np.zeros(n * m, bool)
+        present[key] = True
+        return present.reshape(n, m).sum(1)
+    return np.bincount(np.unique(key) // m, minlength=n)
+
+
+def _leave_one_out_median(group: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Per element: the median of the other elements of its group (0 where it is alone); finite ``v``."""
+    n = len(v)
+    out = np.zeros(n)
+    if n < 2:
+        return out
+    order = np.lexsort((v, group))
+    g, vs = group[order], v[order]
+    first = np.ones(n, bool)
+    first[1:] = g[1:] != g[:-1]
+    start = np.maximum.accumulate(np.where(first, np.arange(n), 0))
+    size = np.bincount(np.cumsum(first) - 1)[np.cumsum(first) - 1]
+    pos = np.arange(n) - start  # rank of the element within its group
+    rest = size - 1  # how many remain without it
+    many = rest >= 1
+
+    def kth(k):  # the k-th smallest of the others: skip the element's own rank
+        return vs[np.minimum(start + k + (k >= pos), n - 1)]
+
+    lo_k = np.where(many, (rest - 1) // 2, 0)
+    hi_k = np.where(many, rest // 2, 0)
+    med = (kth(lo_k) + kth(hi_k)) / 2
+    med = np.where(rest % 2 == 1, kth(lo_k), med)
+    out[order] = np.where(many, med, 0.0)
+    return out

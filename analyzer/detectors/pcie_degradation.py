@@ -85,19 +85,20 @@ class PcieDegradation(Detector):
 
     def detect(self, window: Window) -> Hits:
         rate, allowance, down, gen, gmax, width, wmax = self._parts(window)
-        hit = (nz(rate) > allowance) | down
+        rate = nz(rate)
+        hit = (rate > allowance) | down
 
         def ev(i):
             return {
                 "signals": [
                     n
                     for n, on in (
-                        ("pcie_replay_total", nz(rate)[i] > allowance[i]),
+                        ("pcie_replay_total", rate[i] > allowance[i]),
                         ("pcie_link_gen/width", down[i]),
                     )
                     if on
                 ],
-                "replay_rate_per_s": round(float(nz(rate)[i]), 3),
+                "replay_rate_per_s": round(float(rate[i]), 3),
                 "replay_allowance_per_s": round(float(allowance[i]), 3),
                 "gen": _i(gen[i]),
                 "gen_max": _i(gmax[i]),

@@ -80,14 +80,12 @@ class Straggler(Detector):
             return self
         if len(X) > self.fit_rows:
             X = X[np.random.default_rng(0).choice(len(X), self.fit_rows, replace=False)]
-        from sklearn.covariance import MinCovDet
-
         # features that never vary (e.g. utilization pinned at 100 %) get a small floor of noise
         X = X + np.random.default_rng(1).normal(0, 1e-3, X.shape)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                mcd = MinCovDet(random_state=0, support_fraction=0.9).fit(X)
+                mcd = _min_cov_det()(random_state=0, support_fraction=0.9).fit(X)
         except (ValueError, np.linalg.LinAlgError):
             return self
         cov = mcd.covariance_ + np.eye(X.shape[1]) * 1e-6
@@ -128,3 +126,26 @@ class Straggler(Detector):
             }
 
         return self._gpu_hits(window, tab, hit, sc, False, ev)
+
+
+def _covariance(X: np.ndarray, *, assume_centered: bool = False) -> np.ndarray:
+    """``sklearn.covariance.empirical_covariance`` for a float array, without its input checks (the
+    MCD fit calls it hundreds of times on small subsets); the same arithmetic, so the same result."""
+    if assume_centered:
+        from sklearn.covariance import empirical_covariance
+
+        return empirical_covariance(X, assume_centered=True)
+    Xt = np.array(X.T, ndmin=2, dtype=np.float64)  # as np.cov(X.T, bias=1)
+    Xt -= Xt.mean(axis=1)[:, None]
+    c = np.dot(Xt, Xt.T.conj())
+    c *= np.true_divide(1, Xt.shape[1])
+    return c
+
+
+def _min_cov_det():
+    from sklearn.covariance import MinCovDet
+
+    class _MinCovDet(MinCovDet):
+        _nonrobust_covariance = staticmethod(_covariance)
+
+    return _MinCovDet

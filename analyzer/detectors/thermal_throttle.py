@@ -17,7 +17,11 @@ SW_THERMAL, HW_THERMAL = 0x20, 0x40
 
 
 def thermal_bits(tab) -> np.ndarray:
-    """1 where a thermal reason is active, from the decoded flags or the bitmask."""
+    """1 where a thermal reason is active, from the decoded flags or the bitmask (read-only)."""
+    return tab.cached("thermal_bits", lambda: _thermal_bits(tab))
+
+
+def _thermal_bits(tab) -> np.ndarray:
     flags = np.fmax(tab.col("clock_event_sw_thermal"), tab.col("clock_event_hw_thermal"))
     reasons = tab.col("clock_event_reasons")
     ok = np.isfinite(reasons) & (reasons >= 0) & (reasons < 2**63)
