@@ -21,7 +21,13 @@ import numpy as np
 
 from gpufleet.lineprotocol import ParseError, parse_line
 
+try:  # the C tokenizer (analyzer/_lpscan.c), built at install when a compiler is there
+    from analyzer import _lpscan
+except ImportError:  # pragma: no cover - exercised where no compiler was available
+    _lpscan = None
+
 _SP, _COMMA, _EQ, _NL, _QUOTE, _BSLASH, _HASH = 32, 44, 61, 10, 34, 92, 35
+_T_STR, _T_BAD = 4, 5  # value types from the C tokenizer
 _VW = 32  # widest numeric value token the fast path converts
 _NUMCHARS = np.zeros(256, bool)
 _NUMCHARS[[ord(c) for c in "0123456789.eE+-"]] = True
@@ -37,12 +43,12 @@ class SeriesIndex:
     """Series head (measurement + tags, as written) -> small int id, and id -> tags."""
 
     def __init__(self):
-        self.ids: dict[bytes, int] = {}
+        self.ids: dict[tuple, int] = {}
         self.measurement: list[str] = []
         self.tags: list[dict[str, str]] = []
 
-    def add(self, measurement: str, tags: dict[str, str], head: bytes | None = None) -> int:
-        key = head if head is not None else _canon(measurement, tags)
+    def add(self, measurement: str, tags: dict[str, str]) -> int:
+        key = (measurement, *sorted(tags.items()))  # not a joined string: "a\\,b=1" is no tag
         sid = self.ids.get(key)
         if sid is None:
             sid = len(self.tags)
@@ -53,10 +59,6 @@ class SeriesIndex:
 
     def __len__(self):
         return len(self.tags)
-
-
-def _canon(measurement: str, tags: dict[str, str]) -> bytes:
-    return (measurement + "," + ",".join(f"{k}={tags[k]}" for k in sorted(tags))).encode()
 
 
 @dataclass
@@ -117,10 +119,18 @@ class Parser:
     """Stateful chunk parser: ``feed(bytes)`` -> {measurement: Rows}; series ids persist."""
 
     def __init__(
-        self, measurements: set[str] | None = None, fields: dict[str, set[str] | None] | None = None
+        self,
+        measurements: set[str] | None = None,
+        fields: dict[str, set[str] | None] | None = None,
+        engine: str = "auto",
     ):
-        """``measurements``: keep only these; ``fields``: per measurement, the fields to convert
-        (None: all). Other values are tokenized but never converted."""
+        """``measurements``: keep only these; ``fields``: per measurement, the fields to keep
+        (None: all). ``engine``: "c" (the compiled tokenizer), "numpy", or "auto" (C when built)."""
+        if engine not in ("auto", "c", "numpy"):
+            raise ValueError(f"unknown parser engine {engine!r}")
+        if engine == "c" and _lpscan is None:
+            raise RuntimeError("the C line-protocol tokenizer is not built (pip install needs a C compiler)")
+        self.engine = "c" if engine == "c" or (engine == "auto" and _lpscan is not None) else "numpy"
         self.fields = fields
         self.series = SeriesIndex()
         self.stats = Stats()
@@ -136,7 +146,7 @@ class Parser:
             data += b"\n"
         pieces: dict[str, list[Rows]] = {}
         try:
-            self._fast(data, pieces)
+            (self._fast_c if self.engine == "c" else self._fast)(data, pieces)
         except MemoryError:
             raise
         except Exception:  # noqa: BLE001 - never lose a chunk to a fast-path corner case
@@ -158,6 +168,9 @@ class Parser:
                 continue
             if p.time == 0:
                 self.stats.no_timestamp += 1
+                continue
+            if not -(2**63) <= p.time < 2**63:
+                self.stats.bad_lines += 1
                 continue
             if self.only is not None and p.measurement not in self.only:
                 continue
@@ -190,6 +203,56 @@ class Parser:
                     col[i] = v
                 r.text[k] = col
             pieces.setdefault(m, []).append(r)
+
+    # ------------------------------------------------------------------ C tokenizer
+    def _fast_c(self, data: bytes, pieces: dict[str, list[Rows]]) -> None:
+        (real, head, group, f0, t, h0, hn, g_line, g_nf, fval, ftype, fk0, fkn, fv0, fvn, s0, s1) = (
+            _lpscan.scan(data)
+        )
+        i64 = np.int64
+        self.stats.lines += real
+        s0, s1 = np.frombuffer(s0, i64), np.frombuffer(s1, i64)
+        if len(s0):
+            self._slow(_slices(data, s0, s1), pieces, count=False)
+        head, group = np.frombuffer(head, i64), np.frombuffer(group, i64)
+        if not len(head):
+            return
+        f0, t = np.frombuffer(f0, i64), np.frombuffer(t, i64)
+        h0, hn = np.frombuffer(h0, i64).tolist(), np.frombuffer(hn, i64).tolist()
+        sids = self._sids([data[a : a + k] for a, k in zip(h0, hn, strict=True)])
+        self.stats.bad_lines += int(np.count_nonzero(sids == -2))
+        sid = sids[head]
+        fval, ftype = np.frombuffer(fval, np.float64), np.frombuffer(ftype, np.uint8)
+        self.stats.bad_values += int(np.count_nonzero(ftype == _T_BAD))
+        fk0, fkn = np.frombuffer(fk0, i64), np.frombuffer(fkn, i64)
+        fv0, fvn = np.frombuffer(fv0, i64), np.frombuffer(fvn, i64)
+        g_line, g_nf = np.frombuffer(g_line, i64).tolist(), np.frombuffer(g_nf, i64).tolist()
+        order = np.argsort(group, kind="stable")
+        bounds = np.concatenate([[0], np.cumsum(np.bincount(group, minlength=len(g_line)))]).tolist()
+        for g, (line0, nf) in enumerate(zip(g_line, g_nf, strict=True)):
+            rows = order[bounds[g] : bounds[g + 1]]
+            rows = rows[sid[rows] >= 0]
+            if not len(rows):
+                continue
+            k0 = int(f0[line0])
+            keys = zip(fk0[k0 : k0 + nf].tolist(), fkn[k0 : k0 + nf].tolist(), strict=True)
+            mname = self.series.measurement[int(sid[rows[0]])]
+            r = Rows(mname, sid[rows], t[rows])
+            first = f0[rows]
+            for j, name in self._columns(mname, [_unkey(data[a : a + k]) for a, k in keys]):
+                col = first + j
+                typ = ftype[col]
+                strs = typ == _T_STR
+                if strs.any():
+                    vals = zip(fv0[col].tolist(), fvn[col].tolist(), strs.tolist(), strict=True)
+                    r.text[name] = np.array(
+                        [_unquote(data[a : a + k]) if q else None for a, k, q in vals], dtype=object
+                    )
+                    if strs.all():
+                        continue
+                r.num[name] = fval[col]
+            self.stats.points += len(rows)
+            pieces.setdefault(mname, []).append(r)
 
     # ------------------------------------------------------------------ fast path
     def _fast(self, data: bytes, pieces: dict[str, list[Rows]]) -> None:
@@ -291,6 +354,7 @@ class Parser:
         head_end[lid[first_sp_tok]] = P[first_sp_tok]
         hs, he = starts[gl].tolist(), head_end[gl].tolist()
         sids = self._sids([data[a:b] for a, b in zip(hs, he, strict=True)])
+        self.stats.bad_lines += int(np.count_nonzero(sids == -2))
         keep = sids >= 0
         gl, sids = gl[keep], sids[keep]
         if not len(gl):
@@ -342,12 +406,8 @@ class Parser:
             line0 = gl[rows[0]]
             k = int(nk[rows[0]])
             names = self._names(data, tstart, tlen, keys, kfirst[line0], k)
-            if names is None:
-                self.stats.bad_lines += len(rows)
-                continue
             mname = self.series.measurement[int(sids[rows[0]])]
-            wanted = self.fields.get(mname) if self.fields is not None else None
-            cols = [(j, n) for j, n in enumerate(names) if wanted is None or n in wanted]
+            cols = self._columns(mname, names)
             vidx = kfirst[gl[rows]][:, None] + np.array([j for j, _ in cols], np.int64)
             need[vidx.ravel()] = True
             groups.append((rows, vidx, [n for _, n in cols], mname))
@@ -384,10 +444,14 @@ class Parser:
 
     def _names(self, data, tstart, tlen, keys, k0, k):
         sig = tuple((int(tstart[keys[k0 + j]]), int(tlen[keys[k0 + j]])) for j in range(k))
-        names = [_unkey(data[a : a + n]) for a, n in sig]
-        if len(set(names)) != len(names):
-            return None
-        return names
+        return [_unkey(data[a : a + n]) for a, n in sig]
+
+    def _columns(self, measurement: str, names: list[str]) -> list[tuple[int, str]]:
+        """(position, name) of the fields to keep; a key written twice in a line keeps its last
+        value, as InfluxDB does."""
+        wanted = self.fields.get(measurement) if self.fields is not None else None
+        last = {n: j for j, n in enumerate(names)}
+        return [(j, n) for n, j in last.items() if wanted is None or n in wanted]
 
     def _head(self, head: bytes) -> int:
         """Parse a new series head once; -1 if malformed or filtered out."""
@@ -420,7 +484,8 @@ class Parser:
         return sid
 
 
-_UNESC = {b'\\"': b'"', b"\\\\": b"\\", b"\\n": b"\n", b"\\r": b"\r"}
+_UNESC = re.compile(rb'\\(["\\nr])')
+_UNESC_TO = {b'"': b'"', b"\\": b"\\", b"n": b"\n", b"r": b"\r"}
 
 
 _PLACE = str.maketrans({"\x00": "\\", "\x01": ",", "\x02": "=", "\x03": " "})
@@ -440,9 +505,8 @@ def _unquote(raw: bytes) -> str | None:
     if len(raw) < 2 or raw[0] != _QUOTE or raw[-1] != _QUOTE:
         return None
     body = raw[1:-1]
-    if b"\\" in body:
-        for k, v in _UNESC.items():
-            body = body.replace(k, v)
+    if b"\\" in body:  # one pass: "\\\\r" is a backslash and an r, not a carriage return
+        body = _UNESC.sub(lambda m: _UNESC_TO[m.group(1)], body)
     return body.decode("utf-8", "replace")
 
 

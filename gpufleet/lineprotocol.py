@@ -122,6 +122,8 @@ def _parse_value(raw: str) -> object:
             raise ParseError("unterminated string")
         body = raw[1:-1]
         return _UNESC_STR.sub(lambda m: _STR_ESC[m.group(1)], body) if "\\" in body else body
+    if "_" in raw:  # Python's int() and float() take "1_000"; line protocol does not
+        raise ParseError("bad number")
     last = raw[-1]
     if last == "i" or last == "u":
         return int(raw[:-1])

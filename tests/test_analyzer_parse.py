@@ -1,20 +1,37 @@
-"""The vectorised line-protocol parser against the reference parser in gpufleet.lineprotocol."""
+"""The line-protocol parser (the C tokenizer and the numpy one) against the reference parser in
+gpufleet.lineprotocol."""
 
 from __future__ import annotations
 
 import math
+import os
+import random
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from analyzer import parse
 from analyzer.parse import Parser
-from gpufleet.lineprotocol import encode, parse_line
+from gpufleet.lineprotocol import ParseError, encode, parse_line
+
+ENGINES = ["c", "numpy"]
+FUZZ_SEEDS = int(os.environ.get("GPUFLEET_FUZZ_SEEDS", "40"))
 
 
-def _rows(data: bytes):
-    p = Parser()
+def _rows(data: bytes, engine: str = "c"):
+    p = Parser(engine=engine)
     return p, p.feed(data)
+
+
+def test_c_tokenizer_is_built():
+    # the install builds analyzer/_lpscan.c (a compiler and Python's headers are there: ./run
+    # installs them); without it the analyzer falls back to the slower numpy tokenizer
+    assert parse._lpscan is not None
+    assert Parser().engine == "c"
+    with pytest.raises(ValueError):
+        Parser(engine="fortran")
 
 
 def _as_points(p: Parser, rows) -> list[tuple]:
@@ -43,7 +60,8 @@ def _reference(lines: list[str]) -> list[tuple]:
     return sorted(out, key=repr)
 
 
-def test_wide_rows_escapes_and_strings():
+@pytest.mark.parametrize("engine", ENGINES)
+def test_wide_rows_escapes_and_strings(engine):
     lines = [
         encode(
             "gpu",
@@ -65,12 +83,13 @@ def test_wide_rows_escapes_and_strings():
             10**18 + 3,
         ),
     ]
-    p, rows = _rows(("\n".join(lines) + "\n").encode())
+    p, rows = _rows(("\n".join(lines) + "\n").encode(), engine)
     assert _as_points(p, rows) == _reference(lines)
     assert p.stats.bad_lines == 0 and p.stats.points == 4
 
 
-def test_garbage_is_skipped_and_counted():
+@pytest.mark.parametrize("engine", ENGINES)
+def test_garbage_is_skipped_and_counted(engine):
     good = encode("gpu", {"host": "a", "gpu": "0"}, {"power_watts": 100.0}, 5 * 10**18)
     data = (
         "\n".join(
@@ -89,7 +108,7 @@ def test_garbage_is_skipped_and_counted():
         ).encode("utf-8", "surrogateescape")
         + b"\xff\xfe\n"
     )
-    p, rows = _rows(data)
+    p, rows = _rows(data, engine)
     r = rows["gpu"]
     assert sorted(r.t.tolist()) == [8, 9, 5 * 10**18]
     assert np.isnan(r.num["power_watts"][r.t < 10]).all()
@@ -97,8 +116,9 @@ def test_garbage_is_skipped_and_counted():
     assert p.stats.no_timestamp == 1
 
 
-def test_series_ids_stable_across_chunks_and_paths():
-    p = Parser()
+@pytest.mark.parametrize("engine", ENGINES)
+def test_series_ids_stable_across_chunks_and_paths(engine):
+    p = Parser(engine=engine)
     a = p.feed(b"gpu,host=a,gpu=0,model=X\\ Y power_watts=1 1\n")
     b = p.feed(b'gpu,model=X\\ Y,gpu=0,host=a power_watts=2,job_id="j\\"1" 2\n')  # other tag order
     assert a["gpu"].sid[0] == b["gpu"].sid[0]
@@ -117,6 +137,7 @@ _val = st.one_of(
 )
 
 
+@pytest.mark.parametrize("engine", ENGINES)
 @settings(max_examples=60, deadline=None)
 @given(
     st.lists(
@@ -129,10 +150,10 @@ _val = st.one_of(
         max_size=20,
     )
 )
-def test_matches_reference_parser(points):
+def test_matches_reference_parser(engine, points):
     lines = [encode("m", tags, fields, t) for tags, fields, t in points]
     lines = [ln for ln in lines if ln is not None]
-    p, rows = _rows(("\n".join(lines) + "\n").encode())
+    p, rows = _rows(("\n".join(lines) + "\n").encode(), engine)
     got = _as_points(p, rows)
     ref = _reference(lines)
     assert len(got) == len(ref)
@@ -141,10 +162,81 @@ def test_matches_reference_parser(points):
         gf, rf = dict(g[3]), dict(r[3])
         assert gf.keys() == rf.keys()
         for k in gf:
-            if isinstance(rf[k], str):
+            if isinstance(rf[k], str) or engine == "c":  # C converts exactly, like float()
                 assert gf[k] == rf[k]
             else:
                 assert math.isclose(gf[k], rf[k], rel_tol=1e-12, abs_tol=1e-300)
+
+
+def _realistic_lines(rng: random.Random) -> list[bytes]:
+    out = []
+    for i in range(60):
+        tags = {"host": f"gpu{i % 7:04d}", "gpu": str(i % 8), "model": "NVIDIA H200", "rack": "r,1"}
+        t = 1_795_000_000_000_000_000 + i * 10**10
+        fields = {
+            "power_watts": round(rng.uniform(60, 700), 3),
+            "temperature_gpu_celsius": rng.randrange(30, 90),
+            "energy_joules_total": rng.uniform(0, 1e9),
+            "clock_event_reasons": rng.choice([0, 1, 4, 0x20]),
+            "ratio": rng.choice([0.0, 1e-7, 2.5e-300, 1e21, -3.75]),
+            "flag": rng.choice([True, False]),
+        }
+        if i % 5 == 0:
+            fields["job_id"] = rng.choice(["j 1", 'a "q", b=c', "back\\slash", "\\r", ""])
+        out.append(encode("gpu" if i % 3 else "gpu_event", tags, fields, t).encode())
+    return out
+
+
+def _mutate(rng: random.Random, line: bytes) -> bytes:
+    b = bytearray(line)
+    for _ in range(rng.randint(1, 3)):
+        i = rng.randrange(len(b) + 1)
+        op = rng.random()
+        if op < 0.4:
+            b[i:i] = bytes([rng.choice(b' ,="\\\r#ituTfe.-+09x\x00\xff')])
+        elif op < 0.7 and b:
+            del b[min(i, len(b) - 1)]
+        elif op < 0.85 and b:
+            b[min(i, len(b) - 1)] = rng.choice(b' ,="\\.-e9i')
+        else:
+            j = rng.randrange(len(b) + 1)
+            b[i:i] = b[j : j + rng.randint(1, 12)]
+    return bytes(b)
+
+
+def _reference_point(line: bytes):
+    if line.startswith(b"#"):  # a comment
+        return None
+    try:
+        pt = parse_line(line.decode("utf-8", "replace"))  # bad UTF-8 is replaced, not fatal
+    except (ParseError, ValueError):
+        return None
+    if pt.time == 0 or not -(2**63) <= pt.time < 2**63:
+        return None
+    fields = {k: (v if isinstance(v, str) else float(v)) for k, v in pt.fields.items()}
+    return (pt.measurement, tuple(sorted(pt.tags.items())), pt.time, tuple(sorted(fields.items())))
+
+
+@pytest.mark.parametrize("seed", range(FUZZ_SEEDS))
+def test_c_tokenizer_on_mutated_lines(seed):
+    """Real-looking lines with random damage: every line the reference parser accepts comes out
+    identical; every other row C keeps has a value it marked unparsable (absent) -- and nothing
+    raises."""
+    rng = random.Random(seed)
+    lines = [_mutate(rng, ln) if rng.random() < 0.5 else ln for ln in _realistic_lines(rng)]
+    lines.insert(rng.randrange(len(lines)), b"# comment")
+    lines.insert(rng.randrange(len(lines)), b"")
+    p, rows = _rows(b"\n".join(lines) + b"\n", "c")
+    got = _as_points(p, rows)
+    ref = sorted((r for r in map(_reference_point, lines) if r is not None), key=repr)
+    extra = list(got)
+    for r in ref:
+        assert r in extra, f"lost or changed: {r!r}"
+        extra.remove(r)
+    assert len(extra) <= p.stats.bad_values
+    real = sum(1 for ln in lines if ln and not ln.startswith(b"#"))
+    assert p.stats.lines == real
+    assert p.stats.points == len(got)
 
 
 def test_key_fingerprint_is_injective_over_the_catalogue():

@@ -1,0 +1,462 @@
+/* Line protocol tokenizer for the analyzer: one pass over a chunk of lines, in C.
+ *
+ * scan(data) walks every line once and keeps what analyzer/parse.py needs to build columns:
+ *
+ *   - for every line it can prove well formed (head, key=value fields, integer timestamp):
+ *     the id of its head (measurement + tags, deduplicated within the chunk, compared byte
+ *     for byte), the id of its group (measurement + field keys in order, likewise), the index
+ *     of its first field and its timestamp;
+ *   - for every field: the value as a double (NaN for strings and unparsable values), a type
+ *     code, and where its key and value lie in the chunk;
+ *   - the start and end of every other line (an escaped field key, no timestamp, a stray quote,
+ *     a carriage return...): parse.py hands those to the reference parser, which decides and
+ *     counts.
+ *
+ * Numbers are converted exactly: decimal tokens with at most 19 significant digits and a
+ * small power of ten take Clinger's fast path (one correctly rounded IEEE operation),
+ * everything else goes through PyOS_string_to_double, Python's own correctly rounded strtod.
+ * The module uses only the stable parts of the C API and no numpy headers; results travel as
+ * bytearrays that parse.py views with numpy.frombuffer.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+enum { T_FLOAT = 0, T_INT = 1, T_UINT = 2, T_BOOL = 3, T_STR = 4, T_BAD = 5 };
+
+typedef struct {
+    PyObject *obj; /* bytearray */
+    char *p;
+    Py_ssize_t n, cap, item;
+} Vec;
+
+static int vec_init(Vec *v, Py_ssize_t cap, Py_ssize_t item) {
+    if (cap < 1) cap = 1;
+    v->obj = PyByteArray_FromStringAndSize(NULL, cap * item);
+    if (!v->obj) return -1;
+    v->p = PyByteArray_AS_STRING(v->obj);
+    v->n = 0;
+    v->cap = cap;
+    v->item = item;
+    return 0;
+}
+
+static int vec_finish(Vec *v) { return PyByteArray_Resize(v->obj, v->n * v->item); }
+
+#define AT(v, T) ((T *)(v).p)
+
+/* ------------------------------------------------------------------ hashing */
+static inline uint64_t mix(uint64_t h, uint64_t w) {
+    h ^= w * 0x9E3779B97F4A7C15ULL;
+    h = (h << 31) | (h >> 33);
+    return h * 0xC2B2AE3D27D4EB4FULL;
+}
+
+static uint64_t hash_bytes(const char *s, Py_ssize_t n, uint64_t h) {
+    uint64_t w;
+    while (n >= 8) {
+        memcpy(&w, s, 8);
+        h = mix(h, w);
+        s += 8;
+        n -= 8;
+    }
+    w = 0;
+    memcpy(&w, s, (size_t)n);
+    return mix(h, w ^ ((uint64_t)n << 56));
+}
+
+/* Open-addressing table of ids; the caller compares candidates itself. */
+typedef struct {
+    int64_t *slot; /* id + 1, 0 = empty */
+    uint64_t *hash;
+    Py_ssize_t mask, used;
+} Table;
+
+static int table_init(Table *t, Py_ssize_t want) {
+    Py_ssize_t cap = 64;
+    while (cap < 2 * want) cap <<= 1;
+    t->slot = PyMem_Calloc((size_t)cap, sizeof(int64_t));
+    t->hash = PyMem_Calloc((size_t)cap, sizeof(uint64_t));
+    t->mask = cap - 1;
+    t->used = 0;
+    if (!t->slot || !t->hash) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+static void table_free(Table *t) {
+    PyMem_Free(t->slot);
+    PyMem_Free(t->hash);
+}
+
+static int table_grow(Table *t) {
+    Py_ssize_t cap = (t->mask + 1) * 2, i;
+    int64_t *slot = PyMem_Calloc((size_t)cap, sizeof(int64_t));
+    uint64_t *hash = PyMem_Calloc((size_t)cap, sizeof(uint64_t));
+    if (!slot || !hash) {
+        PyMem_Free(slot);
+        PyMem_Free(hash);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (i = 0; i <= t->mask; i++) {
+        if (t->slot[i]) {
+            Py_ssize_t j = (Py_ssize_t)(t->hash[i] & (uint64_t)(cap - 1));
+            while (slot[j]) j = (j + 1) & (cap - 1);
+            slot[j] = t->slot[i];
+            hash[j] = t->hash[i];
+        }
+    }
+    table_free(t);
+    t->slot = slot;
+    t->hash = hash;
+    t->mask = cap - 1;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ numbers */
+static const double POW10[23] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
+                                 1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+
+static int slow_double(const char *s, Py_ssize_t n, double *out) {
+    char buf[64];
+    char *end;
+    double v;
+    if (n <= 0 || n >= (Py_ssize_t)sizeof(buf)) return -1;
+    memcpy(buf, s, (size_t)n);
+    buf[n] = 0;
+    v = PyOS_string_to_double(buf, &end, NULL);
+    if (v == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return -1;
+    }
+    if (end != buf + n) return -1;
+    *out = v;
+    return 0;
+}
+
+/* A float token as line protocol writes it (what Python's float() accepts, through the slow
+ * path for the rare forms). 0 on success. */
+static int parse_float(const char *s, Py_ssize_t n, double *out) {
+    const char *p = s, *e = s + n;
+    int neg = 0, digits = 0, sig = 0;
+    uint64_t m = 0;
+    int64_t exp10 = 0;
+    if (p < e && (*p == '-' || *p == '+')) neg = (*p++ == '-');
+    for (; p < e && (unsigned)(*p - '0') < 10; p++, digits++) {
+        if (m || *p != '0') {
+            if (sig < 19) m = m * 10 + (uint64_t)(*p - '0');
+            else exp10++;
+            sig++;
+        }
+    }
+    if (p < e && *p == '.') {
+        p++;
+        for (; p < e && (unsigned)(*p - '0') < 10; p++, digits++) {
+            if (m || *p != '0') {
+                if (sig < 19) {
+                    m = m * 10 + (uint64_t)(*p - '0');
+                    exp10--;
+                }
+                sig++;
+            } else {
+                exp10--;
+            }
+        }
+    }
+    if (!digits) return slow_double(s, n, out); /* nan, inf, garbage */
+    if (p < e && (*p == 'e' || *p == 'E')) {
+        int eneg = 0, ed = 0;
+        int64_t x = 0;
+        p++;
+        if (p < e && (*p == '-' || *p == '+')) eneg = (*p++ == '-');
+        for (; p < e && (unsigned)(*p - '0') < 10; p++, ed++)
+            if (x < 100000) x = x * 10 + (*p - '0');
+        if (!ed) return -1;
+        exp10 += eneg ? -x : x;
+    }
+    if (p != e) return slow_double(s, n, out);
+    if (sig <= 19 && m < (1ULL << 53) && exp10 >= -22 && exp10 <= 22) {
+        double v = (double)m;
+        v = exp10 < 0 ? v / POW10[-exp10] : v * POW10[exp10];
+        *out = neg ? -v : v;
+        return 0;
+    }
+    return slow_double(s, n, out);
+}
+
+/* An integer token without its i/u suffix, as a double. */
+static int parse_int(const char *s, Py_ssize_t n, int allow_sign, double *out) {
+    const char *p = s, *e = s + n;
+    int neg = 0;
+    uint64_t m = 0;
+    if (allow_sign && p < e && (*p == '-' || *p == '+')) neg = (*p++ == '-');
+    if (p == e) return -1;
+    if (e - p > 19) { /* beyond uint64's exact digits: still a valid integer */
+        const char *q;
+        for (q = p; q < e; q++)
+            if ((unsigned)(*q - '0') >= 10) return -1;
+        return slow_double(s, n, out);
+    }
+    for (; p < e; p++) {
+        if ((unsigned)(*p - '0') >= 10) return -1;
+        m = m * 10 + (uint64_t)(*p - '0');
+    }
+    *out = neg ? -(double)m : (double)m;
+    return 0;
+}
+
+static int parse_bool(const char *s, Py_ssize_t n, double *out) {
+    static const char *T[] = {"t", "T", "true", "True", "TRUE"};
+    static const char *F[] = {"f", "F", "false", "False", "FALSE"};
+    int i;
+    for (i = 0; i < 5; i++) {
+        if ((Py_ssize_t)strlen(T[i]) == n && !memcmp(s, T[i], (size_t)n)) {
+            *out = 1.0;
+            return 0;
+        }
+        if ((Py_ssize_t)strlen(F[i]) == n && !memcmp(s, F[i], (size_t)n)) {
+            *out = 0.0;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static int parse_value(const char *s, Py_ssize_t n, double *out) {
+    char last = s[n - 1];
+    if (last == 'i') return parse_int(s, n - 1, 1, out) ? T_BAD : T_INT;
+    if (last == 'u') return parse_int(s, n - 1, 0, out) ? T_BAD : T_UINT;
+    if ((unsigned)(last - '0') < 10 || last == '.') return parse_float(s, n, out) ? T_BAD : T_FLOAT;
+    if (!parse_bool(s, n, out)) return T_BOOL;
+    return parse_float(s, n, out) ? T_BAD : T_FLOAT; /* nan, inf, "1e5" never end in a letter... */
+}
+
+/* Timestamp: [-]digits, fits int64. */
+static int parse_ts(const char *s, Py_ssize_t n, int64_t *out) {
+    const char *p = s, *e = s + n;
+    int neg = 0;
+    uint64_t m = 0;
+    if (p < e && *p == '-') neg = 1, p++;
+    if (p == e || e - p > 19) return -1;
+    for (; p < e; p++) {
+        if ((unsigned)(*p - '0') >= 10) return -1;
+        m = m * 10 + (uint64_t)(*p - '0');
+    }
+    if (m > (uint64_t)INT64_MAX) return -1;
+    *out = neg ? -(int64_t)m : (int64_t)m;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ scan */
+static Py_ssize_t count_byte(const char *s, Py_ssize_t n, char c) {
+    Py_ssize_t k = 0;
+    const char *e = s + n, *q;
+    while (s < e && (q = memchr(s, c, (size_t)(e - s)))) {
+        k++;
+        s = q + 1;
+    }
+    return k;
+}
+
+static PyObject *scan(PyObject *self, PyObject *arg) {
+    Py_buffer view;
+    const char *d;
+    Py_ssize_t n, pos, maxlines, maxfields, real = 0;
+    Vec L_head, L_group, L_f0, L_t, H_start, H_len, G_line, G_nf;
+    Vec F_val, F_type, F_k0, F_kn, F_v0, F_vn, S_start, S_end;
+    Vec *all[] = {&L_head, &L_group, &L_f0, &L_t, &H_start, &H_len, &G_line, &G_nf,
+                  &F_val,  &F_type,  &F_k0, &F_kn, &F_v0,   &F_vn,  &S_start, &S_end};
+    const int nvec = (int)(sizeof(all) / sizeof(all[0]));
+    Table heads = {0}, groups = {0};
+    PyObject *result = NULL;
+    int i, ok = 0;
+
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    d = view.buf;
+    n = view.len;
+    maxlines = count_byte(d, n, '\n') + 1;
+    maxfields = count_byte(d, n, '=') + 1;
+    for (i = 0; i < nvec; i++) all[i]->obj = NULL;
+    if (vec_init(&L_head, maxlines, 8) || vec_init(&L_group, maxlines, 8) || vec_init(&L_f0, maxlines, 8) ||
+        vec_init(&L_t, maxlines, 8) || vec_init(&H_start, maxlines, 8) || vec_init(&H_len, maxlines, 8) ||
+        vec_init(&G_line, maxlines, 8) || vec_init(&G_nf, maxlines, 8) || vec_init(&F_val, maxfields, 8) ||
+        vec_init(&F_type, maxfields, 1) || vec_init(&F_k0, maxfields, 8) || vec_init(&F_kn, maxfields, 8) ||
+        vec_init(&F_v0, maxfields, 8) || vec_init(&F_vn, maxfields, 8) || vec_init(&S_start, maxlines, 8) ||
+        vec_init(&S_end, maxlines, 8))
+        goto done;
+    if (table_init(&heads, 1024) || table_init(&groups, 64)) goto done;
+
+    for (pos = 0; pos < n;) {
+        const char *nl = memchr(d + pos, '\n', (size_t)(n - pos));
+        Py_ssize_t e = nl ? nl - d : n, i0 = pos, j, meas_end = -1, f0 = F_val.n, nf;
+        int64_t ts = 0;
+        uint64_t h, gh;
+        int good = 0;
+        pos = e + 1;
+        if (e == i0 || d[i0] == '#') continue;
+        real++;
+        if (memchr(d + i0, '\r', (size_t)(e - i0))) goto slow;
+        /* head: up to the first unescaped space; quotes are literal there */
+        for (j = i0; j < e; j++) {
+            char c = d[j];
+            if (c == '\\') {
+                if (j + 1 >= e) goto slow;
+                j++;
+            } else if (c == ' ') {
+                break;
+            } else if (c == ',' && meas_end < 0) {
+                meas_end = j;
+            }
+        }
+        if (j >= e || j == i0) goto slow;
+        if (meas_end < 0) meas_end = j;
+        {
+            Py_ssize_t head_end = j;
+            /* fields */
+            j++;
+            for (;;) {
+                Py_ssize_t k0 = j, v0;
+                double v = NAN;
+                int type;
+                for (; j < e; j++) {
+                    char c = d[j];
+                    if (c == '=' || c == ',' || c == ' ' || c == '\\' || c == '"') break;
+                }
+                if (j >= e || d[j] != '=' || j == k0) goto slow;
+                v0 = ++j;
+                if (j < e && d[j] == '"') {
+                    for (j++; j < e; j++) {
+                        if (d[j] == '\\') j++;
+                        else if (d[j] == '"') break;
+                    }
+                    if (j >= e) goto slow;
+                    j++;
+                    type = T_STR;
+                } else {
+                    for (; j < e; j++) {
+                        char c = d[j];
+                        if (c == ',' || c == ' ') break;
+                        if (c == '=' || c == '\\' || c == '"') goto slow;
+                    }
+                    if (j == v0) goto slow;
+                    type = parse_value(d + v0, j - v0, &v);
+                    if (type == T_BAD) v = NAN;
+                }
+                AT(F_val, double)[F_val.n++] = v;
+                AT(F_type, uint8_t)[F_type.n++] = (uint8_t)type;
+                AT(F_k0, int64_t)[F_k0.n++] = k0;
+                AT(F_kn, int64_t)[F_kn.n++] = v0 - 1 - k0;
+                AT(F_v0, int64_t)[F_v0.n++] = v0;
+                AT(F_vn, int64_t)[F_vn.n++] = j - v0;
+                if (j >= e) goto slow; /* no timestamp: the reference parser counts it */
+                if (d[j] == ' ') break;
+                if (d[j] != ',') goto slow;
+                j++;
+            }
+            j++;
+            if (parse_ts(d + j, e - j, &ts)) goto slow;
+            nf = F_val.n - f0;
+
+            /* head id */
+            h = hash_bytes(d + i0, head_end - i0, 0x243F6A8885A308D3ULL);
+            {
+                Py_ssize_t s = (Py_ssize_t)(h & (uint64_t)heads.mask), id = -1;
+                Py_ssize_t hl = head_end - i0;
+                while (heads.slot[s]) {
+                    if (heads.hash[s] == h) {
+                        Py_ssize_t c = heads.slot[s] - 1;
+                        if (AT(H_len, int64_t)[c] == hl && !memcmp(d + AT(H_start, int64_t)[c], d + i0, (size_t)hl)) {
+                            id = c;
+                            break;
+                        }
+                    }
+                    s = (s + 1) & heads.mask;
+                }
+                if (id < 0) {
+                    id = H_start.n;
+                    AT(H_start, int64_t)[H_start.n++] = i0;
+                    AT(H_len, int64_t)[H_len.n++] = hl;
+                    heads.slot[s] = id + 1;
+                    heads.hash[s] = h;
+                    if (++heads.used * 2 > heads.mask && table_grow(&heads)) goto done;
+                }
+                AT(L_head, int64_t)[L_head.n] = id;
+            }
+            /* group id: measurement + the field keys in order */
+            gh = hash_bytes(d + i0, meas_end - i0, 0x13198A2E03707344ULL ^ (uint64_t)nf);
+            for (j = f0; j < f0 + nf; j++)
+                gh = hash_bytes(d + AT(F_k0, int64_t)[j], AT(F_kn, int64_t)[j], gh);
+            {
+                Py_ssize_t s = (Py_ssize_t)(gh & (uint64_t)groups.mask), id = -1;
+                Py_ssize_t ml = meas_end - i0;
+                while (groups.slot[s]) {
+                    if (groups.hash[s] == gh) {
+                        Py_ssize_t c = groups.slot[s] - 1, line = AT(G_line, int64_t)[c];
+                        Py_ssize_t rf0 = AT(L_f0, int64_t)[line], rh = AT(L_head, int64_t)[line];
+                        Py_ssize_t rs = AT(H_start, int64_t)[rh], k;
+                        int same = AT(G_nf, int64_t)[c] == nf && rs + ml < n && !memcmp(d + rs, d + i0, (size_t)ml) &&
+                                   (d[rs + ml] == ',' || d[rs + ml] == ' ');
+                        for (k = 0; same && k < nf; k++) {
+                            Py_ssize_t a = rf0 + k, b = f0 + k;
+                            same = AT(F_kn, int64_t)[a] == AT(F_kn, int64_t)[b] &&
+                                   !memcmp(d + AT(F_k0, int64_t)[a], d + AT(F_k0, int64_t)[b],
+                                           (size_t)AT(F_kn, int64_t)[b]);
+                        }
+                        if (same) {
+                            id = c;
+                            break;
+                        }
+                    }
+                    s = (s + 1) & groups.mask;
+                }
+                if (id < 0) {
+                    id = G_line.n;
+                    AT(G_line, int64_t)[G_line.n++] = L_head.n;
+                    AT(G_nf, int64_t)[G_nf.n++] = nf;
+                    groups.slot[s] = id + 1;
+                    groups.hash[s] = gh;
+                    if (++groups.used * 2 > groups.mask && table_grow(&groups)) goto done;
+                }
+                AT(L_group, int64_t)[L_group.n++] = id;
+            }
+            AT(L_f0, int64_t)[L_f0.n++] = f0;
+            AT(L_t, int64_t)[L_t.n++] = ts;
+            L_head.n++;
+            good = 1;
+        }
+    slow:
+        if (!good) {
+            /* drop this line's fields and hand the whole line to the reference parser */
+            F_val.n = F_type.n = F_k0.n = F_kn.n = F_v0.n = F_vn.n = f0;
+            AT(S_start, int64_t)[S_start.n++] = i0;
+            AT(S_end, int64_t)[S_end.n++] = e;
+        }
+    }
+    for (i = 0; i < nvec; i++)
+        if (vec_finish(all[i])) goto done;
+    result = Py_BuildValue("(nNNNNNNNNNNNNNNNN)", real, L_head.obj, L_group.obj, L_f0.obj, L_t.obj, H_start.obj,
+                           H_len.obj, G_line.obj, G_nf.obj, F_val.obj, F_type.obj, F_k0.obj, F_kn.obj, F_v0.obj,
+                           F_vn.obj, S_start.obj, S_end.obj);
+    ok = 1; /* the bytearrays now belong to the tuple (or, if it failed, are gone with it) */
+done:
+    if (!ok)
+        for (i = 0; i < nvec; i++) Py_XDECREF(all[i]->obj);
+    table_free(&heads);
+    table_free(&groups);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"scan", scan, METH_O, "scan(data) -> tuple of columns (see analyzer/parse.py)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_lpscan", "Line protocol tokenizer.", -1, methods};
+
+PyMODINIT_FUNC PyInit__lpscan(void) { return PyModule_Create(&module); }
