@@ -35,6 +35,7 @@ class Registry:
         self._sid_gpu: dict[int, int] = {}
         self._sid_link: dict[int, int] = {}
         self._sid_host: dict[int, int] = {}
+        self._sid_table: dict[str, np.ndarray] = {}  # kind -> entity id per series id (-1: unknown)
 
     def host(self, tags: dict) -> int:
         h = tags.get("host", "")
@@ -80,13 +81,27 @@ class Registry:
             "link": (self._sid_link, self.link),
             "host": (self._sid_host, self.host),
         }[kind]
-        u, inv = np.unique(rows.sid, return_inverse=True)
+        table = self._sid_table.get(kind)
+        sids = rows.sid
+        if table is not None and len(sids) and len(table) > int(sids.max()):
+            # every series seen before: one table look-up per row
+            ids = table[sids]
+            if (ids >= 0).all():
+                return ids
+        u, inv = np.unique(sids, return_inverse=True)
         ids = np.empty(len(u), np.int64)
         for j, s in enumerate(u.tolist()):
             e = cache.get(s)
             if e is None:
                 e = cache[s] = fn(series.tags[s])
             ids[j] = e
+        if len(u):
+            n = max(int(u[-1]) + 1, len(table) if table is not None else 0)
+            new = np.full(n, -1, np.int64)
+            if table is not None:
+                new[: len(table)] = table
+            new[u] = ids
+            self._sid_table[kind] = new
         return ids[inv]
 
     def arrays(self):

@@ -69,6 +69,12 @@ class _Block:
     t: np.ndarray  # ns
     cols: dict
     text: dict
+    tmin: int = 0  # earliest and latest t (set by __post_init__)
+    tmax: int = -1
+
+    def __post_init__(self):
+        if len(self.t):
+            self.tmin, self.tmax = int(self.t.min()), int(self.t.max())
 
 
 def shard_of(host: str, n: int) -> int:
@@ -102,6 +108,7 @@ class Analyzer:
         self.windows = 0
         self.last_seen = np.zeros(0)
         self._sid_keep: dict[int, bool] = {}
+        self._keep_flags = np.zeros(0, np.int8)  # per series id: 1 keep, 0 drop, -1 not seen yet
         self._sid_extra: dict[int, dict] = {}
 
     # ------------------------------------------------------------------ input
@@ -137,6 +144,14 @@ class Analyzer:
     def _keep(self, r: Rows, series, m: str):
         """Row mask for this shard and measurement (None: keep all)."""
         sids = r.sid
+        flags = self._keep_flags
+        if len(flags) > int(sids.max()):
+            # every series seen before: one table look-up per row
+            f = flags[sids]
+            if (f == 1).all():
+                return None
+            if (f >= 0).all():
+                return f == 1
         u = np.unique(sids)
         need = False
         for s in u.tolist():
@@ -152,6 +167,10 @@ class Analyzer:
                     self._sid_extra[s] = {"type": tags.get("type")}
                 self._sid_keep[s] = ok
             need |= not self._sid_keep[s]
+        if int(u[-1]) >= len(flags):
+            flags = np.concatenate([flags, np.full(int(u[-1]) + 1 - len(flags), -1, np.int8)])
+        flags[u] = [self._sid_keep[s] for s in u.tolist()]
+        self._keep_flags = flags
         if not need:
             return None
         flags = np.array([self._sid_keep[s] for s in u.tolist()])
@@ -207,14 +226,23 @@ class Analyzer:
         ctx_from = int((end - self.context) * 1e9)
         blocks = self.buffer[m]
         cur, rest = [], []
+        lo_ns = start_ns if consume else int((start - self.context) * 1e9)
         for b in blocks:
+            # most blocks lie wholly inside the window or wholly after it: no row masks, no copies
+            if b.tmin >= end_ns:
+                if consume:
+                    rest.append(b)
+                continue
+            if b.tmin >= lo_ns and b.tmax < end_ns:
+                cur.append(b)
+                continue
             inw = b.t < end_ns
             if consume:
                 late = b.t < start_ns
                 self.late_points += int(late.sum())
                 take = inw & ~late
             else:
-                take = inw & (b.t >= int((start - self.context) * 1e9))
+                take = inw & (b.t >= lo_ns)
             if take.any():
                 cur.append(_sub(b, take))
             if consume and (~inw).any():
@@ -281,6 +309,11 @@ class Analyzer:
 
 
 def _sub(b: _Block, mask) -> _Block:
+    idx = np.flatnonzero(mask)
+    if len(idx) == len(mask):
+        return b
+    if len(idx) and idx[-1] - idx[0] + 1 == len(idx):  # one run of rows: views, not copies
+        mask = slice(int(idx[0]), int(idx[-1]) + 1)
     return _Block(
         b.ent[mask],
         b.t[mask],
