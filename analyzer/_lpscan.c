@@ -45,6 +45,13 @@ static int vec_init(Vec *v, Py_ssize_t cap, Py_ssize_t item) {
 
 static int vec_finish(Vec *v) { return PyByteArray_Resize(v->obj, v->n * v->item); }
 
+static int vec_grow(Vec *v, Py_ssize_t cap) {
+    if (PyByteArray_Resize(v->obj, cap * v->item)) return -1;
+    v->p = PyByteArray_AS_STRING(v->obj);
+    v->cap = cap;
+    return 0;
+}
+
 #define AT(v, T) ((T *)(v).p)
 
 /* ------------------------------------------------------------------ hashing */
@@ -253,6 +260,17 @@ static int parse_ts(const char *s, Py_ssize_t n, int64_t *out) {
 }
 
 /* ------------------------------------------------------------------ scan */
+/* Do the fields starting at a and b (na and nb of them) have the same keys in the same order? */
+static int same_keys(const char *d, const Vec *k0, const Vec *kn, Py_ssize_t a, Py_ssize_t b, Py_ssize_t na,
+                     Py_ssize_t nb) {
+    const int64_t *ks = (const int64_t *)k0->p, *kl = (const int64_t *)kn->p;
+    Py_ssize_t k;
+    if (na != nb) return 0;
+    for (k = 0; k < na; k++)
+        if (kl[a + k] != kl[b + k] || memcmp(d + ks[a + k], d + ks[b + k], (size_t)kl[b + k])) return 0;
+    return 1;
+}
+
 static Py_ssize_t count_byte(const char *s, Py_ssize_t n, char c) {
     Py_ssize_t k = 0;
     const char *e = s + n, *q;
@@ -266,7 +284,8 @@ static Py_ssize_t count_byte(const char *s, Py_ssize_t n, char c) {
 static PyObject *scan(PyObject *self, PyObject *arg) {
     Py_buffer view;
     const char *d;
-    Py_ssize_t n, pos, maxlines, maxfields, real = 0;
+    Py_ssize_t n, pos, maxlines, real = 0;
+    int64_t(*recent)[2] = NULL; /* per head: the last two groups its lines had */
     Vec L_head, L_group, L_f0, L_t, H_start, H_len, G_line, G_nf;
     Vec F_val, F_type, F_k0, F_kn, F_v0, F_vn, S_start, S_end;
     Vec *all[] = {&L_head, &L_group, &L_f0, &L_t, &H_start, &H_len, &G_line, &G_nf,
@@ -280,27 +299,36 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
     d = view.buf;
     n = view.len;
     maxlines = count_byte(d, n, '\n') + 1;
-    maxfields = count_byte(d, n, '=') + 1;
     for (i = 0; i < nvec; i++) all[i]->obj = NULL;
     if (vec_init(&L_head, maxlines, 8) || vec_init(&L_group, maxlines, 8) || vec_init(&L_f0, maxlines, 8) ||
         vec_init(&L_t, maxlines, 8) || vec_init(&H_start, maxlines, 8) || vec_init(&H_len, maxlines, 8) ||
-        vec_init(&G_line, maxlines, 8) || vec_init(&G_nf, maxlines, 8) || vec_init(&F_val, maxfields, 8) ||
-        vec_init(&F_type, maxfields, 1) || vec_init(&F_k0, maxfields, 8) || vec_init(&F_kn, maxfields, 8) ||
-        vec_init(&F_v0, maxfields, 8) || vec_init(&F_vn, maxfields, 8) || vec_init(&S_start, maxlines, 8) ||
+        vec_init(&G_line, maxlines, 8) || vec_init(&G_nf, maxlines, 8) || vec_init(&F_val, n / 16, 8) ||
+        vec_init(&F_type, n / 16, 1) || vec_init(&F_k0, n / 16, 8) || vec_init(&F_kn, n / 16, 8) ||
+        vec_init(&F_v0, n / 16, 8) || vec_init(&F_vn, n / 16, 8) || vec_init(&S_start, maxlines, 8) ||
         vec_init(&S_end, maxlines, 8))
         goto done;
     if (table_init(&heads, 1024) || table_init(&groups, 64)) goto done;
+    recent = PyMem_Malloc((size_t)maxlines * sizeof(*recent));
+    if (!recent) {
+        PyErr_NoMemory();
+        goto done;
+    }
 
     for (pos = 0; pos < n;) {
         const char *nl = memchr(d + pos, '\n', (size_t)(n - pos));
         Py_ssize_t e = nl ? nl - d : n, i0 = pos, j, meas_end = -1, f0 = F_val.n, nf;
         int64_t ts = 0;
-        uint64_t h, gh;
+        uint64_t h, gh = 0;
         int good = 0;
         pos = e + 1;
         if (e == i0 || d[i0] == '#') continue;
         real++;
-        if (memchr(d + i0, '\r', (size_t)(e - i0))) goto slow;
+        if (F_val.n + (e - i0) / 2 + 1 > F_val.cap) { /* a field takes at least 2 bytes */
+            Py_ssize_t cap = 2 * F_val.cap + (e - i0);
+            if (vec_grow(&F_val, cap) || vec_grow(&F_type, cap) || vec_grow(&F_k0, cap) || vec_grow(&F_kn, cap) ||
+                vec_grow(&F_v0, cap) || vec_grow(&F_vn, cap))
+                goto done;
+        }
         /* head: up to the first unescaped space; quotes are literal there */
         for (j = i0; j < e; j++) {
             char c = d[j];
@@ -309,6 +337,8 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
                 j++;
             } else if (c == ' ') {
                 break;
+            } else if (c == '\r') {
+                goto slow; /* the reference parser decides what a carriage return means */
             } else if (c == ',' && meas_end < 0) {
                 meas_end = j;
             }
@@ -325,7 +355,7 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
                 int type;
                 for (; j < e; j++) {
                     char c = d[j];
-                    if (c == '=' || c == ',' || c == ' ' || c == '\\' || c == '"') break;
+                    if (c == '=' || c == ',' || c == ' ' || c == '\\' || c == '"' || c == '\r') break;
                 }
                 if (j >= e || d[j] != '=' || j == k0) goto slow;
                 v0 = ++j;
@@ -341,7 +371,7 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
                     for (; j < e; j++) {
                         char c = d[j];
                         if (c == ',' || c == ' ') break;
-                        if (c == '=' || c == '\\' || c == '"') goto slow;
+                        if (c == '=' || c == '\\' || c == '"' || c == '\r') goto slow;
                     }
                     if (j == v0) goto slow;
                     type = parse_value(d + v0, j - v0, &v);
@@ -387,40 +417,44 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
                 }
                 AT(L_head, int64_t)[L_head.n] = id;
             }
-            /* group id: measurement + the field keys in order */
-            gh = hash_bytes(d + i0, meas_end - i0, 0x13198A2E03707344ULL ^ (uint64_t)nf);
-            for (j = f0; j < f0 + nf; j++)
-                gh = hash_bytes(d + AT(F_k0, int64_t)[j], AT(F_kn, int64_t)[j], gh);
+            /* group id: measurement + the field keys in order. A series keeps to one or two
+             * field sets (fast and slow tier), so its last two groups are tried first. */
             {
-                Py_ssize_t s = (Py_ssize_t)(gh & (uint64_t)groups.mask), id = -1;
-                Py_ssize_t ml = meas_end - i0;
-                while (groups.slot[s]) {
-                    if (groups.hash[s] == gh) {
+                Py_ssize_t hid = AT(L_head, int64_t)[L_head.n], id = -1, r;
+                int fresh = hid == H_start.n - 1 && AT(H_start, int64_t)[hid] == i0;
+                for (r = 0; r < 2 && !fresh && id < 0; r++) {
+                    Py_ssize_t c = recent[hid][r];
+                    if (c >= 0 && same_keys(d, &F_k0, &F_kn, AT(L_f0, int64_t)[AT(G_line, int64_t)[c]], f0,
+                                            AT(G_nf, int64_t)[c], nf))
+                        id = c;
+                }
+                if (fresh) recent[hid][0] = recent[hid][1] = -1;
+                if (id < 0) {
+                    Py_ssize_t s, ml = meas_end - i0;
+                    gh = hash_bytes(d + i0, ml, 0x13198A2E03707344ULL ^ (uint64_t)nf);
+                    for (j = f0; j < f0 + nf; j++) gh = hash_bytes(d + AT(F_k0, int64_t)[j], AT(F_kn, int64_t)[j], gh);
+                    for (s = (Py_ssize_t)(gh & (uint64_t)groups.mask); groups.slot[s]; s = (s + 1) & groups.mask) {
                         Py_ssize_t c = groups.slot[s] - 1, line = AT(G_line, int64_t)[c];
-                        Py_ssize_t rf0 = AT(L_f0, int64_t)[line], rh = AT(L_head, int64_t)[line];
-                        Py_ssize_t rs = AT(H_start, int64_t)[rh], k;
-                        int same = AT(G_nf, int64_t)[c] == nf && rs + ml < n && !memcmp(d + rs, d + i0, (size_t)ml) &&
-                                   (d[rs + ml] == ',' || d[rs + ml] == ' ');
-                        for (k = 0; same && k < nf; k++) {
-                            Py_ssize_t a = rf0 + k, b = f0 + k;
-                            same = AT(F_kn, int64_t)[a] == AT(F_kn, int64_t)[b] &&
-                                   !memcmp(d + AT(F_k0, int64_t)[a], d + AT(F_k0, int64_t)[b],
-                                           (size_t)AT(F_kn, int64_t)[b]);
-                        }
-                        if (same) {
+                        Py_ssize_t rs = AT(H_start, int64_t)[AT(L_head, int64_t)[line]];
+                        if (groups.hash[s] == gh && rs + ml < n && !memcmp(d + rs, d + i0, (size_t)ml) &&
+                            (d[rs + ml] == ',' || d[rs + ml] == ' ') &&
+                            same_keys(d, &F_k0, &F_kn, AT(L_f0, int64_t)[line], f0, AT(G_nf, int64_t)[c], nf)) {
                             id = c;
                             break;
                         }
                     }
-                    s = (s + 1) & groups.mask;
+                    if (id < 0) {
+                        id = G_line.n;
+                        AT(G_line, int64_t)[G_line.n++] = L_head.n;
+                        AT(G_nf, int64_t)[G_nf.n++] = nf;
+                        groups.slot[s] = id + 1;
+                        groups.hash[s] = gh;
+                        if (++groups.used * 2 > groups.mask && table_grow(&groups)) goto done;
+                    }
                 }
-                if (id < 0) {
-                    id = G_line.n;
-                    AT(G_line, int64_t)[G_line.n++] = L_head.n;
-                    AT(G_nf, int64_t)[G_nf.n++] = nf;
-                    groups.slot[s] = id + 1;
-                    groups.hash[s] = gh;
-                    if (++groups.used * 2 > groups.mask && table_grow(&groups)) goto done;
+                if (recent[hid][0] != id) {
+                    recent[hid][1] = recent[hid][0];
+                    recent[hid][0] = id;
                 }
                 AT(L_group, int64_t)[L_group.n++] = id;
             }
@@ -448,6 +482,7 @@ done:
         for (i = 0; i < nvec; i++) Py_XDECREF(all[i]->obj);
     table_free(&heads);
     table_free(&groups);
+    PyMem_Free(recent);
     PyBuffer_Release(&view);
     return result;
 }

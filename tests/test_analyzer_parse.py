@@ -252,3 +252,17 @@ def test_key_fingerprint_is_injective_over_the_catalogue():
         pos += len(n) + 1
     fp = _fingerprint(buf, np.array(starts), np.array([len(n) for n in names]))
     assert len(set(fp.tolist())) == len(names)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_field_sets_rotating_within_one_series(engine):
+    # one series writing three field sets in turn (more than the two the tokenizer remembers per
+    # series), the same keys in another order, and another measurement with the same keys
+    sets = [("a", "b"), ("a", "b", "c"), ("c",), ("b", "a")]
+    lines = []
+    for i in range(40):
+        keys = sets[i % len(sets)]
+        meas = "m2" if i % 5 == 0 else "m"
+        lines.append(encode(meas, {"host": "h"}, {k: float(i * 10 + j) for j, k in enumerate(keys)}, i + 1))
+    p, rows = _rows(("\n".join(lines) + "\n").encode(), engine)
+    assert _as_points(p, rows) == _reference(lines)
