@@ -18,6 +18,11 @@ import numpy as np
 from analyzer.parse import Rows, SeriesIndex
 from gpufleet.errors import GpufleetError
 
+try:  # ISA-L's inflate: zlib's stream API, about 2.5x faster on line protocol
+    from isal import isal_zlib as inflate
+except ImportError:  # pragma: no cover - the [analyzer] extra installs it
+    inflate = zlib
+
 CHUNK = 4 << 20
 
 
@@ -56,10 +61,10 @@ def _file_chunks(f: Path, chunk: int = CHUNK) -> Iterator[bytes]:
         while True:
             try:
                 block = next(blocks, b"")
-            except (EOFError, OSError, zlib.error) as exc:
-                # a truncated gzip (a file still being written): keep what was readable
-                if rest:
-                    yield rest
+            except (EOFError, OSError, zlib.error, inflate.error) as exc:
+                # a truncated gzip (a file still being written): what was readable has been
+                # analysed; the line the cut went through is dropped (a cut timestamp or value
+                # would be a wrong point, not a missing one)
                 raise GpufleetError(f"{f}: unreadable ({exc})") from None
             if not block:
                 break
@@ -85,10 +90,10 @@ def _raw_blocks(f: Path, chunk: int) -> Iterator[bytes]:
 
 
 def _gz_blocks(f: Path, chunk: int) -> Iterator[bytes]:
-    """Decompressed blocks of about ``chunk`` bytes: zlib on large reads (members concatenated,
+    """Decompressed blocks of about ``chunk`` bytes: inflate on large reads (members concatenated,
     as ``gzip`` reads them); a truncated file raises EOFError after its readable part."""
     with open(f, "rb") as fh:
-        d = zlib.decompressobj(wbits=31)
+        d = inflate.decompressobj(wbits=31)
         out: list[bytes] = []
         size = 0
         started = False
@@ -97,7 +102,7 @@ def _gz_blocks(f: Path, chunk: int) -> Iterator[bytes]:
                 if d.eof:  # another gzip member follows (or trailing zero padding)
                     if not raw.lstrip(b"\0"):
                         break
-                    d = zlib.decompressobj(wbits=31)
+                    d = inflate.decompressobj(wbits=31)
                 started = True
                 piece = d.decompress(raw, chunk - size)
                 raw = d.unused_data if d.eof else d.unconsumed_tail

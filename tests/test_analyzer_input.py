@@ -80,3 +80,30 @@ def test_merge_is_in_time_order_across_files(tmp_path):
         run_max = max(run_max, t)
     assert worst <= 60 * 10**9
     assert b"".join(read_chunks(d)) == data  # a directory of several files goes through the merge
+
+
+def test_damaged_gzip_is_one_line_error(tmp_path, capsys):
+    lines = b"".join(
+        b"gpu,host=h,gpu=0 power_watts=%d.5,temperature_gpu_celsius=40i %d\n" % (i, (10**9) * (i + 1))
+        for i in range(20000)
+    )
+    blob = gzip.compress(lines)
+    truncated = tmp_path / "truncated.lp.gz"
+    truncated.write_bytes(blob[: len(blob) // 2])
+    corrupt = tmp_path / "corrupt.lp.gz"
+    corrupt.write_bytes(blob[:40] + bytes(64) + blob[104:])
+    for f in (truncated, corrupt):
+        got = []
+        try:
+            for c in read_chunks(f):
+                got.append(c)
+        except Exception as exc:  # noqa: BLE001 - the type is the contract checked below
+            assert type(exc).__name__ == "GpufleetError" and str(f) in str(exc)
+        else:
+            raise AssertionError(f"{f.name}: no error")
+        if f is truncated:  # what was readable came out first, cut at a line end
+            assert got and b"".join(got).endswith(b"\n") and lines.startswith(b"".join(got))
+        capsys.readouterr()
+        assert main(["analyze", "--input", str(f), "--out", str(tmp_path / "i.jsonl")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "unreadable" in err[0], err
