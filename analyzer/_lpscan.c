@@ -130,7 +130,7 @@ static const double POW10[23] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7, 
                                  1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
 
 static int slow_double(const char *s, Py_ssize_t n, double *out) {
-    char buf[64];
+    char buf[512];
     char *end;
     double v;
     if (n <= 0 || n >= (Py_ssize_t)sizeof(buf)) return -1;
@@ -321,6 +321,7 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
         uint64_t h, gh = 0;
         int good = 0;
         pos = e + 1;
+        if (e > i0 && d[e - 1] == '\r') e--; /* CRLF line ends */
         if (e == i0 || d[i0] == '#') continue;
         real++;
         if (F_val.n + (e - i0) / 2 + 1 > F_val.cap) { /* a field takes at least 2 bytes */
