@@ -47,6 +47,7 @@ class _State:
     first_evidence: dict = field(default_factory=dict)
     peak_evidence: dict = field(default_factory=dict)
     began: float = np.inf  # earliest onset the detector reported for the current run
+    stale: bool = False  # the incident's evidence lags the hits (brought up to date when read)
 
 
 class Engine:
@@ -73,20 +74,27 @@ class Engine:
         if not len(hits):
             return
         self._reg, self._racks = reg, rack_names
-        racks = hits.rack if hits.rack is not None else np.full(len(hits), -1)
-        began = hits.began if hits.began is not None else hits.t
-        ev = hits.evidence
-        for i in range(len(hits)):
-            key = (hits.kind, int(hits.host[i]), int(hits.gpu[i]), int(hits.link[i]), int(racks[i]))
-            self.pending.setdefault(key, []).append(
-                (
-                    float(hits.t[i]),
-                    float(hits.score[i]),
-                    bool(hits.critical[i]),
-                    ev[i] if ev else {},
-                    min(float(began[i]), float(hits.t[i])),
-                )
-            )
+        n = len(hits)
+        racks = hits.rack.tolist() if hits.rack is not None else [-1] * n
+        t = np.asarray(hits.t, float)
+        # min(began, t) as Python's min takes it
+        began = np.where(t < hits.began, t, hits.began).tolist() if hits.began is not None else t.tolist()
+        ev = hits.evidence or [{} for _ in range(n)]
+        cols = zip(
+            hits.host.tolist(),
+            hits.gpu.tolist(),
+            hits.link.tolist(),
+            racks,
+            t.tolist(),
+            np.asarray(hits.score, float).tolist(),
+            np.asarray(hits.critical, bool).tolist(),
+            ev,
+            began,
+            strict=True,
+        )
+        for host, gpu, link, rack, ti, score, crit, e, b in cols:
+            key = (hits.kind, int(host), int(gpu), int(link), int(rack))
+            self.pending.setdefault(key, []).append((ti, score, crit, e, b))
 
     def _run(self, key: tuple, items: list) -> None:
         kind = key[0]
@@ -155,7 +163,13 @@ class Engine:
             st.peak_evidence = e
         if st.incident is not None:
             st.incident.severity = "critical" if st.critical else st.incident.severity
+            st.stale = True
+
+    def _sync(self, st: _State) -> None:
+        """Bring the incident's evidence up to date with the state's hits."""
+        if st.stale and st.incident is not None:
             st.incident.evidence.update(self._evidence(st))
+        st.stale = False
 
     def _evidence(self, st: _State) -> dict:
         return {
@@ -229,6 +243,7 @@ class Engine:
                 rec.host is None and rec.rack is not None and inc.rack == rec.rack and inc.host is not None
             )
             if inside and inc.start >= rec.start - self.absorb_seconds:
+                self._sync(other)
                 rec.start = min(rec.start, inc.start)
                 rec.evidence.setdefault("absorbed", []).append(inc.id)
                 inc.end = other.last_hit
@@ -238,6 +253,7 @@ class Engine:
         rec.id = incident_id(rec)
 
     def _close(self, st: _State) -> None:
+        self._sync(st)
         inc = st.incident
         inc.end = st.last_hit
         self.closed.append(inc)
@@ -269,7 +285,12 @@ class Engine:
 
     # ------------------------------------------------------------------ output
     def open_incidents(self) -> list[Record]:
-        return [st.incident for st in self.states.values() if st.incident is not None]
+        out = []
+        for st in self.states.values():
+            if st.incident is not None:
+                self._sync(st)
+                out.append(st.incident)
+        return out
 
     def incidents(self) -> list[Record]:
         """Every incident so far (closed and open), folds applied, sorted by start."""

@@ -64,19 +64,10 @@ class MemoryErrors(Detector):
         count = tab.rolling_sum(d, 120.0)
         return np.where(count >= self.sbe_count_min, count / 120.0, 0.0)
 
-    def score(self, window: Window) -> np.ndarray:
-        tab = window.gpu
-        thr = max(self.sbe_rate_min, self.sbe_fleet_factor * getattr(self, "fleet_sbe_rate_", 0.0))
-        sbe = nz(self._rates(tab)) / thr
-        dbe = nz(tab.delta("ecc_uncorrected_volatile_total"))
-        flags = (
-            nz(tab.col("remapped_rows_pending"))
-            + 10 * nz(tab.col("remapped_rows_failure"))
-            + nz(tab.col("retired_pages_pending"))
-        )
-        return np.fmax(np.fmax(sbe, dbe * 10), flags)
+    def _parts(self, window: Window):
+        return self._cached("parts", lambda: self._parts_uncached(window))
 
-    def detect(self, window: Window) -> Hits:
+    def _parts_uncached(self, window: Window):
         tab = window.gpu
         thr = max(self.sbe_rate_min, self.sbe_fleet_factor * getattr(self, "fleet_sbe_rate_", 0.0))
         rate = nz(self._rates(tab))
@@ -84,6 +75,16 @@ class MemoryErrors(Detector):
         pend = nz(tab.col("remapped_rows_pending"))
         fail = nz(tab.col("remapped_rows_failure"))
         rpend = nz(tab.col("retired_pages_pending"))
+        return thr, rate, dbe, pend, fail, rpend
+
+    def score(self, window: Window) -> np.ndarray:
+        thr, rate, dbe, pend, fail, rpend = self._parts(window)
+        flags = pend + 10 * fail + rpend
+        return np.fmax(np.fmax(rate / thr, dbe * 10), flags)
+
+    def detect(self, window: Window) -> Hits:
+        tab = window.gpu
+        thr, rate, dbe, pend, fail, rpend = self._parts(window)
         hit = (rate > thr) | (dbe > 0) | (pend > 0) | (fail > 0) | (rpend > 0)
         crit = (dbe > 0) | (fail > 0)
 
