@@ -36,6 +36,7 @@ class Registry:
         self._sid_link: dict[int, int] = {}
         self._sid_host: dict[int, int] = {}
         self._sid_table: dict[str, np.ndarray] = {}  # kind -> entity id per series id (-1: unknown)
+        self._link_arrays = (np.zeros(0, np.int64), np.zeros(0, np.int64))
 
     def host(self, tags: dict) -> int:
         h = tags.get("host", "")
@@ -116,6 +117,15 @@ class Registry:
         )
         node = np.array(self.gpu_node, np.int64)
         return node, host_rack[node] if len(node) else node
+
+    def link_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(link -> GPU id, link -> link number or -1) as arrays."""
+        if len(self._link_arrays[0]) != len(self.link_gpu):
+            self._link_arrays = (
+                np.array(self.link_gpu, np.int64).reshape(-1),
+                np.array([-1 if x is None else x for x in self.link_no], np.int64).reshape(-1),
+            )
+        return self._link_arrays
 
     def labels(self, gid: int) -> dict:
         h = self.gpu_node[gid]
@@ -294,6 +304,12 @@ class Table:
         """Sum of the entity's non-NaN values over the trailing ``seconds`` (inclusive)."""
         lo, hi = self._span(seconds)
         c = np.concatenate([[0.0], np.cumsum(nan_to_zero(v))])
+        return c[hi] - c[lo]
+
+    def rolling_count(self, mask: np.ndarray, seconds: float) -> np.ndarray:
+        """How many of the entity's rows over the trailing ``seconds`` (inclusive) have ``mask`` set."""
+        lo, hi = self._span(seconds)
+        c = np.concatenate([[0], np.cumsum(mask)])
         return c[hi] - c[lo]
 
     def rolling_first(self, mask: np.ndarray, seconds: float) -> np.ndarray:

@@ -112,11 +112,8 @@ class Detector:
         idx = np.flatnonzero(mask)
         reg = window.reg
         if ent_is_link:
-            gids = np.array([reg.link_gpu[e] for e in tab.ent[idx].tolist()], np.int64)
-            links = np.array(
-                [reg.link_no[e] if reg.link_no[e] is not None else -1 for e in tab.ent[idx].tolist()],
-                np.int64,
-            )
+            link_gpu, link_no = reg.link_arrays()
+            gids, links = link_gpu[tab.ent[idx]], link_no[tab.ent[idx]]
         else:
             gids = tab.ent[idx]
             links = np.full(len(idx), -1, np.int64)

@@ -73,11 +73,9 @@ class CoolingDegradation(Detector):
         out = np.full(len(tab), np.nan)
         if not len(bmc) or "inlet" not in bmc.cols:
             return out
-        host_rows = bmc.ent
         node = window.node_of[tab.ent]
-        # latest inlet reading per host at or before each GPU row
-        order = np.lexsort((bmc.t, host_rows))
-        h, t, v = host_rows[order], bmc.t[order], bmc.cols["inlet"][order]
+        # latest inlet reading per host at or before each GPU row (the table is in (host, time) order)
+        h, t, v = bmc.ent, bmc.t, bmc.cols["inlet"]
         key = h.astype(np.float64) * 1e7 + (t - t.min())
         q = node.astype(np.float64) * 1e7 + (tab.t - t.min())
         j = np.searchsorted(key, q, side="right") - 1
@@ -97,7 +95,7 @@ class CoolingDegradation(Detector):
         # seconds: after a drop the GPU is still warmer than its new power predicts). After a rise it
         # is cooler than predicted, so those rows stay: a GPU that overheats as its job starts shows.
         jump = (pprev - power >= 40.0) | np.isnan(pprev)
-        settled = tab.rolling_mean(jump.astype(float), 60.0) == 0
+        settled = tab.rolling_count(jump, 60.0) == 0
         valid = (power >= self.min_power_watts) & (temp > 0) & (temp < 150)
         steady = valid & settled
         throttled = thermal_bits(tab) > 0

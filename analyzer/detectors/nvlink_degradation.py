@@ -79,7 +79,7 @@ class NvlinkDegradation(Detector):
         down = up == 0
         # a link down on a GPU whose other links are down too is the GPU, not the link
         if down.any():
-            gid = np.array([window.reg.link_gpu[e] for e in tab.ent.tolist()], np.int64)
+            gid = window.reg.link_arrays()[0][tab.ent]
             key = gid * 10**7 + np.round(tab.t).astype(np.int64) % 10**7
             _, inv, cnt = np.unique(key, return_inverse=True, return_counts=True)
             ndown = np.bincount(inv, weights=down.astype(float))

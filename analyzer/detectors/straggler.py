@@ -62,13 +62,15 @@ class Straggler(Detector):
         inv, ng = buckets(tab.t, self.poll_seconds, group % 1_000_003)
         feats = []
         n = None
+        valid = busy.copy()
         for v in (clock, power, util):
             med, cnt = group_median(inv, np.where(busy, v, np.nan), ng)
             n = cnt
             with np.errstate(invalid="ignore", divide="ignore"):
                 feats.append(np.log(v / med[inv]))
+            valid &= np.isfinite(feats[-1])
         X = np.stack(feats, 1)
-        valid = busy & (n[inv] >= self.min_peers + 1) & np.isfinite(X).all(1)
+        valid &= n[inv] >= self.min_peers + 1
         return X, valid
 
     def fit(self, window: Window) -> Straggler:
