@@ -234,7 +234,9 @@ def lookup(mapping: dict, keys: np.ndarray, default=np.nan) -> np.ndarray:
         return vals[inv]
     # dense ids (entities, hosts): a table indexed by id
     table = np.full(hi + 1, default, dtype=float)
-    ks = [k for k in mapping if 0 <= k <= hi]
-    if ks:
-        table[ks] = [mapping[k] for k in ks]
+    if mapping:
+        ks = np.fromiter(mapping.keys(), np.int64, len(mapping))
+        vs = np.fromiter(mapping.values(), float, len(mapping))
+        inside = (ks >= 0) & (ks <= hi)
+        table[ks[inside]] = vs[inside]
     return table[keys]

@@ -159,7 +159,7 @@ class CoolingDegradation(Detector):
             (good, self.samples_, self.offset_, self.scale_, self.min_learn_samples),
             (good & low, self.samples_lo_, self.offset_lo_, self.scale_lo_, self.min_learn_samples // 2),
         ):
-            ok = ok & ~np.isin(tab.ent, list(offset))
+            ok = ok & np.isnan(lookup(offset, tab.ent))  # GPUs without a frozen (finite) baseline
             ents, vals = tab.ent[ok], v[ok]
             if len(ents):
                 order = np.argsort(ents, kind="stable")
@@ -167,15 +167,17 @@ class CoolingDegradation(Detector):
                 u, first = np.unique(ents, return_index=True)
                 for e, part in zip(u.tolist(), np.split(vals, first[1:]), strict=True):
                     samples.setdefault(e, []).extend(part.tolist())
-            # freeze a GPU's baseline once it has seen enough steady samples
-            for e in list(samples):
-                s = samples[e]
-                if len(s) >= need:
-                    arr = np.asarray(s)
-                    med = float(np.median(arr))
-                    offset[e] = med
-                    scale[e] = max(1.4826 * float(np.median(np.abs(arr - med))), 0.25)
-                    del samples[e]
+            # freeze a GPU's baseline once it has seen enough steady samples: median and MAD
+            ready = [e for e, s in samples.items() if len(s) >= need]
+            if ready:
+                arrs = [np.asarray(samples.pop(e)) for e in ready]
+                g = np.repeat(np.arange(len(ready)), [len(a) for a in arrs])
+                vals = np.concatenate(arrs)
+                med = _exact_group_median(g, vals)
+                mad = _exact_group_median(g, np.abs(vals - med[g]))
+                for e, m, d in zip(ready, med.tolist(), mad.tolist(), strict=True):
+                    offset[e] = m
+                    scale[e] = max(1.4826 * d, 0.25)
         return self
 
     def _fit_slope(self, window: Window) -> float:
@@ -485,6 +487,14 @@ def _distinct_count(inv: np.ndarray, ent: np.ndarray, mask: np.ndarray, n: int) 
         present[key] = True
         return present.reshape(n, m).sum(1)
     return np.bincount(np.unique(key) // m, minlength=n)
+
+
+def _exact_group_median(g: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """``np.median`` of each group's values (groups 0..n-1, none empty; finite ``v``), by one sort."""
+    vs = v[np.lexsort((v, g))]
+    cnt = np.bincount(g)
+    start = np.concatenate([[0], np.cumsum(cnt)[:-1]])
+    return (vs[start + (cnt - 1) // 2] + vs[start + cnt // 2]) / 2
 
 
 def _leave_one_out_median(group: np.ndarray, v: np.ndarray) -> np.ndarray:

@@ -47,9 +47,10 @@ class PcieDegradation(Detector):
                 order = np.lexsort((val, ent))
                 last = np.ones(len(order), bool)
                 last[:-1] = ent[order][1:] != ent[order][:-1]
-                for e, x in zip(ent[order][last].tolist(), val[order][last].tolist(), strict=True):
-                    if x > best.get(e, 0):
-                        best[e] = x
+                ue, top = ent[order][last], val[order][last]  # each entity's highest value
+                up = top > lookup(best, ue, default=0.0)
+                for e, x in zip(ue[up].tolist(), top[up].tolist(), strict=True):
+                    best[e] = x
         self.best_gen_, self.best_width_ = best_gen, best_width
         return self
 
