@@ -79,7 +79,7 @@ class Engine:
         t = np.asarray(hits.t, float)
         # min(began, t) as Python's min takes it
         began = np.where(t < hits.began, t, hits.began).tolist() if hits.began is not None else t.tolist()
-        ev = hits.evidence or [{} for _ in range(n)]
+        ev = hits.evidence
         cols = zip(
             hits.host.tolist(),
             hits.gpu.tolist(),
@@ -88,13 +88,14 @@ class Engine:
             t.tolist(),
             np.asarray(hits.score, float).tolist(),
             np.asarray(hits.critical, bool).tolist(),
-            ev,
+            range(n),
             began,
             strict=True,
         )
-        for host, gpu, link, rack, ti, score, crit, e, b in cols:
+        for host, gpu, link, rack, ti, score, crit, i, b in cols:
             key = (hits.kind, int(host), int(gpu), int(link), int(rack))
-            self.pending.setdefault(key, []).append((ti, score, crit, e, b))
+            # the evidence as (sequence, index): built only if this hit becomes a run's first or peak
+            self.pending.setdefault(key, []).append((ti, score, crit, (ev, i) if ev else {}, b))
 
     def _run(self, key: tuple, items: list) -> None:
         kind = key[0]
@@ -120,7 +121,7 @@ class Engine:
             if t - st.last_hit > gap or st.run_hits == 0:
                 st.run_start, st.run_hits = t, 0
                 st.critical, st.peak, st.hits = False, -np.inf, 0
-                st.first_evidence = e
+                st.first_evidence = _resolve(e)
                 st.began = began
             st.began = min(st.began, began)
             st.run_hits += 1
@@ -154,13 +155,13 @@ class Engine:
                 return inc
         return None
 
-    def _extend(self, st: _State, t: float, score: float, critical: bool, e: dict) -> None:
+    def _extend(self, st: _State, t: float, score: float, critical: bool, e: dict | tuple) -> None:
         st.last_hit = max(st.last_hit, t)
         st.hits += 1
         st.critical |= critical
         if score > st.peak or not st.peak_evidence:
             st.peak = score
-            st.peak_evidence = e
+            st.peak_evidence = _resolve(e)
         if st.incident is not None:
             st.incident.severity = "critical" if st.critical else st.incident.severity
             st.stale = True
@@ -315,6 +316,11 @@ class Engine:
                     continue
             keep.append(r)
         return keep
+
+
+def _resolve(e) -> dict:
+    """A queued hit's evidence: a dict, or (sequence, index) into its detector's evidence."""
+    return e[0][e[1]] if isinstance(e, tuple) else e
 
 
 def _covers(o: Record, r: Record) -> bool:

@@ -11,11 +11,51 @@ merging into incidents are the engine's (``analyzer.engine``), driven by the sam
 from __future__ import annotations
 
 import inspect
+from bisect import bisect_right
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from analyzer.frame import Table, Window, nan_to_zero
+
+
+class Evidence(Sequence):
+    """Evidence per hit, each dict built when it is read: a detector may hit thousands of rows of
+    a window, the engine keeps a run's first and peak hit. ``make(row)`` must depend only on what
+    the window computed (arrays that are not modified afterwards)."""
+
+    def __init__(self, make: Callable[[int], dict], rows: list[int]):
+        self.make, self.rows = make, rows
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return self.make(self.rows[i])
+
+
+class _Chain(Sequence):
+    """Several evidence sequences read as one."""
+
+    def __init__(self, parts: list[Sequence]):
+        self.parts = parts
+        self.starts = np.cumsum([0] + [len(p) for p in parts]).tolist()
+
+    def __len__(self):
+        return self.starts[-1]
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        k = bisect_right(self.starts, i) - 1
+        return self.parts[k][i - self.starts[k]]
 
 
 @dataclass
@@ -29,7 +69,7 @@ class Hits:
     t: np.ndarray
     score: np.ndarray
     critical: np.ndarray  # bool per hit
-    evidence: list[dict] = field(default_factory=list)  # one per hit, or empty
+    evidence: Sequence[dict] = field(default_factory=list)  # one per hit (list or Evidence), or empty
     rack: np.ndarray | None = None  # rack id per hit for rack scope (host = -1)
     began: np.ndarray | None = None  # per hit: when the condition behind it began (<= t), if known
 
@@ -119,7 +159,7 @@ class Detector:
             links = np.full(len(idx), -1, np.int64)
         hosts = np.array([reg.gpu_node[g] for g in gids.tolist()], np.int64)
         crit = np.broadcast_to(np.asarray(critical), mask.shape)[idx].astype(bool)
-        ev = [evidence(i) for i in idx.tolist()] if evidence is not None else []
+        ev = Evidence(evidence, idx.tolist()) if evidence is not None else []
         return Hits(self.kind, hosts, gids, links, tab.t[idx], np.asarray(score, float)[idx], crit, ev)
 
 
@@ -140,9 +180,7 @@ def concat(kind: str, parts: list[Hits]) -> Hits:
         return Hits.none(kind)
     if len(parts) == 1:
         return parts[0]
-    ev: list[dict] = []
-    for p in parts:
-        ev.extend(p.evidence if p.evidence else [{}] * len(p))
+    ev = _Chain([p.evidence if p.evidence else [{}] * len(p) for p in parts])
     racks = None
     if any(p.rack is not None for p in parts):
         racks = np.concatenate([p.rack if p.rack is not None else np.full(len(p), -1) for p in parts])

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from analyzer.detectors.base import Detector, Hits, buckets, group_median, lookup, nz
+from analyzer.detectors.base import Detector, Evidence, Hits, buckets, group_median, lookup, nz
 from analyzer.detectors.thermal_throttle import thermal_bits
 from analyzer.frame import Window
 
@@ -430,8 +430,11 @@ class CoolingDegradation(Detector):
     def _mk(
         self, window, idx, hosts, gids, racks, t, score, r, thr, temp, power, scope, count=None, below=None
     ):
-        ev = []
-        for j, i in enumerate(idx.tolist()):
+        rows = idx.tolist()
+        slope = round(getattr(self, "slope_", DEFAULT_SLOPE), 4)
+
+        def evidence(j):
+            i = rows[j]
             d = {
                 "signals": ["temperature_gpu_celsius", "power_watts"],
                 "scope": scope,
@@ -439,13 +442,15 @@ class CoolingDegradation(Detector):
                 "threshold_celsius": _r(thr[i]),
                 "temperature_gpu_celsius": _r(temp[i]),
                 "power_watts": _r(power[i]),
-                "slope_c_per_w": round(getattr(self, "slope_", DEFAULT_SLOPE), 4),
+                "slope_c_per_w": slope,
             }
             if below is not None:
                 d["before_throttling"] = bool(below[i])
             if count is not None:
                 d["hot_gpus" if scope == "node" else "hot_nodes"] = int(count[j])
-            ev.append(d)
+            return d
+
+        ev = Evidence(evidence, list(range(len(rows))))
         return Hits(
             self.kind,
             np.asarray(hosts, np.int64),
