@@ -221,7 +221,11 @@ class Analyzer:
     def finish(self) -> None:
         self._cut(final=True)
 
-    def _table(self, m: str, start: float, end: float, consume: bool = True) -> Table:
+    def _table(
+        self, m: str, start: float, end: float, consume: bool = True, build: bool = True
+    ) -> Table | None:
+        """The rows of ``[start, end)`` plus context as a table; ``consume``: move the stream past
+        the window (rows before it are late, the context is kept); ``build``: False just consumes."""
         end_ns, start_ns = int(end * 1e9), int(start * 1e9)
         ctx_from = int((end - self.context) * 1e9)
         blocks = self.buffer[m]
@@ -257,17 +261,21 @@ class Analyzer:
             if consume:
                 self.ctx[m] = None
             return tab
-        tab = Table.build(blk.ent, blk.t, blk.cols, blk.text)
-        tab.new = tab.t >= start
         if consume:
             keep = blk.t >= ctx_from
             self.ctx[m] = _sub(blk, keep) if keep.any() else None
+        if not build:
+            return None
+        tab = Table.build(blk.ent, blk.t, blk.cols, blk.text)
+        tab.new = tab.t >= start
         return tab
 
     def _process(self, m: str, start: float, end: float) -> None:
-        tab = self._table(m, start, end)
         if m in ("bmc_sensor", "host"):
-            return  # inlet readings reach the gpu stream's cooling model through the buffer and context
+            # inlet readings reach the gpu stream's cooling model through the buffer and context
+            self._table(m, start, end, build=False)
+            return
+        tab = self._table(m, start, end)
         empty = Table.empty()
         empty.new = np.zeros(0, bool)
         tables = {k: empty for k in ("gpu", "gpu_nvlink", "gpu_event", "gpu_canary", "host", "bmc_sensor")}

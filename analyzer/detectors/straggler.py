@@ -7,6 +7,8 @@ lockstep, so each feature is normalised by the peers' median at that instant. A 
 covariance (scikit-learn ``MinCovDet``) fitted on the fleet's peer-normalised features gives a
 Mahalanobis distance; a hit needs that distance above ``distance``, a clock at least
 ``min_slowdown`` below the peers', no thermal/brake reason, and persistence (the engine's dwell).
+The covariance is learned from the first window with enough busy rows (``fit_sample_``) and
+fitted when first needed: a fleet without a slow GPU never pays for the fit.
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ class Straggler(Detector):
         return X, valid
 
     def fit(self, window: Window) -> Straggler:
-        if hasattr(self, "location_"):
+        if hasattr(self, "location_") or hasattr(self, "fit_sample_"):
             return self
         X, valid = self._features(window)
         X = X[valid]
@@ -83,40 +85,50 @@ class Straggler(Detector):
         if len(X) > self.fit_rows:
             X = X[np.random.default_rng(0).choice(len(X), self.fit_rows, replace=False)]
         # features that never vary (e.g. utilization pinned at 100 %) get a small floor of noise
-        X = X + np.random.default_rng(1).normal(0, 1e-3, X.shape)
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                mcd = _min_cov_det()(random_state=0, support_fraction=0.9).fit(X)
-        except (ValueError, np.linalg.LinAlgError):
-            return self
-        cov = mcd.covariance_ + np.eye(X.shape[1]) * 1e-6
-        self.location_ = mcd.location_
-        self.precision_ = np.linalg.inv(cov)
+        self.fit_sample_ = X + np.random.default_rng(1).normal(0, 1e-3, X.shape)
         return self
+
+    def _fitted(self) -> bool:
+        """Fit the robust covariance on the learned sample if not done yet; is there a model?"""
+        X = getattr(self, "fit_sample_", None)
+        if X is not None and not hasattr(self, "location_"):
+            del self.fit_sample_  # a sample the fit rejects is replaced by the next window's
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    mcd = _min_cov_det()(random_state=0, support_fraction=0.9).fit(X)
+            except (ValueError, np.linalg.LinAlgError):
+                return False
+            cov = mcd.covariance_ + np.eye(X.shape[1]) * 1e-6
+            self.location_ = mcd.location_
+            self.precision_ = np.linalg.inv(cov)
+        return hasattr(self, "location_")
 
     def score(self, window: Window) -> np.ndarray:
         X, valid = self._features(window)
         out = np.full(len(X), np.nan)
-        if not hasattr(self, "location_"):
+        if not self._fitted():
             return out
         d = X[valid] - self.location_
         out[valid] = np.sqrt(np.einsum("ij,jk,ik->i", d, self.precision_, d))
         return out
 
     def detect(self, window: Window) -> Hits:
-        if not hasattr(self, "location_"):
+        if not hasattr(self, "location_") and not hasattr(self, "fit_sample_"):
             return Hits.none(self.kind)
         tab = window.gpu
         X, valid = self._features(window)
-        sc = self.score(window)
         reasons = tab.col("clock_event_reasons")
         r = np.where(np.isfinite(reasons) & (reasons >= 0), reasons, 0).astype(np.int64)
         explained = (
             ((r & EXPLAINED) != 0) | (thermal_bits(tab) > 0) | (nz(tab.col("clock_event_hw_power_brake")) > 0)
         )
         slow = X[:, 0] < np.log(1 - self.min_slowdown)
-        hit = valid & slow & (nz(sc) > self.distance) & ~explained
+        candidate = valid & slow & ~explained
+        if not (candidate & (tab.new if tab.new is not None else True)).any():
+            return Hits.none(self.kind)  # no slow GPU: no distances needed
+        sc = self.score(window)
+        hit = candidate & (nz(sc) > self.distance)
 
         def ev(i):
             return {
