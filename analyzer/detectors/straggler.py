@@ -49,10 +49,11 @@ class Straggler(Detector):
         self.resolve_seconds = resolve_seconds
         self.poll_seconds = poll_seconds
 
-    def _features(self, window: Window):
-        return self._cached("features", lambda: self._features_uncached(window))
+    def _peers(self, window: Window):
+        """Busy rows, and each row's peer group (job or node, and poll): (busy, group, n_groups)."""
+        return self._cached("peers", lambda: self._peers_uncached(window))
 
-    def _features_uncached(self, window: Window):
+    def _peers_uncached(self, window: Window):
         tab = window.gpu
         clock = tab.col("clock_sm_mhz")
         power = tab.col("power_watts")
@@ -62,17 +63,33 @@ class Straggler(Detector):
         node = window.node_of[tab.ent]
         group = np.where(jobs >= 0, jobs * 2, node * 2 + 1)
         inv, ng = buckets(tab.t, self.poll_seconds, group % 1_000_003)
+        return busy, inv, ng
+
+    def _feature(self, window: Window, name: str):
+        """log(value / the busy peers' median) per row, and how many busy peers had a value."""
+        return self._cached(("feature", name), lambda: self._feature_uncached(window, name))
+
+    def _feature_uncached(self, window: Window, name: str):
+        busy, inv, ng = self._peers(window)
+        v = window.gpu.col(name)
+        med, cnt = group_median(inv, np.where(busy, v, np.nan), ng)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.log(v / med[inv]), cnt[inv]
+
+    def _features(self, window: Window):
+        return self._cached("features", lambda: self._features_uncached(window))
+
+    def _features_uncached(self, window: Window):
+        busy, _, _ = self._peers(window)
         feats = []
         n = None
         valid = busy.copy()
-        for v in (clock, power, util):
-            med, cnt = group_median(inv, np.where(busy, v, np.nan), ng)
-            n = cnt
-            with np.errstate(invalid="ignore", divide="ignore"):
-                feats.append(np.log(v / med[inv]))
-            valid &= np.isfinite(feats[-1])
+        for name in ("clock_sm_mhz", "power_watts", "utilization_gpu_ratio"):
+            f, n = self._feature(window, name)
+            feats.append(f)
+            valid &= np.isfinite(f)
         X = np.stack(feats, 1)
-        valid &= n[inv] >= self.min_peers + 1
+        valid &= n >= self.min_peers + 1
         return X, valid
 
     def fit(self, window: Window) -> Straggler:
@@ -117,17 +134,18 @@ class Straggler(Detector):
         if not hasattr(self, "location_") and not hasattr(self, "fit_sample_"):
             return Hits.none(self.kind)
         tab = window.gpu
-        X, valid = self._features(window)
         reasons = tab.col("clock_event_reasons")
         r = np.where(np.isfinite(reasons) & (reasons >= 0), reasons, 0).astype(np.int64)
         explained = (
             ((r & EXPLAINED) != 0) | (thermal_bits(tab) > 0) | (nz(tab.col("clock_event_hw_power_brake")) > 0)
         )
-        slow = X[:, 0] < np.log(1 - self.min_slowdown)
-        candidate = valid & slow & ~explained
-        if not (candidate & (tab.new if tab.new is not None else True)).any():
-            return Hits.none(self.kind)  # no slow GPU: no distances needed
+        busy, _, _ = self._peers(window)
+        slow = self._feature(window, "clock_sm_mhz")[0] < np.log(1 - self.min_slowdown)
+        if not (busy & slow & ~explained & (tab.new if tab.new is not None else True)).any():
+            return Hits.none(self.kind)  # no busy GPU slower than its peers: no distances needed
+        X, valid = self._features(window)
         sc = self.score(window)
+        candidate = valid & slow & ~explained
         hit = candidate & (nz(sc) > self.distance)
 
         def ev(i):
