@@ -303,3 +303,110 @@ def test_rack_inlet_rise_in_a_two_rack_fleet_is_one_rack_incident():
 
 def test_inlet_swinging_with_the_room_is_no_incident():
     assert not [i for i in analyse(_with_inlet(fleet(steps=480), None)).incidents()]
+
+
+# ---------------------------------------------------------------- the fast paths give the plain results
+
+
+def test_table_build_sorts_and_dedups_like_a_lexsort():
+    from analyzer.frame import Table
+
+    rng = np.random.default_rng(3)
+    for shuffled in (False, True):
+        n = 400
+        ent = rng.integers(0, 7, n)
+        t_ns = np.sort(rng.integers(0, 50, n)) * 10**9  # duplicates of (entity, time) on purpose
+        if shuffled:
+            p = rng.permutation(n)
+            ent, t_ns = ent[p], t_ns[p]
+        v = np.arange(n, dtype=float)
+        tab = Table.build(ent, t_ns, {"v": v})
+        order = np.lexsort((np.arange(n), t_ns, ent))
+        e, t = ent[order], t_ns[order]
+        last = np.ones(n, bool)
+        last[:-1] = (e[1:] != e[:-1]) | (t[1:] != t[:-1])  # the last copy of a point wins
+        assert np.array_equal(tab.ent, e[last]) and np.array_equal(tab.t, t[last] / 1e9)
+        assert np.array_equal(tab.cols["v"], v[order][last])
+
+
+def test_table_derived_arrays_are_computed_once_and_read_only():
+    from analyzer.frame import Table
+
+    tab = Table.build(np.array([0, 0, 1, 1]), np.array([1, 2, 1, 2]) * 10**9, {"c": np.array([1.0, 3, 5, 4])})
+    d = tab.delta("c")
+    assert d is tab.delta("c") and not d.flags.writeable
+    assert np.array_equal(d, [np.nan, 2, np.nan, np.nan], equal_nan=True)  # a reset is NaN, not negative
+    with pytest.raises(ValueError):
+        d[0] = 1.0
+    assert np.array_equal(tab.rolling_count(np.array([True, True, False, True]), 5.0), [1, 2, 0, 1])
+
+
+def test_group_median_buckets_and_lookup_match_the_sorting_versions():
+    from analyzer.detectors.base import buckets, group_median, lookup
+    from analyzer.detectors.cooling_degradation import _leave_one_out_median
+
+    rng = np.random.default_rng(4)
+    for trial in range(40):
+        n = int(rng.integers(1, 300))
+        inv = rng.integers(0, 9, n)
+        v = rng.normal(0, 3, n).round(1 if trial % 2 else 12)  # ties, and values a rounding apart
+        v[rng.random(n) < 0.1] = np.nan
+        med, cnt = group_median(inv, v, 9)
+        for g in range(9):
+            x = v[(inv == g) & np.isfinite(v)]
+            assert cnt[g] == len(x)
+            assert (np.isnan(med[g]) and not len(x)) or med[g] == np.median(x)
+        t = rng.uniform(0, 900, n)
+        extra = rng.integers(0, 40, n) + (10**6 if trial % 3 == 0 else 0)
+        key = np.floor(t / 60).astype(np.int64) * 1_000_003 + extra
+        u, want = np.unique(key, return_inverse=True)
+        got, ng = buckets(t, 60.0, extra)
+        assert ng == len(u) and np.array_equal(got, want)
+        mapping = {int(k): float(k) / 2 for k in rng.integers(0, 60, 12)}
+        assert np.array_equal(
+            lookup(mapping, extra), [mapping.get(k, np.nan) for k in extra.tolist()], equal_nan=True
+        )
+        g, x = rng.integers(0, 4, n), rng.normal(0, 1, n).round(1)
+        want = np.zeros(n)
+        for k in range(4):
+            idx = np.flatnonzero(g == k)
+            for j, i in enumerate(idx.tolist()):
+                want[i] = np.median(np.delete(x[idx], j)) if len(idx) > 1 else 0.0
+        assert np.array_equal(_leave_one_out_median(g, x), want)
+
+
+def test_straggler_fits_its_model_only_once_a_gpu_is_slow():
+    from sklearn.covariance import MinCovDet
+
+    from analyzer.detectors.straggler import _min_cov_det
+
+    # the lean covariance inside the MCD fit: the very same model as scikit-learn's own
+    X = np.random.default_rng(5).normal(0, [0.02, 0.05, 0.01], (700, 3))
+    a = MinCovDet(random_state=0, support_fraction=0.9).fit(X)
+    b = _min_cov_det()(random_state=0, support_fraction=0.9).fit(X)
+    assert np.array_equal(a.location_, b.location_) and np.array_equal(a.covariance_, b.covariance_)
+
+    healthy = analyse(fleet(steps=200))
+    st = next(d for d in healthy.detectors if d.kind == "straggler")
+    assert hasattr(st, "fit_sample_") and not hasattr(st, "location_")
+    slow = analyse(fleet(steps=200, fault=("straggler", 1, 1, 100)))
+    st = next(d for d in slow.detectors if d.kind == "straggler")
+    assert hasattr(st, "location_") and not hasattr(st, "fit_sample_")
+    assert [(i.kind, i.host, i.gpu) for i in slow.incidents()] == [("straggler", "node1", 1)]
+
+
+def test_evidence_is_built_when_read():
+    from analyzer.detectors.base import Evidence, Hits, concat
+
+    built = []
+
+    def make(i):
+        built.append(i)
+        return {"row": i}
+
+    z = np.zeros(2, np.int64)
+    a = Hits("k", z, z, z, np.array([1.0, 2.0]), np.ones(2), np.zeros(2, bool), Evidence(make, [7, 9]))
+    b = Hits("k", z[:1], z[:1], z[:1], np.array([3.0]), np.ones(1), np.zeros(1, bool), [])
+    both = concat("k", [a, b])
+    assert built == [] and len(both.evidence) == 3
+    assert list(both.evidence) == [{"row": 7}, {"row": 9}, {}] and built == [7, 9]
