@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from analyzer.detectors.base import Detector, Hits, concat, nz
+from analyzer.detectors.base import Detector, Hits, concat, dense_inverse, nz
 from analyzer.frame import Window
 
 CRITICAL_XIDS = {48, 64, 95}
@@ -47,8 +47,7 @@ class MemoryErrors(Detector):
         # the fleet's own single-bit rate: the 90th percentile of per-GPU rates in the window
         # (a storm on a few GPUs cannot raise it), exponentially weighted across windows
         if ok.sum() > 10:
-            ent = tab.ent[ok]
-            u, inv = np.unique(ent, return_inverse=True)
+            inv, _ = dense_inverse(tab.ent[ok])
             per_gpu = np.bincount(inv, d[ok]) / np.maximum(np.bincount(inv, dt[ok]), 1e-9)
             p90 = float(np.quantile(per_gpu, 0.9))
             prev = getattr(self, "fleet_sbe_rate_", None)

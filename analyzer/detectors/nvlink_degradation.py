@@ -39,11 +39,10 @@ class NvlinkDegradation(Detector):
         self.gap_seconds = gap_seconds
         self.resolve_seconds = resolve_seconds
 
-    def _crc_rate(self, tab):
-        d = nz(tab.delta("crc_flit_errors_total")) + nz(tab.delta("crc_data_errors_total"))
-        with np.errstate(invalid="ignore", divide="ignore"):
-            r = d / tab.dt()
-        return r
+    @staticmethod
+    def _crc_rate(tab):
+        """CRC errors per second since the link's previous row (read-only, once per table)."""
+        return tab.cached("nvlink_crc_rate", lambda: _crc_rate(tab))
 
     def fit(self, window: Window) -> NvlinkDegradation:
         r = self._crc_rate(window.nvlink)
@@ -118,3 +117,9 @@ class NvlinkDegradation(Detector):
         hits = self._gpu_hits(window, tab, hit, self.score(window), crit, ev, ent_is_link=True)
         hits.t = t_hit[np.flatnonzero(hit & tab.new)] if tab.new is not None else t_hit[np.flatnonzero(hit)]
         return hits
+
+
+def _crc_rate(tab) -> np.ndarray:
+    d = nz(tab.delta("crc_flit_errors_total")) + nz(tab.delta("crc_data_errors_total"))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return d / tab.dt()

@@ -26,6 +26,10 @@ class PowerBrake(Detector):
         self.resolve_seconds = resolve_seconds
 
     def _bits(self, tab) -> np.ndarray:
+        return tab.cached("power_brake_bits", lambda: self._bits_uncached(tab))
+
+    @staticmethod
+    def _bits_uncached(tab) -> np.ndarray:
         reasons = tab.col("clock_event_reasons")
         ok = np.isfinite(reasons) & (reasons >= 0) & (reasons < 2**63)
         bits = np.zeros(len(tab))
