@@ -112,15 +112,26 @@ class CoolingDegradation(Detector):
         p_eff = power if settled.all() else np.where(settled, power, _recent_max(tab, power, 60.0))
         u = temp - dev - slope * p_eff
         u = np.where(valid, u, np.nan)
-        # the common mode per minute and power band (idle vs loaded GPUs move differently)
+        # the common mode per minute and power band (idle vs loaded GPUs move differently), taken
+        # over each GPU's deviation from its own baseline where GPUs have one: which GPUs sit in a
+        # band changes from minute to minute (a node going idle joins the idle band) and their raw
+        # levels differ by their offsets, which would move a median of raw levels
         uc = np.where(throttled | ~steady, np.nan, u)
-        inv, ng = buckets(tab.t, 60.0, (nz(power) >= self.low_power_watts).astype(np.int64))
-        med, cnt = group_median(inv, uc, ng)
-        # a band with few GPUs in that minute falls back to the whole fleet's median
+        band = (nz(power) >= self.low_power_watts).astype(np.int64)
+        inv, ng = buckets(tab.t, 60.0, band)
         inv_all, ng_all = buckets(tab.t, 60.0)
-        med_all, cnt_all = group_median(inv_all, uc, ng_all)
-        c = np.where(cnt[inv] >= 8, med[inv], np.where(cnt_all[inv_all] >= 4, med_all[inv_all], np.nan))
+        c = _common_mode(inv, ng, inv_all, ng_all, uc)
+        own = self._baseline(tab, power)
+        if np.isfinite(own).any():
+            c = np.where(np.isfinite(c_own := _common_mode(inv, ng, inv_all, ng_all, uc - own)), c_own, c)
         return u - c, steady, throttled, temp, power
+
+    def _baseline(self, tab, power) -> np.ndarray:
+        """Per row: the GPU's learned offset (its low-power one at low power where it has one)."""
+        a = lookup(getattr(self, "offset_", {}), tab.ent)
+        a_lo = lookup(getattr(self, "offset_lo_", {}), tab.ent)
+        lo = (nz(power) < self.low_power_watts) & np.isfinite(a_lo) & np.isfinite(a)
+        return np.where(lo, a_lo, a)
 
     # ------------------------------------------------------------------ learning
     def fit(self, window: Window) -> CoolingDegradation:
@@ -264,9 +275,11 @@ class CoolingDegradation(Detector):
         # (at most 3/4 of a smoothing span back: about what the smoothing delays a sudden step by)
         began = np.fmax(tab.run_start(nz(r) > thr / 2), tab.t - 0.75 * self.smooth_seconds)
         # a step (the raw excess jumped from below half the bar to above it between two polls): the
-        # fault began after the last normal poll, and that is the best onset the data can give
+        # fault began after the last normal poll, and that is the best onset the data can give (the
+        # smoothed excess may have wandered above half the bar earlier: noise, not the fault)
         raw = v - self._base
-        began = np.fmin(began, self._step_onset(tab, raw, thr))
+        step = self._step_onset(tab, raw, thr)
+        began = np.where(np.isfinite(step), step, began)
         self._began = np.where(hot & np.isfinite(began), began, tab.t)
         new = tab.new if tab.new is not None else np.ones(len(tab), bool)
         hot &= new
@@ -527,3 +540,11 @@ def _leave_one_out_median(group: np.ndarray, v: np.ndarray) -> np.ndarray:
     med = np.where(rest % 2 == 1, kth(lo_k), med)
     out[order] = np.where(many, med, 0.0)
     return out
+
+
+def _common_mode(inv, ng, inv_all, ng_all, x: np.ndarray) -> np.ndarray:
+    """Per row: the median of ``x`` over its minute and power band (8 GPUs or more), else over the
+    whole fleet in that minute (4 or more), else NaN."""
+    med, cnt = group_median(inv, x, ng)
+    med_all, cnt_all = group_median(inv_all, x, ng_all)
+    return np.where(cnt[inv] >= 8, med[inv], np.where(cnt_all[inv_all] >= 4, med_all[inv_all], np.nan))
