@@ -410,3 +410,38 @@ def test_evidence_is_built_when_read():
     both = concat("k", [a, b])
     assert built == [] and len(both.evidence) == 3
     assert list(both.evidence) == [{"row": 7}, {"row": 9}, {}] and built == [7, 9]
+
+
+def _thermal_fleet(busy, offset, extra=None, nodes=4, gpus=8, steps=900, seed=3) -> bytes:
+    """``gpu`` rows only: T = 25 + offset + 0.04 * P (+ ``extra(n, g, s, p)``), load from ``busy(n, s)``."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for s in range(steps):
+        t = (T0 + s * STEP) * 10**9
+        for n in range(nodes):
+            load = busy(n, s)
+            for g in range(gpus):
+                p = 690 + rng.normal(0, 2) if load else 80 + rng.normal(0, 0.5)
+                temp = 25 + offset(n, g) + 0.04 * p + rng.normal(0, 0.3) + (extra(n, g, s, p) if extra else 0)
+                f = {
+                    "utilization_gpu_ratio": 1.0 if load else 0.0,
+                    "power_watts": round(p, 2),
+                    "temperature_gpu_celsius": int(round(temp)),
+                    "clock_sm_mhz": 1500 if load else 345,
+                    "temperature_slowdown_celsius": 89,
+                    "clock_event_reasons": 0x4 if load else 0x1,
+                }
+                out.append(encode("gpu", {"host": f"node{n}", "gpu": str(g), "rack": "r0"}, f, t))
+    return ("\n".join(out) + "\n").encode()
+
+
+def test_node_going_idle_alone_is_not_hot_against_its_own_median():
+    # the whole fleet idles for the first 40 min (baselines learned against every idle GPU), then
+    # works; at 100 min node3 -- whose GPUs run 4 °C cooler than the rest -- goes idle alone. The
+    # idle band's common mode is then node3's own GPUs: their offsets must not read as excess.
+    data = _thermal_fleet(
+        busy=lambda n, s: 240 <= s < (600 if n == 3 else 10**9),
+        offset=lambda n, g: -4.0 if n == 3 else 0.0,
+    )
+    incs = [i for i in analyse(data).incidents() if i.kind == "cooling_degradation"]
+    assert incs == [], [i.summary for i in incs]
