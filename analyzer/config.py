@@ -51,6 +51,8 @@ DETECTORS: dict[str, dict] = {
         "dwell_seconds": 600.0,
         "gap_seconds": 120.0,
         "resolve_seconds": 3600.0,
+        "clear_seconds": 600.0,  # judged at load without a hit this long before idle stops holding it
+        "inlet_track_seconds": 14400.0,  # time constant of a host's tracked usual inlet (rack scope)
     },
     "nvlink_degradation": {
         "crc_rate_max": 100.0,

@@ -80,6 +80,7 @@ class Engine:
         # min(began, t) as Python's min takes it
         began = np.where(t < hits.began, t, hits.began).tolist() if hits.began is not None else t.tolist()
         ev = hits.evidence
+        sustain = hits.sustain.tolist() if hits.sustain is not None else [False] * n
         cols = zip(
             hits.host.tolist(),
             hits.gpu.tolist(),
@@ -90,12 +91,13 @@ class Engine:
             np.asarray(hits.critical, bool).tolist(),
             range(n),
             began,
+            sustain,
             strict=True,
         )
-        for host, gpu, link, rack, ti, score, crit, i, b in cols:
+        for host, gpu, link, rack, ti, score, crit, i, b, sus in cols:
             key = (hits.kind, int(host), int(gpu), int(link), int(rack))
             # the evidence as (sequence, index): built only if this hit becomes a run's first or peak
-            self.pending.setdefault(key, []).append((ti, score, crit, (ev, i) if ev else {}, b))
+            self.pending.setdefault(key, []).append((ti, score, crit, (ev, i) if ev else {}, b, sus))
 
     def _run(self, key: tuple, items: list) -> None:
         kind = key[0]
@@ -106,7 +108,11 @@ class Engine:
         st = self.states.get(key)
         if st is None:
             st = self.states[key] = _State(kind, key)
-        for t, score, critical, e, began in sorted(items, key=lambda x: x[0]):
+        for t, score, critical, e, began, sustain in sorted(items, key=lambda x: x[0]):
+            if sustain:  # holds an open incident open; never opens one, never evidence
+                if st.incident is not None and t - st.last_hit <= resolve:
+                    st.last_hit = max(st.last_hit, t)
+                continue
             if st.incident is not None and t < st.incident.start:
                 # a late hit (another stream, late data) just before the incident: it began earlier
                 if st.incident.start - t <= gap:

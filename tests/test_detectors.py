@@ -445,3 +445,33 @@ def test_node_going_idle_alone_is_not_hot_against_its_own_median():
     )
     incs = [i for i in analyse(data).incidents() if i.kind == "cooling_degradation"]
     assert incs == [], [i.summary for i in incs]
+
+
+def test_failed_cooling_that_goes_idle_stays_one_incident():
+    # node1 GPU 2's cooling fails at load (10 min in, +12 °C at 690 W, a few degrees at 80 W); its
+    # node then idles for 2 h (longer than resolve_seconds) and goes back to work: one incident,
+    # held open while the fault could not show, not a second page at the next job
+    def busy(n, s):
+        return not (n == 1 and 180 <= s < 900)
+
+    def extra(n, g, s, p):
+        return 12.0 * p / 690 if (n == 1 and g == 2 and s >= 60) else 0.0
+
+    data = _thermal_fleet(busy, offset=lambda n, g: 0.0, extra=extra, steps=1200)
+    incs = [i for i in analyse(data).incidents() if i.kind == "cooling_degradation"]
+    assert [(i.host, i.gpu) for i in incs] == [("node1", 2)], [i.summary for i in incs]
+    assert incs[0].end is None  # still open: the fault never went away
+
+
+def test_cooling_incident_resolves_once_judged_healthy_at_load():
+    # the same fault, repaired while idle: back at work it runs cool, so the incident resolves
+    def busy(n, s):
+        return not (n == 1 and 180 <= s < 600)
+
+    def extra(n, g, s, p):
+        return 12.0 * p / 690 if (n == 1 and g == 2 and 60 <= s < 400) else 0.0
+
+    data = _thermal_fleet(busy, offset=lambda n, g: 0.0, extra=extra, steps=1500)
+    incs = [i for i in analyse(data).incidents() if i.kind == "cooling_degradation"]
+    assert [(i.host, i.gpu) for i in incs] == [("node1", 2)], [i.summary for i in incs]
+    assert incs[0].end is not None

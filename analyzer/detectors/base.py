@@ -72,6 +72,9 @@ class Hits:
     evidence: Sequence[dict] = field(default_factory=list)  # one per hit (list or Evidence), or empty
     rack: np.ndarray | None = None  # rack id per hit for rack scope (host = -1)
     began: np.ndarray | None = None  # per hit: when the condition behind it began (<= t), if known
+    # per hit: True = only holds an open incident open (the fault is still there but cannot show,
+    # e.g. a GPU with failed cooling sitting idle); it never opens one and is no evidence
+    sustain: np.ndarray | None = None
 
     def __len__(self):
         return len(self.t)
@@ -187,6 +190,11 @@ def concat(kind: str, parts: list[Hits]) -> Hits:
     began = None
     if any(p.began is not None for p in parts):
         began = np.concatenate([p.began if p.began is not None else p.t for p in parts])
+    sustain = None
+    if any(p.sustain is not None for p in parts):
+        sustain = np.concatenate(
+            [p.sustain if p.sustain is not None else np.zeros(len(p), bool) for p in parts]
+        )
     return Hits(
         kind,
         *(
@@ -196,6 +204,7 @@ def concat(kind: str, parts: list[Hits]) -> Hits:
         ev,
         racks,
         began,
+        sustain,
     )
 
 

@@ -47,6 +47,8 @@ class CoolingDegradation(Detector):
         dwell_seconds=600.0,
         gap_seconds=120.0,
         resolve_seconds=3600.0,
+        clear_seconds=600.0,
+        inlet_track_seconds=14400.0,
     ):
         self.min_power_watts = min_power_watts
         self.min_learn_samples = min_learn_samples
@@ -64,6 +66,8 @@ class CoolingDegradation(Detector):
         self.dwell_seconds = dwell_seconds
         self.gap_seconds = gap_seconds
         self.resolve_seconds = resolve_seconds
+        self.clear_seconds = clear_seconds
+        self.inlet_track_seconds = inlet_track_seconds
 
     # ------------------------------------------------------------------ features
     def _inlet(self, window: Window) -> np.ndarray:
@@ -284,9 +288,13 @@ class CoolingDegradation(Detector):
         new = tab.new if tab.new is not None else np.ones(len(tab), bool)
         hot &= new
         inlet_hits = self._inlet_hits(window)
+        node = window.node_of[tab.ent] if len(tab) else np.zeros(0, np.int64)
+        # rows where failed cooling would show plainly: steady load, modelled, not throttling
+        judged = new & steady & np.isfinite(v) & ~throttled & (nz(power) >= self.low_power_watts)
         if not hot.any():
-            return inlet_hits
-        node = window.node_of[tab.ent]
+            from analyzer.detectors.base import concat
+
+            return concat(self.kind, [inlet_hits, self._hold(window, tab, node, hot, judged, hot, hot)])
         rack = window.rack_of[tab.ent]
         # node scope: share of the node's evaluated GPUs hot in the same minute
         inv, ng = buckets(tab.t, 60.0, node)
@@ -373,7 +381,65 @@ class CoolingDegradation(Detector):
                 )
         from analyzer.detectors.base import concat
 
-        return concat(self.kind, parts + [inlet_hits])
+        held = self._hold(window, tab, node, hot, judged, gpu_rows, node_rows)
+        return concat(self.kind, parts + [inlet_hits, held])
+
+    def _hold(self, window, tab, node, hot, judged, gpu_rows, node_rows) -> Hits:
+        """Keep a GPU's (node's) incident open while the fault cannot show: a GPU with failed cooling
+        that goes idle runs a few degrees warm at 80 W, under any bar, and an incident resolved then
+        would page again at its next job. A GPU (node) flagged here stays latched until it has been
+        judged at load without a hit for ``clear_seconds``; meanwhile its unjudged rows (idle,
+        unsteady) are sustain hits, one per minute."""
+        lg = self.latch_gpu_ = getattr(self, "latch_gpu_", {})
+        ln = self.latch_node_ = getattr(self, "latch_node_", {})
+        for latch, keys, rows in ((lg, tab.ent, gpu_rows), (ln, node, node_rows)):
+            for k in np.unique(keys[rows]).tolist():
+                latch[k] = None
+            if not latch:
+                continue
+            # cleared: judged at load, no hit, over clear_seconds of this window
+            quiet = judged & ~hot
+            ok = quiet & np.isin(keys, list(latch))
+            for k in np.unique(keys[ok]).tolist():
+                mine = keys == k
+                if hot[mine].any():
+                    latch[k] = None
+                    continue
+                tq = tab.t[ok & mine]
+                first = latch[k] if latch[k] is not None else float(tq.min())
+                if float(tq.max()) - first >= self.clear_seconds:
+                    del latch[k]
+                else:
+                    latch[k] = first
+        new = tab.new if tab.new is not None else np.ones(len(tab), bool)
+        parts = []
+        for latch, keys, scope in ((lg, tab.ent, "gpu"), (ln, node, "node")):
+            if not latch:
+                continue
+            rows = np.flatnonzero(new & ~judged & ~hot & np.isin(keys, list(latch)))
+            if not len(rows):
+                continue
+            # one per key and minute
+            grp = keys[rows] * 10**7 + np.floor(tab.t[rows] / 60).astype(np.int64)
+            _, first = np.unique(grp, return_index=True)
+            rows = rows[first]
+            gpu = tab.ent[rows] if scope == "gpu" else np.full(len(rows), -1)
+            z = np.zeros(len(rows))
+            parts.append(
+                Hits(
+                    self.kind,
+                    node[rows],
+                    gpu,
+                    np.full(len(rows), -1),
+                    tab.t[rows],
+                    z,
+                    z.astype(bool),
+                    sustain=np.ones(len(rows), bool),
+                )
+            )
+        from analyzer.detectors.base import concat
+
+        return concat(self.kind, parts)
 
     def _inlet_hits(self, window: Window) -> Hits:
         """Rack scope from the inlet itself: the inlet of a rack's nodes above their own usual inlet by
@@ -387,7 +453,11 @@ class CoolingDegradation(Detector):
         n_hosts = int(max(bmc.ent.max(), window.node_of.max())) + 1
         host_rack = np.full(n_hosts, -1, np.int64)
         host_rack[window.node_of] = window.rack_of
-        ref = lookup(refs, bmc.ent)
+        # against each host's slowly tracking usual inlet (time constant inlet_track_seconds), so a
+        # room that drifts a few degrees over a day is no incident; a failing rack cooler (tens of
+        # minutes to hours) still stands out, and a rack flagged here stops its hosts' tracking
+        track = self.inlet_track_ = getattr(self, "inlet_track_", {})
+        ref = lookup({h: track.get(h, r) for h, r in refs.items()}, bmc.ent)
         rack = host_rack[bmc.ent]
         new = bmc.new if bmc.new is not None else np.ones(len(bmc), bool)
         ok = new & np.isfinite(bmc.cols["inlet"]) & np.isfinite(ref) & (rack >= 0) & (rack < 10**6)
@@ -410,6 +480,7 @@ class CoolingDegradation(Detector):
         hosts_all = _distinct_count(inv, host, np.ones(len(inv), bool), ng)
         need = np.minimum(self.rack_min_nodes, hosts_all)
         flag = (rmed - others >= self.inlet_excess_celsius) & (hosts_hot >= np.maximum(need, 1))
+        self._track_inlet(window, bmc.ent[ok], t, bmc.cols["inlet"][ok], rack, set(g_rack[flag].tolist()))
         sel = np.flatnonzero(flag)
         if not len(sel):
             return Hits.none(self.kind)
@@ -439,6 +510,19 @@ class CoolingDegradation(Detector):
             g_rack[sel],
             None,
         )
+
+    def _track_inlet(self, window, host, t, inlet, rack, hot_racks: set) -> None:
+        """Move each host's tracked inlet toward this window's mean (not for hosts of a hot rack)."""
+        track, refs = self.inlet_track_, self.inlet_ref_
+        alpha = 1.0 - np.exp(-(window.end - window.start) / self.inlet_track_seconds)
+        keep = ~np.isin(rack, list(hot_racks)) if hot_racks else np.ones(len(host), bool)
+        u, inv = np.unique(host[keep], return_inverse=True)
+        if not len(u):
+            return
+        mean = np.bincount(inv, inlet[keep]) / np.bincount(inv)
+        for h, m in zip(u.tolist(), mean.tolist(), strict=True):
+            cur = track.get(h, refs.get(h, m))
+            track[h] = cur + alpha * (m - cur)
 
     def _mk(
         self, window, idx, hosts, gids, racks, t, score, r, thr, temp, power, scope, count=None, below=None
