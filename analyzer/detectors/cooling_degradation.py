@@ -131,11 +131,13 @@ class CoolingDegradation(Detector):
         return u - c, steady, throttled, temp, power
 
     def _baseline(self, tab, power) -> np.ndarray:
-        """Per row: the GPU's learned offset (its low-power one at low power where it has one)."""
+        """Per row: the GPU's learned offset (its power band's own where it has one)."""
         a = lookup(getattr(self, "offset_", {}), tab.ent)
+        low = nz(power) < self.low_power_watts
         a_lo = lookup(getattr(self, "offset_lo_", {}), tab.ent)
-        lo = (nz(power) < self.low_power_watts) & np.isfinite(a_lo) & np.isfinite(a)
-        return np.where(lo, a_lo, a)
+        a_hi = lookup(getattr(self, "offset_hi_", {}), tab.ent)
+        a = np.where(low & np.isfinite(a_lo) & np.isfinite(a), a_lo, a)
+        return np.where(~low & np.isfinite(a_hi), a_hi, a)
 
     # ------------------------------------------------------------------ learning
     def fit(self, window: Window) -> CoolingDegradation:
@@ -161,18 +163,25 @@ class CoolingDegradation(Detector):
             v, steady, *_ = self._features(window)
         finally:
             self._memo = None
-        self.samples_lo_ = getattr(self, "samples_lo_", {})
-        self.offset_lo_ = getattr(self, "offset_lo_", {})
-        self.scale_lo_ = getattr(self, "scale_lo_", {})
+        for band in ("lo", "hi"):
+            for name in ("samples", "offset", "scale"):
+                setattr(self, f"{name}_{band}_", getattr(self, f"{name}_{band}_", {}))
         good = np.isfinite(v) & steady & (thermal_bits(tab) == 0)
+        # nothing is learned from a GPU (node) held as faulty: its broken state is not its normal
+        held = list(getattr(self, "latch_gpu_", {}))
+        held_nodes = list(getattr(self, "latch_node_", {}))
+        if held or held_nodes:
+            good &= ~np.isin(tab.ent, held) & ~np.isin(window.node_of[tab.ent], held_nodes)
         power = tab.col("power_watts")
         low = nz(power) < self.low_power_watts
-        # the baseline over all steady load, and one of its own at low power: there a degrading
-        # heatsink shows only a few degrees (the excess scales with power), against a baseline
-        # learned at high power the GPU's own slope would hide them
+        # the baseline over all steady load, and one per power band: a GPU's own slope differs from
+        # the pooled one by a few percent (its heatsink, its paste), a few degrees between idle and
+        # full load; at low power a degrading heatsink shows only a few degrees (the excess scales
+        # with power), which a baseline learned at high power would hide
         for ok, samples, offset, scale, need in (
             (good, self.samples_, self.offset_, self.scale_, self.min_learn_samples),
             (good & low, self.samples_lo_, self.offset_lo_, self.scale_lo_, self.min_learn_samples // 2),
+            (good & ~low, self.samples_hi_, self.offset_hi_, self.scale_hi_, self.min_learn_samples),
         ):
             ok = ok & np.isnan(lookup(offset, tab.ent))  # GPUs without a frozen (finite) baseline
             ents, vals = tab.ent[ok], v[ok]
@@ -233,6 +242,13 @@ class CoolingDegradation(Detector):
             s_lo = lookup(getattr(self, "scale_lo_", {}), tab.ent)
             base = np.where(lo, a_lo, base)
             thr = np.where(lo, np.fmax(self.low_excess_celsius, self.sigma * s_lo), thr)
+        # at load, against the GPU's own high-power baseline where it has one
+        a_hi = lookup(getattr(self, "offset_hi_", {}), tab.ent)
+        hi = (nz(power) >= self.low_power_watts) & np.isfinite(a_hi)
+        if hi.any():
+            s_hi = lookup(getattr(self, "scale_hi_", {}), tab.ent)
+            base = np.where(hi, a_hi, base)
+            thr = np.where(hi, np.fmax(self.excess_celsius, self.sigma * s_hi), thr)
         r = tab.rolling_mean(v - base, self.smooth_seconds)
         from_fleet = np.full(len(v), np.nan)
         if self.fleet_spread_celsius > 0:
