@@ -6,7 +6,8 @@ whose name contains "inlet"). Model, per GPU: ``T - dInlet - b*P - c(t) = a_i + 
 inlet's deviation from the host's usual inlet, 0 when unknown) with a
 pooled slope ``b`` (°C/W), the fleet's common mode ``c(t)`` (median over GPUs in the same minute
 and power band: fleet-wide inlet swings cancel) and a per-GPU offset ``a_i`` learned robustly
-(median, MAD) over the GPU's first ``min_learn_samples`` steady samples. The excess over that
+(median, MAD) over the GPU's first ``min_learn_samples`` steady samples (counted at a 10 s poll; the
+same span of time at another interval). The excess over that
 model, smoothed over ``smooth_seconds``, above ``excess_celsius`` and ``sigma`` robust deviations,
 on steady rows is a hit. Throttled rows count too: a GPU throttling where power, inlet and
 peers say it should not has a cooling problem; the evidence says whether the hit came before
@@ -178,10 +179,18 @@ class CoolingDegradation(Detector):
         # the pooled one by a few percent (its heatsink, its paste), a few degrees between idle and
         # full load; at low power a degrading heatsink shows only a few degrees (the excess scales
         # with power), which a baseline learned at high power would hide
+        # min_learn_samples is counted at a 10 s poll: the same time span at the data's own interval
+        # (20 min of a 60 s poll is 20 samples, not 2 h), never fewer than 20 samples
+        if not hasattr(self, "poll_"):
+            dt = tab.dt()
+            dt = dt[np.isfinite(dt) & (dt > 0)]
+            if len(dt) >= 20:
+                self.poll_ = float(np.median(dt))
+        n_learn = max(20, round(self.min_learn_samples * 10.0 / getattr(self, "poll_", 10.0)))
         for ok, samples, offset, scale, need in (
-            (good, self.samples_, self.offset_, self.scale_, self.min_learn_samples),
-            (good & low, self.samples_lo_, self.offset_lo_, self.scale_lo_, self.min_learn_samples // 2),
-            (good & ~low, self.samples_hi_, self.offset_hi_, self.scale_hi_, self.min_learn_samples),
+            (good, self.samples_, self.offset_, self.scale_, n_learn),
+            (good & low, self.samples_lo_, self.offset_lo_, self.scale_lo_, max(20, n_learn // 2)),
+            (good & ~low, self.samples_hi_, self.offset_hi_, self.scale_hi_, n_learn),
         ):
             ok = ok & np.isnan(lookup(offset, tab.ent))  # GPUs without a frozen (finite) baseline
             ents, vals = tab.ent[ok], v[ok]
