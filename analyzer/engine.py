@@ -94,10 +94,18 @@ class Engine:
             sustain,
             strict=True,
         )
+        batch: dict[tuple, list] = {}
         for host, gpu, link, rack, ti, score, crit, i, b, sus in cols:
             key = (hits.kind, int(host), int(gpu), int(link), int(rack))
-            # the evidence as (sequence, index): built only if this hit becomes a run's first or peak
-            self.pending.setdefault(key, []).append((ti, score, crit, (ev, i) if ev else {}, b, sus))
+            batch.setdefault(key, []).append((ti, score, crit, i, b, sus))
+        gap = float(self.params.get(hits.kind, {}).get("gap_seconds", 60.0))
+        for key, items in batch.items():
+            keep = _evidence_candidates(items, gap) if ev else set()
+            # evidence is built now for the hits that can become a run's first or peak, and for no
+            # other: a queued hit holds no reference to its window's arrays (the queue can be long)
+            self.pending.setdefault(key, []).extend(
+                (ti, score, crit, ev[i] if i in keep else {}, b, sus) for ti, score, crit, i, b, sus in items
+            )
 
     def _run(self, key: tuple, items: list) -> None:
         kind = key[0]
@@ -127,7 +135,9 @@ class Engine:
             if t - st.last_hit > gap or st.run_hits == 0:
                 st.run_start, st.run_hits = t, 0
                 st.critical, st.peak, st.hits = False, -np.inf, 0
-                st.first_evidence = _resolve(e)
+                # a run restarted mid-stream (its hits were absorbed by a wider incident) keeps the
+                # first evidence it had: only a run's possible first hits carry evidence
+                st.first_evidence = _resolve(e) if e else st.first_evidence
                 st.began = began
             st.began = min(st.began, began)
             st.run_hits += 1
@@ -322,6 +332,25 @@ class Engine:
                     continue
             keep.append(r)
         return keep
+
+
+def _evidence_candidates(items: list, gap: float) -> set[int]:
+    """Indexes of the hits (ti, score, crit, i, began, sustain) of one key and batch that can be a
+    run's first (the first after a gap) or its peak at some moment (a new highest score since the
+    gap): the others' evidence is never read."""
+    keep: set[int] = set()
+    last, best = -np.inf, -np.inf
+    for ti, score, _crit, i, _b, sus in sorted(items, key=lambda x: x[0]):
+        if sus:
+            continue
+        if ti - last > gap:
+            keep.add(i)
+            best = -np.inf
+        if score > best:
+            keep.add(i)
+            best = score
+        last = max(last, ti)
+    return keep
 
 
 def _resolve(e) -> dict:

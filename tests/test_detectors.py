@@ -475,3 +475,17 @@ def test_cooling_incident_resolves_once_judged_healthy_at_load():
     incs = [i for i in analyse(data).incidents() if i.kind == "cooling_degradation"]
     assert [(i.host, i.gpu) for i in incs] == [("node1", 2)], [i.summary for i in incs]
     assert incs[0].end is not None
+
+
+def test_queued_hits_hold_no_window():
+    # hits wait in the engine's queue until every stream has caught up (a sparse events stream can
+    # hold them for hours): they must not keep their window's arrays alive through lazy evidence
+    an = Analyzer(Config())
+    data = fleet(nodes=4, gpus=4, steps=480, fault=("thermal_throttle", 1, 2, 100))
+    an.feed_bytes(data[: len(data) * 3 // 4].rsplit(b"\n", 1)[0] + b"\n")
+    queued = [x for items in an.engine.pending.values() for x in items]
+    assert queued and all(isinstance(x[3], dict) for x in queued)
+    an.feed_bytes(data[len(data) * 3 // 4 :].split(b"\n", 1)[1])
+    an.finish()
+    (inc,) = [i for i in an.incidents() if i.kind == "thermal_throttle"]
+    assert inc.evidence["first"] and inc.evidence["peak"]  # what the engine keeps was built

@@ -123,12 +123,18 @@ class CoolingDegradation(Detector):
         # levels differ by their offsets, which would move a median of raw levels
         uc = np.where(throttled | ~steady, np.nan, u)
         band = (nz(power) >= self.low_power_watts).astype(np.int64)
-        inv, ng = buckets(tab.t, 60.0, band)
-        inv_all, ng_all = buckets(tab.t, 60.0)
-        c = _common_mode(inv, ng, inv_all, ng_all, uc)
+        groups = {"band": buckets(tab.t, 60.0, band)}
         own = self._baseline(tab, power)
+        c = np.full(len(u), np.nan)
         if np.isfinite(own).any():
-            c = np.where(np.isfinite(c_own := _common_mode(inv, ng, inv_all, ng_all, uc - own)), c_own, c)
+            c = _common_mode(groups, tab.t, uc - own, np.isfinite(u))
+        few = np.isnan(c) & np.isfinite(u)
+        if few.any():  # minutes where too few GPUs have a baseline yet: their raw levels
+            minute = np.floor(tab.t / 60.0)
+            idx = np.flatnonzero(np.isin(minute, minute[few]))
+            if np.isfinite(uc[idx]).any():  # (not so in a table's first minute: nothing steady yet)
+                part = {"band": buckets(tab.t[idx], 60.0, band[idx])}
+                c[idx] = np.where(few[idx], _common_mode(part, tab.t[idx], uc[idx], few[idx]), c[idx])
         return u - c, steady, throttled, temp, power
 
     def _baseline(self, tab, power) -> np.ndarray:
@@ -651,9 +657,18 @@ def _leave_one_out_median(group: np.ndarray, v: np.ndarray) -> np.ndarray:
     return out
 
 
-def _common_mode(inv, ng, inv_all, ng_all, x: np.ndarray) -> np.ndarray:
+def _common_mode(groups: dict, t: np.ndarray, x: np.ndarray, need: np.ndarray) -> np.ndarray:
     """Per row: the median of ``x`` over its minute and power band (8 GPUs or more), else over the
-    whole fleet in that minute (4 or more), else NaN."""
+    whole fleet in that minute (4 or more), else NaN; the fleet's only where ``need``ed. ``groups``
+    caches the row groupings."""
+    inv, ng = groups["band"]
     med, cnt = group_median(inv, x, ng)
-    med_all, cnt_all = group_median(inv_all, x, ng_all)
-    return np.where(cnt[inv] >= 8, med[inv], np.where(cnt_all[inv_all] >= 4, med_all[inv_all], np.nan))
+    out = np.where(cnt[inv] >= 8, med[inv], np.nan)
+    few = np.isnan(out) & need
+    if few.any() and np.isfinite(x[np.isin(np.floor(t / 60.0), np.floor(t[few] / 60.0))]).any():
+        if "all" not in groups:
+            groups["all"] = buckets(t, 60.0)
+        inv_all, ng_all = groups["all"]
+        med_all, cnt_all = group_median(inv_all, x, ng_all)
+        out[few] = np.where(cnt_all[inv_all] >= 4, med_all[inv_all], np.nan)[few]
+    return out
