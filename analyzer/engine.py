@@ -137,7 +137,7 @@ class Engine:
                 st.critical, st.peak, st.hits = False, -np.inf, 0
                 # a run restarted mid-stream (its hits were absorbed by a wider incident) keeps the
                 # first evidence it had: only a run's possible first hits carry evidence
-                st.first_evidence = _resolve(e) if e else st.first_evidence
+                st.first_evidence = e or st.first_evidence
                 st.began = began
             st.began = min(st.began, began)
             st.run_hits += 1
@@ -171,13 +171,13 @@ class Engine:
                 return inc
         return None
 
-    def _extend(self, st: _State, t: float, score: float, critical: bool, e: dict | tuple) -> None:
+    def _extend(self, st: _State, t: float, score: float, critical: bool, e: dict) -> None:
         st.last_hit = max(st.last_hit, t)
         st.hits += 1
         st.critical |= critical
         if score > st.peak or not st.peak_evidence:
             st.peak = score
-            st.peak_evidence = _resolve(e)
+            st.peak_evidence = e
         if st.incident is not None:
             st.incident.severity = "critical" if st.critical else st.incident.severity
             st.stale = True
@@ -351,11 +351,6 @@ def _evidence_candidates(items: list, gap: float) -> set[int]:
             best = score
         last = max(last, ti)
     return keep
-
-
-def _resolve(e) -> dict:
-    """A queued hit's evidence: a dict, or (sequence, index) into its detector's evidence."""
-    return e[0][e[1]] if isinstance(e, tuple) else e
 
 
 def _covers(o: Record, r: Record) -> bool:
