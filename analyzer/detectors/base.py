@@ -141,6 +141,60 @@ class Detector:
         raise NotImplementedError
 
     # helpers ---------------------------------------------------------------
+    def _hold(self, window: Window, tab: Table, hot: np.ndarray, judged: np.ndarray, scopes) -> Hits:
+        """Keep an incident open while its fault cannot show. Some faults show only under load (a
+        GPU with failed cooling runs a few degrees warm at 80 W; a throttling or slow GPU is neither
+        once its job ends): an incident resolved while the GPU idles would page again at its next
+        job. A key (a GPU, a node) that hit stays latched until it has been ``judged`` (seen where
+        its fault would show) without a hit for ``clear_seconds``; meanwhile its unjudged rows are
+        sustain hits, one per key and minute, which hold an open incident open and never open one.
+
+        ``hot``: rows that hit (this window's new rows); ``scopes``: (scope, key per row, rows that
+        hit at that scope) with scope "gpu" (key: the GPU) or "node" (key: the row's node).
+        """
+        new = tab.new if tab.new is not None else np.ones(len(tab), bool)
+        node = window.node_of[tab.ent] if len(tab) else np.zeros(0, np.int64)
+        parts = []
+        for scope, keys, rows in scopes:
+            latch = self.__dict__.setdefault(f"latch_{scope}_", {})  # key -> start of its quiet run
+            for k in np.unique(keys[rows]).tolist():
+                latch[k] = None
+            if not latch:
+                continue
+            mine = np.isin(keys, list(latch))
+            quiet = judged & ~hot & mine
+            for k in np.unique(keys[quiet]).tolist():
+                own = keys == k
+                if hot[own].any():
+                    latch[k] = None
+                    continue
+                tq = tab.t[quiet & own]
+                first = latch[k] if latch[k] is not None else float(tq.min())
+                if float(tq.max()) - first >= self.clear_seconds:
+                    del latch[k]
+                else:
+                    latch[k] = first
+            idx = np.flatnonzero(new & ~judged & ~hot & np.isin(keys, list(latch)))
+            if not len(idx):
+                continue
+            grp = keys[idx] * 10**7 + np.floor(tab.t[idx] / 60).astype(np.int64)
+            idx = idx[np.unique(grp, return_index=True)[1]]
+            z = np.zeros(len(idx))
+            gpu = tab.ent[idx] if scope == "gpu" else np.full(len(idx), -1)
+            parts.append(
+                Hits(
+                    self.kind,
+                    node[idx],
+                    gpu,
+                    np.full(len(idx), -1),
+                    tab.t[idx],
+                    z,
+                    z.astype(bool),
+                    sustain=np.ones(len(idx), bool),
+                )
+            )
+        return concat(self.kind, parts)
+
     def _gpu_hits(
         self,
         window: Window,

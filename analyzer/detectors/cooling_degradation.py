@@ -325,7 +325,8 @@ class CoolingDegradation(Detector):
         if not hot.any():
             from analyzer.detectors.base import concat
 
-            return concat(self.kind, [inlet_hits, self._hold(window, tab, node, hot, judged, hot, hot)])
+            held = self._hold(window, tab, hot, judged, [("gpu", tab.ent, hot), ("node", node, hot)])
+            return concat(self.kind, [inlet_hits, held])
         rack = window.rack_of[tab.ent]
         # node scope: share of the node's evaluated GPUs hot in the same minute
         inv, ng = buckets(tab.t, 60.0, node)
@@ -412,65 +413,8 @@ class CoolingDegradation(Detector):
                 )
         from analyzer.detectors.base import concat
 
-        held = self._hold(window, tab, node, hot, judged, gpu_rows, node_rows)
+        held = self._hold(window, tab, hot, judged, [("gpu", tab.ent, gpu_rows), ("node", node, node_rows)])
         return concat(self.kind, parts + [inlet_hits, held])
-
-    def _hold(self, window, tab, node, hot, judged, gpu_rows, node_rows) -> Hits:
-        """Keep a GPU's (node's) incident open while the fault cannot show: a GPU with failed cooling
-        that goes idle runs a few degrees warm at 80 W, under any bar, and an incident resolved then
-        would page again at its next job. A GPU (node) flagged here stays latched until it has been
-        judged at load without a hit for ``clear_seconds``; meanwhile its unjudged rows (idle,
-        unsteady) are sustain hits, one per minute."""
-        lg = self.latch_gpu_ = getattr(self, "latch_gpu_", {})
-        ln = self.latch_node_ = getattr(self, "latch_node_", {})
-        for latch, keys, rows in ((lg, tab.ent, gpu_rows), (ln, node, node_rows)):
-            for k in np.unique(keys[rows]).tolist():
-                latch[k] = None
-            if not latch:
-                continue
-            # cleared: judged at load, no hit, over clear_seconds of this window
-            quiet = judged & ~hot
-            ok = quiet & np.isin(keys, list(latch))
-            for k in np.unique(keys[ok]).tolist():
-                mine = keys == k
-                if hot[mine].any():
-                    latch[k] = None
-                    continue
-                tq = tab.t[ok & mine]
-                first = latch[k] if latch[k] is not None else float(tq.min())
-                if float(tq.max()) - first >= self.clear_seconds:
-                    del latch[k]
-                else:
-                    latch[k] = first
-        new = tab.new if tab.new is not None else np.ones(len(tab), bool)
-        parts = []
-        for latch, keys, scope in ((lg, tab.ent, "gpu"), (ln, node, "node")):
-            if not latch:
-                continue
-            rows = np.flatnonzero(new & ~judged & ~hot & np.isin(keys, list(latch)))
-            if not len(rows):
-                continue
-            # one per key and minute
-            grp = keys[rows] * 10**7 + np.floor(tab.t[rows] / 60).astype(np.int64)
-            _, first = np.unique(grp, return_index=True)
-            rows = rows[first]
-            gpu = tab.ent[rows] if scope == "gpu" else np.full(len(rows), -1)
-            z = np.zeros(len(rows))
-            parts.append(
-                Hits(
-                    self.kind,
-                    node[rows],
-                    gpu,
-                    np.full(len(rows), -1),
-                    tab.t[rows],
-                    z,
-                    z.astype(bool),
-                    sustain=np.ones(len(rows), bool),
-                )
-            )
-        from analyzer.detectors.base import concat
-
-        return concat(self.kind, parts)
 
     def _inlet_hits(self, window: Window) -> Hits:
         """Rack scope from the inlet itself: the inlet of a rack's nodes above their own usual inlet by
