@@ -32,6 +32,10 @@ DETECTORS: dict[str, dict] = {
         "dwell_seconds": 0.0,
         "gap_seconds": 35.0,
         "resolve_seconds": 3600.0,
+        "load_share": 0.8,  # full load (this share of the power limit): where heat would show
+        "busy_utilization": 0.5,  # full load where the power limit is not reported
+        "clear_margin_celsius": 5.0,  # ... and this far below the slowdown temperature: healthy
+        "clear_seconds": 600.0,  # at full load this long without throttling before idle stops holding it
     },
     "power_brake": {"min_share": 0.05, "dwell_seconds": 0.0, "gap_seconds": 35.0, "resolve_seconds": 3600.0},
     "cooling_degradation": {
@@ -72,6 +76,7 @@ DETECTORS: dict[str, dict] = {
         "dwell_seconds": 0.0,
         "gap_seconds": 600.0,
         "resolve_seconds": 3600.0,
+        "clear_seconds": 600.0,  # under load at full speed this long before idle stops holding it
     },
     "sdc": {"dwell_seconds": 0.0, "gap_seconds": 86400.0, "resolve_seconds": 86400.0},
     "memory_errors": {
@@ -99,6 +104,7 @@ DETECTORS: dict[str, dict] = {
         "dwell_seconds": 300.0,
         "gap_seconds": 60.0,
         "resolve_seconds": 1800.0,
+        "clear_seconds": 600.0,  # kept up with its peers this long before idle stops holding it
     },
 }
 

@@ -412,8 +412,9 @@ def test_evidence_is_built_when_read():
     assert list(both.evidence) == [{"row": 7}, {"row": 9}, {}] and built == [7, 9]
 
 
-def _thermal_fleet(busy, offset, extra=None, nodes=4, gpus=8, steps=900, seed=3) -> bytes:
-    """``gpu`` rows only: T = 25 + offset + 0.04 * P (+ ``extra(n, g, s, p)``), load from ``busy(n, s)``."""
+def _thermal_fleet(busy, offset, extra=None, nodes=4, gpus=8, steps=900, seed=3, throttling=None) -> bytes:
+    """``gpu`` rows only: T = 25 + offset + 0.04 * P (+ ``extra(n, g, s, p)``), load from ``busy(n, s)``;
+    ``throttling(n, g, s)``: the GPU throttles (thermal bit, at 87 °C) whenever it works."""
     rng = np.random.default_rng(seed)
     out = []
     for s in range(steps):
@@ -423,13 +424,15 @@ def _thermal_fleet(busy, offset, extra=None, nodes=4, gpus=8, steps=900, seed=3)
             for g in range(gpus):
                 p = 690 + rng.normal(0, 2) if load else 80 + rng.normal(0, 0.5)
                 temp = 25 + offset(n, g) + 0.04 * p + rng.normal(0, 0.3) + (extra(n, g, s, p) if extra else 0)
+                hot = load and throttling is not None and throttling(n, g, s)
                 f = {
                     "utilization_gpu_ratio": 1.0 if load else 0.0,
                     "power_watts": round(p, 2),
-                    "temperature_gpu_celsius": int(round(temp)),
+                    "power_limit_watts": 700.0,
+                    "temperature_gpu_celsius": 87 if hot else int(round(temp)),
                     "clock_sm_mhz": 1500 if load else 345,
                     "temperature_slowdown_celsius": 89,
-                    "clock_event_reasons": 0x4 if load else 0x1,
+                    "clock_event_reasons": (0x4 | (0x40 if hot else 0)) if load else 0x1,
                 }
                 out.append(encode("gpu", {"host": f"node{n}", "gpu": str(g), "rack": "r0"}, f, t))
     return ("\n".join(out) + "\n").encode()
@@ -489,3 +492,26 @@ def test_queued_hits_hold_no_window():
     an.finish()
     (inc,) = [i for i in an.incidents() if i.kind == "thermal_throttle"]
     assert inc.evidence["first"] and inc.evidence["peak"]  # what the engine keeps was built
+
+
+def test_throttling_gpu_that_idles_between_jobs_is_one_incident():
+    # node1 GPU 2 throttles in its job, idles 2 h (past resolve_seconds), throttles in the next one
+    def busy(n, s):
+        return not (n == 1 and 300 <= s < 1020)
+
+    data = _thermal_fleet(busy, lambda n, g: 0.0, steps=1200, throttling=lambda n, g, s: (n, g) == (1, 2))
+    incs = [i for i in analyse(data).incidents() if i.kind == "thermal_throttle"]
+    assert [(i.host, i.gpu, i.end) for i in incs] == [("node1", 2, None)]
+
+
+def test_throttling_that_stopped_at_full_load_resolves_and_a_new_episode_pages_again():
+    # it throttles, then works 2 h at full load with headroom (fixed), then throttles again
+    data = _thermal_fleet(
+        lambda n, s: True,
+        lambda n, g: 0.0,
+        steps=1500,
+        throttling=lambda n, g, s: (n, g) == (1, 2) and (s < 120 or s >= 1200),
+    )
+    incs = [i for i in analyse(data).incidents() if i.kind == "thermal_throttle"]
+    assert [(i.host, i.gpu) for i in incs] == [("node1", 2), ("node1", 2)]
+    assert incs[0].end is not None and incs[1].end is None

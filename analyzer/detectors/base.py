@@ -146,8 +146,9 @@ class Detector:
         GPU with failed cooling runs a few degrees warm at 80 W; a throttling or slow GPU is neither
         once its job ends): an incident resolved while the GPU idles would page again at its next
         job. A key (a GPU, a node) that hit stays latched until it has been ``judged`` (seen where
-        its fault would show) without a hit for ``clear_seconds``; meanwhile its unjudged rows are
-        sustain hits, one per key and minute, which hold an open incident open and never open one.
+        its fault would show) without a hit for ``clear_seconds`` in a row; meanwhile its unjudged
+        rows are sustain hits, one per key and minute, which hold an open incident open and never
+        open one.
 
         ``hot``: rows that hit (this window's new rows); ``scopes``: (scope, key per row, rows that
         hit at that scope) with scope "gpu" (key: the GPU) or "node" (key: the row's node).
@@ -161,19 +162,24 @@ class Detector:
                 latch[k] = None
             if not latch:
                 continue
-            mine = np.isin(keys, list(latch))
-            quiet = judged & ~hot & mine
-            for k in np.unique(keys[quiet]).tolist():
-                own = keys == k
-                if hot[own].any():
-                    latch[k] = None
-                    continue
-                tq = tab.t[quiet & own]
-                first = latch[k] if latch[k] is not None else float(tq.min())
-                if float(tq.max()) - first >= self.clear_seconds:
+            # cleared: judged without a hit, continuously, for clear_seconds (this window's rows
+            # continue the run the previous windows left in the latch)
+            quiet = judged & ~hot
+            for k in np.unique(keys[new & np.isin(keys, list(latch))]).tolist():
+                own = np.flatnonzero(new & (keys == k))
+                own = own[np.argsort(tab.t[own], kind="stable")]
+                q, t = quiet[own], tab.t[own]
+                broken = np.flatnonzero(~q)
+                start = latch[k]
+                if len(broken):
+                    after = np.flatnonzero(q[broken[-1] + 1 :])
+                    start = float(t[broken[-1] + 1 + after[0]]) if len(after) else None
+                elif start is None:
+                    start = float(t[0])
+                if start is not None and float(t[-1]) - start >= self.clear_seconds:
                     del latch[k]
                 else:
-                    latch[k] = first
+                    latch[k] = start
             idx = np.flatnonzero(new & ~judged & ~hot & np.isin(keys, list(latch)))
             if not len(idx):
                 continue

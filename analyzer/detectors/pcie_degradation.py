@@ -3,14 +3,16 @@
 Reads gpu.pcie_replay_total (replay rate against an allowance that scales with the link's
 generation x lanes: a wider, faster link moves more and may replay more), pcie_link_gen /
 pcie_link_width against pcie_link_gen_max / pcie_link_width_max (or the best seen on that GPU),
-judged only under load: links legitimately drop their generation to save power at idle.
+judged only under load: links legitimately drop their generation to save power at idle. For
+the same reason a degraded link stays one incident while its GPU idles, until it has carried load
+``clear_seconds`` at full speed without replays beyond the allowance.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from analyzer.detectors.base import Detector, Hits, lookup, nz
+from analyzer.detectors.base import Detector, Hits, concat, lookup, nz
 from analyzer.frame import Window
 
 
@@ -26,6 +28,7 @@ class PcieDegradation(Detector):
         dwell_seconds=0.0,
         gap_seconds=600.0,
         resolve_seconds=3600.0,
+        clear_seconds=600.0,
     ):
         self.replay_allowance_per_s = replay_allowance_per_s
         self.load_utilization = load_utilization
@@ -34,6 +37,7 @@ class PcieDegradation(Detector):
         self.dwell_seconds = dwell_seconds
         self.gap_seconds = gap_seconds
         self.resolve_seconds = resolve_seconds
+        self.clear_seconds = clear_seconds
 
     def fit(self, window: Window) -> PcieDegradation:
         tab = window.gpu
@@ -78,14 +82,14 @@ class PcieDegradation(Detector):
         # a downgrade must hold for the dwell time under load (a poll during retraining is not one)
         run = _run_seconds(tab, down)
         down_ok = down & (run >= self.downgrade_dwell_seconds)
-        return rate, allowance, down_ok, gen, gmax, width, wmax
+        return rate, allowance, down_ok, gen, gmax, width, wmax, load & ~down
 
     def score(self, window: Window) -> np.ndarray:
         rate, allowance, down, *_ = self._parts(window)
         return np.fmax(nz(rate) / allowance, down.astype(float))
 
     def detect(self, window: Window) -> Hits:
-        rate, allowance, down, gen, gmax, width, wmax = self._parts(window)
+        rate, allowance, down, gen, gmax, width, wmax, full_speed = self._parts(window)
         rate = nz(rate)
         hit = (rate > allowance) | down
 
@@ -107,7 +111,10 @@ class PcieDegradation(Detector):
                 "width_max": _i(wmax[i]),
             }
 
-        return self._gpu_hits(window, window.gpu, hit, self.score(window), False, ev)
+        tab = window.gpu
+        new = tab.new if tab.new is not None else np.ones(len(tab), bool)
+        held = self._hold(window, tab, hit & new, new & full_speed, [("gpu", tab.ent, hit & new)])
+        return concat(self.kind, [self._gpu_hits(window, tab, hit, self.score(window), False, ev), held])
 
 
 def _i(x):

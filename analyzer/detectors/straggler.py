@@ -17,7 +17,7 @@ import warnings
 
 import numpy as np
 
-from analyzer.detectors.base import Detector, Hits, buckets, group_median, nz
+from analyzer.detectors.base import Detector, Hits, buckets, concat, group_median, nz
 from analyzer.detectors.thermal_throttle import thermal_bits
 from analyzer.frame import Window
 
@@ -38,6 +38,7 @@ class Straggler(Detector):
         gap_seconds=60.0,
         resolve_seconds=1800.0,
         poll_seconds=10.0,
+        clear_seconds=600.0,
     ):
         self.min_peers = min_peers
         self.min_slowdown = min_slowdown
@@ -48,6 +49,7 @@ class Straggler(Detector):
         self.gap_seconds = gap_seconds
         self.resolve_seconds = resolve_seconds
         self.poll_seconds = poll_seconds
+        self.clear_seconds = clear_seconds
 
     def _peers(self, window: Window):
         """Busy rows, and each row's peer group (job or node, and poll): (busy, group, n_groups)."""
@@ -140,9 +142,14 @@ class Straggler(Detector):
             ((r & EXPLAINED) != 0) | (thermal_bits(tab) > 0) | (nz(tab.col("clock_event_hw_power_brake")) > 0)
         )
         busy, _, _ = self._peers(window)
-        slow = self._feature(window, "clock_sm_mhz")[0] < np.log(1 - self.min_slowdown)
-        if not (busy & slow & ~explained & (tab.new if tab.new is not None else True)).any():
-            return Hits.none(self.kind)  # no busy GPU slower than its peers: no distances needed
+        clock, peers = self._feature(window, "clock_sm_mhz")
+        slow = clock < np.log(1 - self.min_slowdown)
+        new = tab.new if tab.new is not None else np.ones(len(tab), bool)
+        # seen where a straggler would show, and keeping up: busy beside enough peers, not slow
+        judged = new & busy & (peers >= self.min_peers + 1) & ~slow
+        if not (busy & slow & ~explained & new).any():  # no busy GPU slower than its peers
+            none = np.zeros(len(tab), bool)
+            return self._hold(window, tab, none, judged, [("gpu", tab.ent, none)])
         X, valid = self._features(window)
         sc = self.score(window)
         candidate = valid & slow & ~explained
@@ -157,7 +164,9 @@ class Straggler(Detector):
                 "threshold_distance": self.distance,
             }
 
-        return self._gpu_hits(window, tab, hit, sc, False, ev)
+        hit_new = hit & new
+        held = self._hold(window, tab, hit_new, judged, [("gpu", tab.ent, hit_new)])
+        return concat(self.kind, [self._gpu_hits(window, tab, hit, sc, False, ev), held])
 
 
 def _covariance(X: np.ndarray, *, assume_centered: bool = False) -> np.ndarray:

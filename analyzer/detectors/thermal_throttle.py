@@ -3,14 +3,17 @@
 Reads gpu.clock_event_sw_thermal, clock_event_hw_thermal (or bits 0x20/0x40 of
 clock_event_reasons) and the throttle-time counters throttle_sw_thermal_ns_total /
 throttle_hw_thermal_ns_total, so throttling that starts and ends between two polls counts.
-Power capping (0x4) and idle (0x1) are not throttling and are never read as such.
+Power capping (0x4) and idle (0x1) are not throttling and are never read as such. A GPU that
+throttled stays one incident while it idles or runs a lighter phase (it cannot throttle without
+heat) until it has worked ``clear_seconds`` at full load without throttling, at least
+``clear_margin_celsius`` below its slowdown temperature.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from analyzer.detectors.base import Detector, Hits, nz, share
+from analyzer.detectors.base import Detector, Hits, concat, nz, share
 from analyzer.frame import Window
 
 SW_THERMAL, HW_THERMAL = 0x20, 0x40
@@ -34,11 +37,25 @@ def _thermal_bits(tab) -> np.ndarray:
 class ThermalThrottle(Detector):
     kind = "thermal_throttle"
 
-    def __init__(self, min_share=0.05, dwell_seconds=0.0, gap_seconds=35.0, resolve_seconds=3600.0):
+    def __init__(
+        self,
+        min_share=0.05,
+        dwell_seconds=0.0,
+        gap_seconds=35.0,
+        resolve_seconds=3600.0,
+        load_share=0.8,
+        busy_utilization=0.5,
+        clear_margin_celsius=5.0,
+        clear_seconds=600.0,
+    ):
         self.min_share = min_share
         self.dwell_seconds = dwell_seconds
         self.gap_seconds = gap_seconds
         self.resolve_seconds = resolve_seconds
+        self.load_share = load_share
+        self.busy_utilization = busy_utilization
+        self.clear_margin_celsius = clear_margin_celsius
+        self.clear_seconds = clear_seconds
 
     def score(self, window: Window) -> np.ndarray:
         tab = window.gpu
@@ -65,7 +82,20 @@ class ThermalThrottle(Detector):
                 "clock_sm_mhz": _f(clock[i]),
             }
 
-        return self._gpu_hits(window, tab, hit, sc, False, ev)
+        new = tab.new if tab.new is not None else np.ones(len(tab), bool)
+        # at full load, where heat would show: load_share of its power limit or more (busy, where the
+        # limit is not reported); a lighter phase of the same job proves nothing
+        limit = tab.ffill("power_limit_watts")
+        busy = np.where(
+            np.isfinite(limit),
+            nz(tab.col("power_watts")) >= self.load_share * limit,
+            nz(tab.col("utilization_gpu_ratio")) >= self.busy_utilization,
+        )
+        # ... and with headroom: a GPU at its slowdown temperature that happens not to throttle this
+        # minute is no evidence that the problem is gone
+        headroom = ~(temp > slow - self.clear_margin_celsius)  # (unknown temperatures: no test)
+        held = self._hold(window, tab, hit & new, new & busy & headroom, [("gpu", tab.ent, hit & new)])
+        return concat(self.kind, [self._gpu_hits(window, tab, hit, sc, False, ev), held])
 
 
 def _f(x):
