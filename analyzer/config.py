@@ -67,6 +67,7 @@ DETECTORS: dict[str, dict] = {
         "dwell_seconds": 0.0,
         "gap_seconds": 600.0,
         "resolve_seconds": 3600.0,
+        "clear_seconds": 3600.0,  # a degraded link stays one incident until this long without an error
     },
     "pcie_degradation": {
         "replay_allowance_per_s": 1.0,

@@ -64,6 +64,9 @@ class Engine:
         self.closed: list[Record] = []
         self.absorbed: list[Record] = []  # incidents merged into a wider one (kept for online resolve)
         self.watermark = -np.inf
+        # per kind: how far the streams its detector reads have been analysed (the watermark where
+        # absent); a late stream's incident must not be resolved by other streams' progress
+        self.progress: dict[str, float] = {}
         self.pending: dict[tuple, list] = {}
         self._reg: Registry | None = None
         self._racks: list[str] = []
@@ -291,11 +294,12 @@ class Engine:
             if ready:
                 self._run(key, ready)
         for st in self.states.values():
+            wm = min(self.watermark, self.progress.get(st.kind, self.watermark))
             if st.incident is not None:
                 resolve = float(self.params.get(st.kind, {}).get("resolve_seconds", 900.0))
-                if self.watermark - st.last_hit > resolve:
+                if wm - st.last_hit > resolve:
                     self._close(st)
-            elif st.run_hits and self.watermark - st.last_hit > float(
+            elif st.run_hits and wm - st.last_hit > float(
                 self.params.get(st.kind, {}).get("gap_seconds", 60.0)
             ):
                 st.run_hits = 0

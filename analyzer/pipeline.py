@@ -203,11 +203,16 @@ class Analyzer:
                 self._process(m, start, end)
                 self.window_start[m] = end
         if final:
+            self.engine.progress.clear()
             self.engine.advance(max(self.stream_wm.values(), default=0) / 1e9)
         else:
             # hand the engine what every stream has analysed so far: its queue stays short (a stream
-            # that shows up later, e.g. events at the end of an export, arrives as late hits)
+            # that shows up later, e.g. events at the end of an export, arrives as late hits), and
+            # how far each kind's own streams are: a kind's incident is quiet only up to there
             done = [self.window_start[m] for m in self.window_start if self.window_start[m] is not None]
+            for det in self.detectors:
+                own = [self.window_start.get(m) for m in det.tables]
+                self.engine.progress[det.kind] = min((s for s in own if s is not None), default=-math.inf)
             if done:
                 self.engine.advance(min(done))
 

@@ -515,3 +515,18 @@ def test_throttling_that_stopped_at_full_load_resolves_and_a_new_episode_pages_a
     incs = [i for i in analyse(data).incidents() if i.kind == "thermal_throttle"]
     assert [(i.host, i.gpu) for i in incs] == [("node1", 2), ("node1", 2)]
     assert incs[0].end is not None and incs[1].end is None
+
+
+def test_a_stream_that_arrives_after_the_others_is_not_resolved_by_their_progress():
+    # an export: every gpu row first, then every gpu_nvlink row, read in chunks. The link's hits
+    # reach the engine long after the gpu stream moved its clock on; still one incident
+    data = fleet(nodes=4, gpus=4, steps=1500, fault=("nvlink_degradation", 2, 1, 300))
+    lines = data.decode().splitlines()
+    gpu = [ln for ln in lines if ln.startswith("gpu,")]
+    links = [ln for ln in lines if ln.startswith("gpu_nvlink,")]
+    an = Analyzer(Config())
+    for part in (gpu, *(links[i : i + 2000] for i in range(0, len(links), 2000))):
+        an.feed_bytes(("\n".join(part) + "\n").encode())
+    an.finish()
+    incs = [i for i in an.incidents() if i.kind == "nvlink_degradation"]
+    assert [(i.host, i.gpu, i.link, i.end) for i in incs] == [("node2", 1, 1, None)]

@@ -151,10 +151,10 @@ class Detector:
         open one.
 
         ``hot``: rows that hit (this window's new rows); ``scopes``: (scope, key per row, rows that
-        hit at that scope) with scope "gpu" (key: the GPU) or "node" (key: the row's node).
+        hit at that scope) with scope "gpu" (key: the GPU), "node" (key: the row's node) or "link"
+        (a link table; key: the link).
         """
         new = tab.new if tab.new is not None else np.ones(len(tab), bool)
-        node = window.node_of[tab.ent] if len(tab) else np.zeros(0, np.int64)
         parts = []
         for scope, keys, rows in scopes:
             latch = self.__dict__.setdefault(f"latch_{scope}_", {})  # key -> start of its quiet run
@@ -186,13 +186,19 @@ class Detector:
             grp = keys[idx] * 10**7 + np.floor(tab.t[idx] / 60).astype(np.int64)
             idx = idx[np.unique(grp, return_index=True)[1]]
             z = np.zeros(len(idx))
-            gpu = tab.ent[idx] if scope == "gpu" else np.full(len(idx), -1)
+            gpu, link = tab.ent[idx], np.full(len(idx), -1)
+            if scope == "link":
+                link_gpu, link_no = window.reg.link_arrays()
+                gpu, link = link_gpu[gpu], link_no[gpu]
+            node = window.node_of[gpu]
+            if scope == "node":
+                gpu = np.full(len(idx), -1)
             parts.append(
                 Hits(
                     self.kind,
-                    node[idx],
+                    node,
                     gpu,
-                    np.full(len(idx), -1),
+                    link,
                     tab.t[idx],
                     z,
                     z.astype(bool),

@@ -4,14 +4,16 @@ Reads gpu_nvlink.crc_flit_errors_total, crc_data_errors_total, replay_errors_tot
 recovery_errors_total and up, per link. DCGM's fixed rules are the floor (any new replay or
 recovery; CRC at or above ``crc_rate_max`` per second); on top, a CRC rate far above the
 fleet's own per-link rate (learned, robust) flags the growth early, and a link that is down
-while its GPU's other links are up is flagged at once.
+while its GPU's other links are up is flagged at once. A degrading link does not heal: its
+incident stays open while it keeps collecting errors below the bar, until it has gone
+``clear_seconds`` without a new error.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from analyzer.detectors.base import Detector, Hits, nz
+from analyzer.detectors.base import Detector, Hits, concat, nz
 from analyzer.frame import Window
 
 
@@ -29,6 +31,7 @@ class NvlinkDegradation(Detector):
         dwell_seconds=0.0,
         gap_seconds=600.0,
         resolve_seconds=3600.0,
+        clear_seconds=3600.0,
     ):
         self.crc_rate_max = crc_rate_max
         self.crc_count_min = crc_count_min
@@ -38,6 +41,7 @@ class NvlinkDegradation(Detector):
         self.dwell_seconds = dwell_seconds
         self.gap_seconds = gap_seconds
         self.resolve_seconds = resolve_seconds
+        self.clear_seconds = clear_seconds
 
     @staticmethod
     def _crc_rate(tab):
@@ -115,8 +119,12 @@ class NvlinkDegradation(Detector):
             }
 
         hits = self._gpu_hits(window, tab, hit, self.score(window), crit, ev, ent_is_link=True)
-        hits.t = t_hit[np.flatnonzero(hit & tab.new)] if tab.new is not None else t_hit[np.flatnonzero(hit)]
-        return hits
+        new = tab.new if tab.new is not None else np.ones(len(tab), bool)
+        hits.t = t_hit[np.flatnonzero(hit & new)]
+        # judged healthy: up, and no new error of any kind since the previous row
+        clean = (up == 1) & (dcrc == 0) & (rep == 0) & (rec == 0)
+        held = self._hold(window, tab, hit & new, new & clean, [("link", tab.ent, hit & new)])
+        return concat(self.kind, [hits, held])
 
 
 def _crc_rate(tab) -> np.ndarray:
