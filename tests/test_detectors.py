@@ -412,18 +412,28 @@ def test_evidence_is_built_when_read():
     assert list(both.evidence) == [{"row": 7}, {"row": 9}, {}] and built == [7, 9]
 
 
-def _thermal_fleet(busy, offset, extra=None, nodes=4, gpus=8, steps=900, seed=3, throttling=None) -> bytes:
-    """``gpu`` rows only: T = 25 + offset + 0.04 * P (+ ``extra(n, g, s, p)``), load from ``busy(n, s)``;
-    ``throttling(n, g, s)``: the GPU throttles (thermal bit, at 87 °C) whenever it works."""
+def _thermal_fleet(
+    busy, offset, extra=None, nodes=4, gpus=8, steps=900, seed=3, throttling=None, step=STEP, inlet=None
+) -> bytes:
+    """``gpu`` rows: T = 25 + offset + 0.04 * P (+ ``extra(n, g, s, p)``), load from ``busy(n, s)``;
+    ``throttling(n, g, s)``: the GPU throttles (thermal bit, at 87 °C) whenever it works;
+    ``inlet(n, s)``: the host's BMC inlet °C (a bmc_sensor row per step), which its GPUs follow."""
     rng = np.random.default_rng(seed)
     out = []
     for s in range(steps):
-        t = (T0 + s * STEP) * 10**9
+        t = (T0 + s * step) * 10**9
         for n in range(nodes):
             load = busy(n, s)
+            warm = 0.0
+            if inlet is not None:
+                value = round(float(inlet(n, s)), 1)
+                warm = value - inlet(n, 0)
+                tags = {"host": f"node{n}", "sensor": "Inlet Temp", "unit": "C", "rack": f"r{n // 2}"}
+                out.append(encode("bmc_sensor", tags, {"value": value}, t))
             for g in range(gpus):
                 p = 690 + rng.normal(0, 2) if load else 80 + rng.normal(0, 0.5)
                 temp = 25 + offset(n, g) + 0.04 * p + rng.normal(0, 0.3) + (extra(n, g, s, p) if extra else 0)
+                temp += warm
                 hot = load and throttling is not None and throttling(n, g, s)
                 f = {
                     "utilization_gpu_ratio": 1.0 if load else 0.0,
@@ -434,7 +444,7 @@ def _thermal_fleet(busy, offset, extra=None, nodes=4, gpus=8, steps=900, seed=3,
                     "temperature_slowdown_celsius": 89,
                     "clock_event_reasons": (0x4 | (0x40 if hot else 0)) if load else 0x1,
                 }
-                out.append(encode("gpu", {"host": f"node{n}", "gpu": str(g), "rack": "r0"}, f, t))
+                out.append(encode("gpu", {"host": f"node{n}", "gpu": str(g), "rack": f"r{n // 2}"}, f, t))
     return ("\n".join(out) + "\n").encode()
 
 
@@ -530,3 +540,25 @@ def test_a_stream_that_arrives_after_the_others_is_not_resolved_by_their_progres
     an.finish()
     incs = [i for i in an.incidents() if i.kind == "nvlink_degradation"]
     assert [(i.host, i.gpu, i.link, i.end) for i in incs] == [("node2", 1, 1, None)]
+
+
+def test_cooling_found_at_a_60_s_poll():
+    # baselines take the same 20 minutes at a 60 s poll (20 samples, not 120): a heatsink failing
+    # 40 min in is found, not learned as the GPU's normal
+    def extra(n, g, s, p):
+        return 12.0 * p / 690 if (n, g) == (2, 5) and s >= 40 else 0.0
+
+    data = _thermal_fleet(lambda n, s: True, lambda n, g: 0.0, extra=extra, steps=180, step=60)
+    incs = [i for i in analyse(data).incidents() if i.kind == "cooling_degradation"]
+    assert [(i.host, i.gpu) for i in incs] == [("node2", 5)]
+    assert incs[0].start <= T0 + 40 * 60  # dated to the last normal poll, not found hours later
+
+
+def test_a_rack_inlet_drifting_over_half_a_day_is_no_incident():
+    # rack r1's inlet creeps up 8 °C over 12 h (the room, not a failure); its GPUs follow the inlet
+    def inlet(n, s):
+        return 24.0 + (8.0 * s / 720 if n >= 2 else 0.0)
+
+    data = _thermal_fleet(lambda n, s: True, lambda n, g: 0.0, steps=720, step=60, inlet=inlet)
+    incs = [i for i in analyse(data).incidents() if i.kind == "cooling_degradation"]
+    assert incs == [], [i.summary for i in incs]
