@@ -301,7 +301,10 @@ class Generator:
         fl = self.fl
         writer = Writer(out / "telemetry.lp.gz", self.level)
         try:
-            chunk = max(1, min(fl.n_steps, 32768 // max(fl.n, 1)))
+            # at most 32k GPU-samples and 10 min of fleet time per chunk: a chunk is written measurement
+            # by measurement, so a reader sees the streams at most 10 min apart, as an agent's
+            # file is (at a 60 s poll 32k samples of 128 GPUs would be 4 h of gpu rows first)
+            chunk = max(1, min(fl.n_steps, 32768 // max(fl.n, 1), int(600 // fl.step)))
             k = 0
             while k < fl.n_steps:
                 c = min(chunk, fl.n_steps - k)
