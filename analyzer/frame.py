@@ -190,6 +190,10 @@ class Table:
     def __len__(self):
         return len(self.t)
 
+    def in_window(self) -> np.ndarray:
+        """Rows inside the window proper (``new``); every row where the table has no context."""
+        return self.new if self.new is not None else np.ones(len(self), bool)
+
     def cached(self, key, fn):
         """``fn()`` computed once per table and key; an array result is returned read-only."""
         v = self._memo.get(key)

@@ -154,7 +154,7 @@ class Detector:
         hit at that scope) with scope "gpu" (key: the GPU), "node" (key: the row's node) or "link"
         (a link table; key: the link).
         """
-        new = tab.new if tab.new is not None else np.ones(len(tab), bool)
+        new = tab.in_window()
         parts = []
         for scope, keys, rows in scopes:
             latch = self.__dict__.setdefault(f"latch_{scope}_", {})  # key -> start of its quiet run
@@ -217,7 +217,7 @@ class Detector:
         evidence=None,
         ent_is_link: bool = False,
     ) -> Hits:
-        mask = mask & (tab.new if tab.new is not None else True)
+        mask = mask & tab.in_window()
         idx = np.flatnonzero(mask)
         reg = window.reg
         if ent_is_link:

@@ -316,7 +316,7 @@ class CoolingDegradation(Detector):
         step = self._step_onset(tab, raw, thr)
         began = np.where(np.isfinite(step), step, began)
         self._began = np.where(hot & np.isfinite(began), began, tab.t)
-        new = tab.new if tab.new is not None else np.ones(len(tab), bool)
+        new = tab.in_window()
         hot &= new
         inlet_hits = self._inlet_hits(window)
         node = window.node_of[tab.ent] if len(tab) else np.zeros(0, np.int64)
@@ -434,7 +434,7 @@ class CoolingDegradation(Detector):
         track = self.inlet_track_ = getattr(self, "inlet_track_", {})
         ref = lookup({h: track.get(h, r) for h, r in refs.items()}, bmc.ent)
         rack = host_rack[bmc.ent]
-        new = bmc.new if bmc.new is not None else np.ones(len(bmc), bool)
+        new = bmc.in_window()
         ok = new & np.isfinite(bmc.cols["inlet"]) & np.isfinite(ref) & (rack >= 0) & (rack < 10**6)
         if not ok.any():
             return Hits.none(self.kind)

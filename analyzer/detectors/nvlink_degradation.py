@@ -119,7 +119,7 @@ class NvlinkDegradation(Detector):
             }
 
         hits = self._gpu_hits(window, tab, hit, self.score(window), crit, ev, ent_is_link=True)
-        new = tab.new if tab.new is not None else np.ones(len(tab), bool)
+        new = tab.in_window()
         hits.t = t_hit[np.flatnonzero(hit & new)]
         # judged healthy: up, and no new error of any kind since the previous row
         clean = (up == 1) & (dcrc == 0) & (rep == 0) & (rec == 0)

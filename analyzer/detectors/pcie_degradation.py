@@ -112,7 +112,7 @@ class PcieDegradation(Detector):
             }
 
         tab = window.gpu
-        new = tab.new if tab.new is not None else np.ones(len(tab), bool)
+        new = tab.in_window()
         held = self._hold(window, tab, hit & new, new & full_speed, [("gpu", tab.ent, hit & new)])
         return concat(self.kind, [self._gpu_hits(window, tab, hit, self.score(window), False, ev), held])
 

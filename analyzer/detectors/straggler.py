@@ -144,7 +144,7 @@ class Straggler(Detector):
         busy, _, _ = self._peers(window)
         clock, peers = self._feature(window, "clock_sm_mhz")
         slow = clock < np.log(1 - self.min_slowdown)
-        new = tab.new if tab.new is not None else np.ones(len(tab), bool)
+        new = tab.in_window()
         # seen where a straggler would show, and keeping up: busy beside enough peers, not slow
         judged = new & busy & (peers >= self.min_peers + 1) & ~slow
         if not (busy & slow & ~explained & new).any():  # no busy GPU slower than its peers

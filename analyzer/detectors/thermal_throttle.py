@@ -82,7 +82,7 @@ class ThermalThrottle(Detector):
                 "clock_sm_mhz": _f(clock[i]),
             }
 
-        new = tab.new if tab.new is not None else np.ones(len(tab), bool)
+        new = tab.in_window()
         # at full load, where heat would show: load_share of its power limit or more (busy, where the
         # limit is not reported); a lighter phase of the same job proves nothing
         limit = tab.ffill("power_limit_watts")
