@@ -124,7 +124,7 @@ class CoolingDegradation(Detector):
         uc = np.where(throttled | ~steady, np.nan, u)
         band = (nz(power) >= self.low_power_watts).astype(np.int64)
         groups = {"band": buckets(tab.t, 60.0, band)}
-        own = self._baseline(tab, power)
+        own = self._reference(tab, power)[0]
         c = np.full(len(u), np.nan)
         if np.isfinite(own).any():
             c = _common_mode(groups, tab.t, uc - own, np.isfinite(u))
@@ -137,14 +137,28 @@ class CoolingDegradation(Detector):
                 c[idx] = np.where(few[idx], _common_mode(part, tab.t[idx], uc[idx], few[idx]), c[idx])
         return u - c, steady, throttled, temp, power
 
-    def _baseline(self, tab, power) -> np.ndarray:
-        """Per row: the GPU's learned offset (its power band's own where it has one)."""
-        a = lookup(getattr(self, "offset_", {}), tab.ent)
+    def _reference(self, tab, power) -> tuple[np.ndarray, np.ndarray]:
+        """Per row: the GPU's learned offset and the bar its excess must pass. At low power the
+        low-power baseline with the lower bar, at load the high-power one, where the GPU has them;
+        otherwise the baseline over all steady load."""
+        def learned(name):
+            return lookup(getattr(self, name, {}), tab.ent)
+
+        a = learned("offset_")
         low = nz(power) < self.low_power_watts
-        a_lo = lookup(getattr(self, "offset_lo_", {}), tab.ent)
-        a_hi = lookup(getattr(self, "offset_hi_", {}), tab.ent)
-        a = np.where(low & np.isfinite(a_lo) & np.isfinite(a), a_lo, a)
-        return np.where(~low & np.isfinite(a_hi), a_hi, a)
+        a_lo, a_hi = learned("offset_lo_"), learned("offset_hi_")
+        lo = low & np.isfinite(a_lo) & np.isfinite(a)  # the lower bar once the GPU has a full baseline
+        hi = ~low & np.isfinite(a_hi)
+        base = np.select([lo, hi], [a_lo, a_hi], a)
+        thr = np.select(
+            [lo, hi],
+            [
+                np.fmax(self.low_excess_celsius, self.sigma * learned("scale_lo_")),
+                np.fmax(self.excess_celsius, self.sigma * learned("scale_hi_")),
+            ],
+            np.fmax(self.excess_celsius, self.sigma * learned("scale_")),
+        )
+        return base, thr
 
     # ------------------------------------------------------------------ learning
     def fit(self, window: Window) -> CoolingDegradation:
@@ -243,27 +257,10 @@ class CoolingDegradation(Detector):
         tab = window.gpu
         v, steady, throttled, temp, power = self._features(window)
         off = getattr(self, "offset_", {})
-        sc = getattr(self, "scale_", {})
         a = lookup(off, tab.ent)
-        s = lookup(sc, tab.ent)
         fleet_a = np.median(list(off.values())) if len(off) >= 4 else np.nan
-        # a GPU whose learned offset is itself far off the fleet's was hot from the start
-        base = np.where(np.isfinite(a), a, np.nan)
-        thr = np.fmax(self.excess_celsius, self.sigma * s)
-        # at low power, against the GPU's low-power baseline where it has one, with a lower bar
-        a_lo = lookup(getattr(self, "offset_lo_", {}), tab.ent)
-        lo = (nz(power) < self.low_power_watts) & np.isfinite(a_lo) & np.isfinite(a)
-        if lo.any():
-            s_lo = lookup(getattr(self, "scale_lo_", {}), tab.ent)
-            base = np.where(lo, a_lo, base)
-            thr = np.where(lo, np.fmax(self.low_excess_celsius, self.sigma * s_lo), thr)
-        # at load, against the GPU's own high-power baseline where it has one
-        a_hi = lookup(getattr(self, "offset_hi_", {}), tab.ent)
-        hi = (nz(power) >= self.low_power_watts) & np.isfinite(a_hi)
-        if hi.any():
-            s_hi = lookup(getattr(self, "scale_hi_", {}), tab.ent)
-            base = np.where(hi, a_hi, base)
-            thr = np.where(hi, np.fmax(self.excess_celsius, self.sigma * s_hi), thr)
+        # (a GPU whose learned offset is itself far off the fleet's was hot from the start)
+        base, thr = self._reference(tab, power)
         r = tab.rolling_mean(v - base, self.smooth_seconds)
         from_fleet = np.full(len(v), np.nan)
         if self.fleet_spread_celsius > 0:
