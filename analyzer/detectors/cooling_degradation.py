@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from analyzer.detectors.base import Detector, Evidence, Hits, buckets, group_median, lookup, nz
+from analyzer.detectors.base import Detector, Evidence, Hits, buckets, concat, group_median, lookup, nz
 from analyzer.detectors.thermal_throttle import thermal_bits
 from analyzer.frame import Window
 
@@ -320,8 +320,6 @@ class CoolingDegradation(Detector):
         # rows where failed cooling would show plainly: steady load, modelled, not throttling
         judged = new & steady & np.isfinite(v) & ~throttled & (nz(power) >= self.low_power_watts)
         if not hot.any():
-            from analyzer.detectors.base import concat
-
             held = self._hold(window, tab, hot, judged, [("gpu", tab.ent, hot), ("node", node, hot)])
             return concat(self.kind, [inlet_hits, held])
         rack = window.rack_of[tab.ent]
@@ -372,44 +370,25 @@ class CoolingDegradation(Detector):
             first = np.ones(len(order), bool)
             first[1:] = grp[order][1:] != grp[order][:-1]
             sel = idx[order[first]]
-            if scope == "node":
-                parts.append(
-                    self._mk(
-                        window,
-                        sel,
-                        node[sel],
-                        np.full(len(sel), -1),
-                        None,
-                        tab.t[sel],
-                        sc[sel],
-                        r,
-                        thr,
-                        temp,
-                        power,
-                        scope,
-                        hot_g[inv[sel]],
-                    )
+            none = np.full(len(sel), -1)
+            node_scope = scope == "node"
+            parts.append(
+                self._mk(
+                    window,
+                    sel,
+                    node[sel] if node_scope else none,
+                    none,
+                    None if node_scope else rack[sel],
+                    tab.t[sel],
+                    sc[sel],
+                    r,
+                    thr,
+                    temp,
+                    power,
+                    scope,
+                    hot_g[inv[sel]] if node_scope else rack_nodes[rinv[sel]],
                 )
-            else:
-                parts.append(
-                    self._mk(
-                        window,
-                        sel,
-                        np.full(len(sel), -1),
-                        np.full(len(sel), -1),
-                        rack[sel],
-                        tab.t[sel],
-                        sc[sel],
-                        r,
-                        thr,
-                        temp,
-                        power,
-                        scope,
-                        rack_nodes[rinv[sel]],
-                    )
-                )
-        from analyzer.detectors.base import concat
-
+            )
         held = self._hold(window, tab, hot, judged, [("gpu", tab.ent, gpu_rows), ("node", node, node_rows)])
         return concat(self.kind, parts + [inlet_hits, held])
 
