@@ -62,13 +62,15 @@ class Record:
     cluster: str | None = None
     rack: str | None = None
     evidence: dict = field(default_factory=dict)
+    # job ids (Slurm job id, pod UID) on the affected GPUs during the incident, from ``gpu.job_id``
+    jobs: list[str] = field(default_factory=list)
 
     def to_json(self) -> str:
         d = asdict(self)
         for k in ("start", "end", "impact_at"):
             d[k] = to_rfc3339(d[k])
         keep = ("gpu", "link", "end", "impact_at")  # always present, null when unknown
-        d = {k: v for k, v in d.items() if v not in (None, {}, "") or k in keep}
+        d = {k: v for k, v in d.items() if v not in (None, {}, "", []) or k in keep}
         return json.dumps(d, sort_keys=False, separators=(",", ":"))
 
     @classmethod
@@ -86,6 +88,8 @@ class Record:
         for k in ("gpu", "link"):
             if kw.get(k) is not None:
                 kw[k] = int(kw[k])
+        if "jobs" in kw:
+            kw["jobs"] = [str(j) for j in kw["jobs"] or []]
         kw.setdefault("host", None)
         kw.setdefault("gpu", None)
         kw.setdefault("link", None)

@@ -46,7 +46,8 @@ def test_node_wide_fault_pages_once_and_resolves_when_all_members_end(tmp_path):
             assert n.flush(5)
             fired = rx.requests[0]["json"]
             assert fired["status"] == "firing" and fired["gpus"] == list(range(8))
-            assert "8 incidents, GPUs 0-7" in fired["summary"]
+            assert fired["summary"].startswith("node01 GPUs 0-7 runs hotter")
+            assert "(8 incidents)" in fired["summary"]
             ended = [dataclasses.replace(i, end=T0 + 100) for i in incs]
             n.update(ended[:7], now=T0 + 110)
             n.flush(5)

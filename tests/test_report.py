@@ -69,7 +69,7 @@ def sample_incidents():
                            "peers_median_celsius": 63.5}),
         incident(kind="nvlink_degradation", gpu=1, link=3, start=T0, end=None, id="nvl-1",
                  severity="warning", evidence={"replay_errors_per_s": 40.0}),
-        incident(kind="sdc", gpu=0, start=T0, id="sdc-1", evidence={"mismatches": 17}),
+        incident(kind="sdc", gpu=0, start=T0, id="sdc-1", evidence={"mismatches": 17}, jobs=["4242", "4243"]),
         incident(kind="cooling_degradation", gpu=None, start=T0 - 600, end=T0 + 900, severity="warning"),
     ]
 
@@ -102,8 +102,31 @@ def test_a_page_per_incident_plus_index(pages):
     assert re.search(r'src="data:image/png;base64,[A-Za-z0-9+/=]{2000,}"', thermal)
     assert "https://pages.example/gpufleet/incident-thermal-1-" in thermal
     assert "http" not in re.sub(r"https://pages\.example/gpufleet/\S+", "", thermal)  # self-contained
+    # the page leads with what is wrong, where, job, since, impact, action and runbook; then the
+    # plot, the GPU's history, and the evidence folded away
+    order = ["<h1>", "node01 GPU 2 is thermal throttling", ">Job<", ">Since<", ">Impact<",
+             'id="action">Compare its inlet', 'id="runbook" href="file:///usr/share/doc/gpufleet/runbooks/'
+             'thermal_throttle.md"', 'id="signals"', "History of this GPU", "runs hotter than its power",
+             '<details id="evidence">', "threshold.slowdown_celsius"]
+    body = thermal[thermal.index("<body>"):]
+    pos = [body.find(s) for s in order]
+    assert all(p >= 0 for p in pos) and pos == sorted(pos), list(zip(order, pos, strict=True))
+    assert thermal.index("</details>") > thermal.index("<td>temperature_gpu_celsius</td>")
     sdc = next(p for p in paths if "sdc-1" in p.name).read_text()
     assert "Contained ECC error &lt;row 12&gt;" in sdc and "<td>94</td>" in sdc  # the XID in the window
+    # ... named, with the XID catalogue's resolution in words
+    assert "<td>Contained ECC error</td><td>Restart the application; the GPU itself is fine.</td>" in sdc
+    assert ">4242, 4243<" in sdc  # the jobs on the GPU during the incident
+
+
+def test_pages_load_without_network_and_stay_small(pages):
+    _, _, paths = pages
+    for p in paths:
+        html = p.read_text()
+        assert p.stat().st_size <= 500_000, f"{p.name}: {p.stat().st_size} bytes"
+        # nothing the browser would fetch: no external scripts, styles, images, fonts or frames
+        assert not re.search(r"<(script|link|iframe|object|embed)\b", html, re.I)
+        assert not re.search(r"\bsrc=\"(?!data:)", html) and "@import" not in html and "url(" not in html
 
 
 def test_plots_show_the_gpu_against_its_peers(pages):

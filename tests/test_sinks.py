@@ -140,8 +140,9 @@ def slack(req):
 
 def test_pagerduty_trigger_and_resolve_follow_the_events_v2_rules(tmp_path, monkeypatch):
     monkeypatch.setenv("GPUFLEET_PAGERDUTY_ROUTING_KEY", ROUTING_KEY)
-    inc = incident(id="x" * 300, summary=NASTY * 40, evidence={"temperature_gpu_celsius": 91.5},
-                   severity="warning")
+    inc = incident(id="x" * 300, host="node01", summary=NASTY * 40, severity="warning",
+                   evidence={"temperature_gpu_celsius": 91.5, "peak": {"throttle_share": 0.42}},
+                   jobs=["4242"])
     with Receiver(pagerduty) as rx:
         sinks = load_sinks([], [f"pagerduty={rx.url}/v2/enqueue"])
         with Notifier(sinks, tmp_path / "s.db", page_base_url="https://pages.example/inc") as n:
@@ -153,10 +154,23 @@ def test_pagerduty_trigger_and_resolve_follow_the_events_v2_rules(tmp_path, monk
     assert trig["event_action"] == "trigger" and res["event_action"] == "resolve"
     assert trig["dedup_key"] == res["dedup_key"] and len(trig["dedup_key"]) <= 255
     p = trig["payload"]
-    assert len(p["summary"]) == 1024 and p["severity"] == "warning" and p["source"] == "node01"
+    assert p["summary"] == "node01 GPU 3 is thermal throttling: its clocks are held down by heat"
+    assert p["severity"] == "warning" and p["source"] == "node01"
     assert p["component"] == "gpu3" and p["group"] == "c1/r07" and p["class"] == "thermal_throttle"
-    assert p["custom_details"]["evidence"] == {"temperature_gpu_celsius": 91.5}
-    assert trig["links"][0]["href"].startswith("https://pages.example/inc/incident-")
+    details = p["custom_details"]
+    assert list(details)[:5] == ["impact", "action", "runbook", "jobs", "since"]
+    assert details["impact"].startswith("Clocks held down 42% of the time") and details["jobs"] == ["4242"]
+    assert details["evidence"]["temperature_gpu_celsius"] == 91.5
+    assert details["description"].startswith(NASTY)  # the detector's line, kept whole, after the lead
+    assert trig["links"][0]["href"].endswith("/thermal_throttle.md")
+    assert trig["links"][1]["href"].startswith("https://pages.example/inc/incident-")
+    # a title over PagerDuty's 1024 characters is cut, never rejected
+    from analyzer.alerting.base import Alert
+    from analyzer.alerting.pagerduty import PagerDutySink
+
+    long = PagerDutySink("pd", "", routing_key=ROUTING_KEY).render(
+        Alert(key="k", status="firing", kind="sdc", severity="critical", start=T0, title=NASTY * 40))
+    assert len(long["payload"]["summary"]) == 1024 and not pagerduty_errors(long)
 
 
 def test_pagerduty_validator_rejects_what_the_api_rejects():
@@ -168,7 +182,7 @@ def test_pagerduty_validator_rejects_what_the_api_rejects():
 
 
 def test_slack_blocks_are_valid_and_escaped(tmp_path):
-    inc = incident(summary=NASTY, detail="temp > slowdown & rising <fast>", id="s1")
+    inc = incident(host="n<1>&2", summary=NASTY, detail="temp > slowdown & rising <fast>", id="s1")
     with Receiver(slack) as rx:
         sinks = load_sinks([fast({"type": "slack", "url": rx.url + "/services/T1/B2/abc"})], [])
         with Notifier(sinks, tmp_path / "s.db", page_base_url="https://pages.example") as n:
@@ -177,8 +191,12 @@ def test_slack_blocks_are_valid_and_escaped(tmp_path):
             assert n.flush(5)
     assert [r["status"] for r in rx.requests] == [200, 200], [slack_errors(r["json"]) for r in rx.requests]
     fired = rx.requests[0]["json"]
-    assert "&lt;script&gt;" in fired["text"] and "&amp; more &gt; less" in fired["text"]
-    assert fired["blocks"][0]["text"]["text"] == "FIRING: thermal_throttle"
+    assert "n&lt;1&gt;&amp;2 GPU 3 is thermal throttling" in fired["text"]
+    assert "&lt;script&gt;" in json.dumps(fired["blocks"]) and "<script>" not in json.dumps(fired)
+    head, todo = fired["blocks"][0]["text"]["text"], fired["blocks"][2]["text"]["text"]
+    assert head == "FIRING: n<1>&2 GPU 3 is thermal throttling: its clocks are held down by heat"
+    assert "*Do:* Compare its inlet" in todo
+    assert "Runbook: file:///usr/share/doc/gpufleet/runbooks/thermal_throttle.md" in todo
     assert rx.requests[1]["json"]["text"].startswith("[RESOLVED]")
     assert "<https://pages.example/incident-s1-" in json.dumps(fired["blocks"])
     long_header = {"type": "header", "text": {"type": "plain_text", "text": "h" * 151}}
@@ -232,5 +250,7 @@ def test_console_prints_one_line_per_notification(tmp_path, capsys):
         time.sleep(0.05)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2
-    assert err[0].startswith("gpufleet: alert: FIRING") and "sdc host=node01 gpu=3" in err[0]
-    assert err[1].startswith("gpufleet: alert: RESOLVED") and "canary mismatch" in err[1]
+    assert err[0].startswith("gpufleet: alert: FIRING   [critical] node01 GPU 3 returned WRONG RESULTS")
+    assert " | do: Drain the node now" in err[0] and "| runbook: " in err[0]
+    assert "sdc host=node01 gpu=3" in err[0]
+    assert err[1].startswith("gpufleet: alert: RESOLVED") and "WRONG RESULTS" in err[1]

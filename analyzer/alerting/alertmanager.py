@@ -2,8 +2,10 @@
 
 Labels: ``alertname`` (the incident kind), ``severity``, ``host``, ``gpu``, ``link``,
 ``cluster``, ``rack`` (absent ones left out) and ``incident`` (the group key, so two incidents
-never merge into one alert). Annotations: ``summary``, ``description``, ``runbook_url`` and
-``incident_url`` (the incident page, when a page base URL is configured). A firing alert is
+never merge into one alert). Annotations, in reading order: ``summary`` (what is wrong, in plain
+words), ``impact``, ``action`` (the recommended action), ``runbook_url``, ``jobs``,
+``incident_url`` (the incident page, when a page base URL is configured) and ``description``
+(the detector's technical line). A firing alert is
 posted without ``endsAt``; Alertmanager then expires it ``resolve_timeout`` (default 5 m) after
 the last post, so active alerts are re-posted every ``repost_interval`` (default 60 s, keep it
 well under the resolve timeout). Resolving posts the alert again with ``endsAt``.
@@ -39,12 +41,16 @@ class AlertmanagerSink(Sink):
             v = getattr(alert, k)
             if v is not None and v != "":
                 labels[k] = str(v)
-        ann = {"summary": alert.summary}
+        ann = {"summary": alert.title or alert.summary}
+        for k in ("impact", "action", "runbook_url"):
+            if getattr(alert, k):
+                ann[k] = getattr(alert, k)
+        if alert.jobs:
+            ann["jobs"] = ", ".join(alert.jobs)
+        if alert.page_url:
+            ann["incident_url"] = alert.page_url
         if alert.description:
             ann["description"] = alert.description
-        if alert.page_url:
-            ann["runbook_url"] = alert.page_url
-            ann["incident_url"] = alert.page_url
         # Alertmanager rejects endsAt before startsAt; a start in the future (replayed data) is
         # clamped to now so the alert is active at once.
         start = min(alert.start, now)

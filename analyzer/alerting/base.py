@@ -31,7 +31,10 @@ class Alert:
     """What one notification says: one incident group, firing or resolved.
 
     ``gpu``/``link`` are the opening incident's (stable labels); ``gpus``/``links`` list every
-    member of the group. Times are seconds since the epoch.
+    member of the group. Times are seconds since the epoch. ``title`` (what is wrong, in plain
+    words), ``impact``, ``action`` (what to do) and ``runbook_url`` come from the action catalogue
+    (:mod:`analyzer.alerting.actions`) and lead every rendering; ``jobs`` are the job ids on the
+    affected GPUs; ``summary`` is the title, ``description`` the detector's technical line.
     """
 
     key: str
@@ -52,6 +55,11 @@ class Alert:
     page_url: str | None = None
     incidents: list[str] = field(default_factory=list)
     evidence: dict = field(default_factory=dict)
+    title: str = ""
+    impact: str = ""
+    action: str = ""
+    runbook_url: str | None = None
+    jobs: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -15,10 +15,12 @@ from gpufleet import records
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Directory for the pages and index.html.")
 @click.option("--page-base-url", default=None, help="URL the pages are served under (shown on pages).")
-def report(incidents_path, data, out_dir, page_base_url):
+@click.option("--runbook-base-url", default=None, envvar="GPUFLEET_RUNBOOK_BASE_URL",
+              help="URL of the runbooks (docs/runbooks/); pages link <URL>/<kind>.md.")
+def report(incidents_path, data, out_dir, page_base_url, runbook_base_url):
     """Write a self-contained HTML page per incident, plus index.html."""
     from analyzer.alerting.pages import write_pages
 
     incs = records.read(incidents_path)
-    paths = write_pages(incs, data, out_dir, page_base_url=page_base_url)
+    paths = write_pages(incs, data, out_dir, page_base_url=page_base_url, runbook_base_url=runbook_base_url)
     click.echo(f"wrote {len(paths) - 1} incident page(s) and {paths[-1]}")

@@ -1,4 +1,8 @@
-"""Console: one line per firing/resolved notification on standard error (the demo's sink)."""
+"""Console: one line per firing/resolved notification on standard error (the demo's sink).
+
+``FIRING   [critical] <what is wrong> | impact: ... | do: <action> | runbook: URL | job 4242 |
+<kind> host=... gpu=... since <time> (<page>)``; a resolve names what ended and when.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +18,16 @@ def line(alert: Alert) -> str:
                                               ("link", ",".join(map(str, alert.links)) or None))
                      if v is not None)
     when = to_rfc3339(alert.end if alert.status == "resolved" and alert.end else alert.start)
-    out = f"{alert.status.upper():8} [{alert.severity}] {alert.kind} {where} at {when}: {alert.summary}"
+    out = f"{alert.status.upper():8} [{alert.severity}] {alert.title or alert.summary}"
+    if alert.status == "firing" and alert.impact:
+        out += f" | impact: {alert.impact}"
+    if alert.status == "firing" and alert.action:
+        out += f" | do: {alert.action}"
+    if alert.runbook_url:
+        out += f" | runbook: {alert.runbook_url}"
+    if alert.jobs:
+        out += f" | job {','.join(alert.jobs)}"
+    out += f" | {alert.kind} {where} {'since' if alert.status == 'firing' else 'ended'} {when}"
     if alert.page_url:
         out += f" ({alert.page_url})"
     return out

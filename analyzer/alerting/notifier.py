@@ -125,12 +125,16 @@ class Notifier:
 
     ``sinks``: from :func:`analyzer.alerting.load_sinks`. ``state_path``: the SQLite state file.
     ``page_base_url``: alerts link to ``<base>/<page name>`` (the incident pages' layout).
+    ``runbook_base_url``: runbook links are ``<base>/<kind>.md`` (default: see
+    :func:`analyzer.alerting.actions.runbook_base`).
     """
 
     def __init__(self, sinks: list[Sink], state_path: str | Path, page_base_url: str | None = None,
-                 *, group_window: float = 300.0, retention: float = 30 * 86400.0):
+                 *, group_window: float = 300.0, retention: float = 30 * 86400.0,
+                 runbook_base_url: str | None = None):
         self.sinks = list(sinks)
         self.page_base_url = page_base_url.rstrip("/") if page_base_url else None
+        self.runbook_base_url = runbook_base_url
         self.group_window = group_window
         self.retention = retention
         self.store = Store(state_path)
@@ -240,31 +244,32 @@ class Notifier:
                    (status, json.dumps(alert.to_dict()), now, grp))
 
     def build_alert(self, grp: str, members: list[Record], status: str) -> Alert:
+        from analyzer.alerting.actions import guide, where
+        from analyzer.alerting.pages import page_name
+
         first = members[0]
         gpus = sorted({m.gpu for m in members if m.gpu is not None})
         links = sorted({m.link for m in members if m.link is not None})
         ends = [m.end for m in members]
-        if len(members) == 1:
-            summary = first.summary or default_summary(first)
-        else:
-            what = f"{len(members)} incidents"
-            if gpus:
-                what += f", GPUs {_ranges(gpus)}"
-            summary = f"{first.kind.replace('_', ' ')} on {first.host}: {what}"
-        description = first.detail or (first.summary or "")
+        place = None
+        if len(members) > 1 and len(gpus) > 1:
+            place = f"{first.host or where(first)} GPUs {_ranges(gpus)}"
+        g = guide(first, self.runbook_base_url, place)
+        title = g.title if len(members) == 1 else f"{g.title} ({len(members)} incidents)"
+        technical = first.summary or default_summary(first)
+        description = technical if not first.detail else f"{technical}. {first.detail}"
         if len(members) > 1:
-            description = (description + " " if description else "") + "Members: " + "; ".join(
-                m.summary or default_summary(m) for m in members[:20])
-        from analyzer.alerting.pages import page_name
-
+            description += " Members: " + "; ".join(m.summary or default_summary(m) for m in members[:20])
+        jobs = sorted({j for m in members for j in m.jobs}, key=lambda j: (len(j), j))
         page_url = f"{self.page_base_url}/{page_name(incident_key(first))}" if self.page_base_url else None
         return Alert(
             key=grp, status=status, kind=first.kind, severity=first.severity,
             start=min(m.start for m in members),
             end=max(ends) if status == "resolved" and all(e is not None for e in ends) else None,
             host=first.host, gpu=first.gpu, link=first.link, gpus=gpus, links=links,
-            cluster=first.cluster, rack=first.rack, summary=summary, description=description,
+            cluster=first.cluster, rack=first.rack, summary=title, description=description,
             page_url=page_url, incidents=[incident_key(m) for m in members], evidence=first.evidence,
+            title=title, impact=g.impact, action=g.action, runbook_url=g.runbook_url, jobs=jobs,
         )
 
     def _prune(self, now: float) -> None:

@@ -3,7 +3,9 @@
 ``trigger`` with ``routing_key``, ``dedup_key`` (the group key, hashed when over 255 chars),
 ``payload`` (``summary`` ≤ 1024 chars, ``source``, ``severity`` in critical/error/warning/info,
 ``timestamp``, ``component``, ``group``, ``class``, ``custom_details``) and ``links``; ``resolve``
-with the same ``dedup_key``. The routing key is a secret: from a file or the environment.
+with the same ``dedup_key``. The summary is the plain-words title; ``custom_details`` leads
+with impact, recommended action, runbook, jobs and since, then the evidence; ``links`` put
+the runbook first, then the incident page. The routing key is a secret: from a file or the environment.
 """
 
 from __future__ import annotations
@@ -47,7 +49,10 @@ class PagerDutySink(Sink):
         component = None
         if alert.gpu is not None:
             component = f"gpu{alert.gpu}" + (f"/link{alert.link}" if alert.link is not None else "")
-        details = {"kind": alert.kind, "incidents": alert.incidents, "description": alert.description}
+        details = {"impact": alert.impact, "action": alert.action, "runbook": alert.runbook_url,
+                   "jobs": alert.jobs, "since": to_rfc3339(alert.start)}
+        details = {k: v for k, v in details.items() if v not in (None, [], "")}
+        details.update(kind=alert.kind, incidents=alert.incidents, description=alert.description)
         for k in ("host", "gpus", "links", "cluster", "rack"):
             v = getattr(alert, k)
             if v not in (None, [], ""):
@@ -55,7 +60,7 @@ class PagerDutySink(Sink):
         if alert.evidence:
             details["evidence"] = alert.evidence
         payload = {
-            "summary": clip(alert.summary or alert.kind, 1024),
+            "summary": clip(alert.title or alert.summary or alert.kind, 1024),
             "source": alert.host or alert.cluster or "gpufleet",
             "severity": SEVERITY.get(alert.severity, "warning"),
             "timestamp": to_rfc3339(alert.start),
@@ -69,7 +74,12 @@ class PagerDutySink(Sink):
             payload["group"] = group
         doc["payload"] = payload
         doc["client"] = "gpufleet"
+        links = []
+        if alert.runbook_url:
+            links.append({"href": alert.runbook_url, "text": f"Runbook: {alert.kind}"})
         if alert.page_url:
             doc["client_url"] = alert.page_url
-            doc["links"] = [{"href": alert.page_url, "text": "Incident page"}]
+            links.append({"href": alert.page_url, "text": "Incident page"})
+        if links:
+            doc["links"] = links
         return doc

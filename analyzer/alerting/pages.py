@@ -1,9 +1,13 @@
 """Incident pages: one self-contained HTML file per incident, plus ``index.html``.
 
-Each page holds the summary, the incident's fields, its evidence table, the GPU events (XIDs)
-in the window, a short list of what to check, and a PNG (matplotlib, Agg, embedded as a data
-URI) of the affected GPU's key signals against its peers on the same node around the incident
-window: the GPU in red, each peer in grey, the peers' median dashed, the incident shaded.
+A page leads with what an on-call person needs (from the action catalogue, ``actions.toml``):
+what is wrong in plain words, where, which job, since when, the impact, the recommended
+action and the runbook link. Then a PNG (matplotlib, Agg, embedded as a data URI) of the
+affected GPU's key signals against its peers on the same node around the incident window (the
+GPU in red, each peer in grey, the peers' median dashed, the incident shaded), the GPU's other
+incidents, the GPU events (XIDs, with the XID catalogue's resolution in words) in the window,
+and last, folded away, the detector's line, the incident's fields, evidence and thresholds.
+No external resources: the page opens without network access.
 """
 
 from __future__ import annotations
@@ -73,27 +77,6 @@ PANELS: dict[str, list[tuple[str, str, str, str]]] = {
         ("gpu", "power_watts", "Power (W)", "value"),
         ("gpu", "temperature_gpu_celsius", "GPU temperature (°C)", "value"),
     ],
-}
-
-CHECKS = {
-    "thermal_throttle": ["Compare inlet temperature and fan/BMC sensors with the node's neighbours.",
-                         "Check the GPU's heatsink seating and airflow; drain the node if it persists."],
-    "cooling_degradation": ["Look for a failing fan, a blocked filter or a rising inlet in the rack.",
-                            "Act before the GPU reaches its slowdown temperature."],
-    "power_brake": ["Check the node's PSUs and the BMC's power events (SEL).",
-                    "A power brake on every GPU points at the node or its feed, not at one GPU."],
-    "nvlink_degradation": ["Check the link's peer GPU and the NVSwitch/baseboard for the same link.",
-                           "Rising replays and recoveries call for a reseat or a baseboard swap."],
-    "pcie_degradation": ["Compare link generation and width with the maximum; check the riser and slot.",
-                         "Replays under load slow every transfer to and from this GPU."],
-    "memory_errors": ["Check pending/failed row remaps: a reset applies pending remaps.",
-                      "A failed remap or repeated uncorrectable errors mean the GPU should be replaced."],
-    "sdc": ["Drain the GPU now: it returned a wrong answer without any error.",
-            "Rerun the canary after a reset; replace the GPU if it fails again."],
-    "gpu_lost": ["Look for XID 79 (fallen off the bus) in the events; check dmesg on the node.",
-                 "A reset or a reboot brings it back; repeated losses call for a swap."],
-    "straggler": ["Compare clocks, power and temperature with its peers: a slow GPU slows its whole job.",
-                  "Look for throttling, a degraded link or a noisy neighbour on the node."],
 }
 
 PRE, POST = 900.0, 900.0
@@ -214,36 +197,61 @@ def _flatten(d, prefix=""):
 PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{{ r.kind }} on {{ where }} ({{ r.severity }})</title>
+<title>{{ g.title }} ({{ r.severity }})</title>
 <style>
-body{font:14px/1.45 system-ui,sans-serif;margin:1.5em auto;max-width:60em;padding:0 1em;color:#222}
-h1{font-size:1.35em;margin:.2em 0}.sev{display:inline-block;padding:.1em .5em;border-radius:.3em;
+body{font:15px/1.45 system-ui,sans-serif;margin:1.2em auto;max-width:62em;padding:0 1em;color:#222}
+h1{font-size:1.4em;margin:.2em 0 .5em}h2{font-size:1.1em;margin:1.4em 0 .4em}
+.sev{display:inline-block;padding:.05em .5em;border-radius:.3em;font-size:.8em;vertical-align:middle;
 color:#fff;background:{{ '#b3261e' if r.severity == 'critical' else '#b26a00' }}}
-table{border-collapse:collapse;margin:.5em 0 1em}td,th{border:1px solid #ddd;padding:.25em .6em;
+.lead{border-collapse:collapse;width:100%;margin:0 0 .5em;font-size:1.05em}
+.lead th{width:7em;text-align:left;vertical-align:top;padding:.35em .6em;background:#f4f4f4;
+border:1px solid #ddd}.lead td{padding:.35em .6em;border:1px solid #ddd}
+.lead tr.do td{background:#fff4d6;font-weight:600}
+table{border-collapse:collapse;margin:.4em 0 1em}td,th{border:1px solid #ddd;padding:.25em .6em;
 text-align:left;vertical-align:top}th{background:#f4f4f4}img{max-width:100%;border:1px solid #ddd}
-.muted{color:#666}.state{font-weight:600}
+.muted{color:#666}.ok{color:#1e6b2e;font-weight:600}.active{color:#b3261e;font-weight:600}
+details{margin:1em 0;border:1px solid #ddd;border-radius:.3em;padding:.3em .8em}
+summary{cursor:pointer;font-weight:600}code{font-size:.9em}
 </style></head><body>
 <p class="muted"><a href="index.html">All incidents</a></p>
-<h1><span class="sev">{{ r.severity }}</span> {{ summary }}</h1>
-<p class="state">{{ 'Resolved' if r.end is not none else 'Active' }} · {{ where }} · started {{ start }}
-{%- if r.end is not none %} · ended {{ end }} ({{ duration }}){% endif %}</p>
-{% if r.detail %}<p>{{ r.detail }}</p>{% endif %}
-<h2>Incident</h2>
-<table>{% for k, v in fields %}<tr><th>{{ k }}</th><td>{{ v }}</td></tr>{% endfor %}</table>
-<h2>Evidence</h2>
-{% if evidence %}<table><tr><th>signal</th><th>value</th></tr>
-{% for k, v in evidence %}<tr><td>{{ k }}</td><td>{{ v }}</td></tr>{% endfor %}</table>
-{% else %}<p class="muted">The incident carries no evidence.</p>{% endif %}
-<h2>Signals</h2>
+<h1><span class="sev">{{ r.severity }}</span> {{ g.title }}</h1>
+<table class="lead">
+<tr><th>Where</th><td>{{ where }}{% if r.cluster %} · cluster {{ r.cluster }}{% endif %}
+{%- if r.rack %} · rack {{ r.rack }}{% endif %}</td></tr>
+<tr><th>Job</th><td>{% if r.jobs %}{{ r.jobs|join(', ') }}{% else %}<span class="muted">no job
+recorded on the affected GPUs during the incident</span>{% endif %}</td></tr>
+<tr><th>Since</th><td>{{ start }} · {% if r.end is not none %}<span class="ok">resolved</span> {{ end }}
+({{ duration }}){% else %}<span class="active">active</span>{% endif %}</td></tr>
+<tr><th>Impact</th><td>{{ g.impact }}</td></tr>
+<tr class="do"><th>Do</th><td id="action">{{ g.action }}</td></tr>
+<tr><th>Runbook</th><td><a id="runbook" href="{{ g.runbook_url }}">{{ g.runbook_url }}</a></td></tr>
+</table>
+<h2>Signal vs peers</h2>
 {% if png %}<img id="signals" alt="{{ r.kind }} signals of {{ where }} against its peers"
  src="data:image/png;base64,{{ png }}">
 {% else %}<p class="muted">No telemetry for this GPU in {{ lo }} .. {{ hi }}.</p>{% endif %}
+<h2>History of this GPU</h2>
+{% if history %}<table><tr><th>start</th><th>end</th><th>severity</th><th>what</th></tr>
+{% for h, hname, htitle in history %}<tr><td>{{ h.start|ts }}</td>
+<td>{{ h.end|ts if h.end is not none else 'active' }}</td><td>{{ h.severity }}</td>
+<td><a href="{{ hname }}">{{ htitle }}</a></td></tr>{% endfor %}</table>
+{% else %}<p class="muted">No other incident on {{ where }} in these records.</p>{% endif %}
 {% if events %}<h2>GPU events in the window</h2>
-<table><tr><th>time</th><th>gpu</th><th>type</th><th>code</th><th>message</th></tr>
+<table><tr><th>time</th><th>gpu</th><th>type</th><th>code</th><th>what it is</th><th>what to do</th>
+<th>message</th></tr>
 {% for e in events %}<tr><td>{{ e[0] }}</td><td>{{ e[1] }}</td><td>{{ e[2] }}</td><td>{{ e[3] }}</td>
-<td>{{ e[4] }}</td></tr>{% endfor %}</table>{% endif %}
-<h2>What to check</h2>
-<ul>{% for c in checks %}<li>{{ c }}</li>{% endfor %}</ul>
+<td>{{ e[5] }}</td><td>{{ e[6] }}</td><td>{{ e[4] }}</td></tr>{% endfor %}</table>{% endif %}
+<details id="evidence"><summary>Evidence and thresholds</summary>
+<p>{{ technical }}</p>{% if r.detail %}<p>{{ r.detail }}</p>{% endif %}
+<h3>Incident</h3>
+<table>{% for k, v in fields %}<tr><th>{{ k }}</th><td>{{ v }}</td></tr>{% endfor %}</table>
+<h3>Evidence</h3>
+{% if evidence %}<table><tr><th>signal</th><th>value</th></tr>
+{% for k, v in evidence %}<tr><td>{{ k }}</td><td>{{ v }}</td></tr>{% endfor %}</table>
+{% else %}<p class="muted">The incident carries no evidence.</p>{% endif %}
+{% if thresholds %}<h3>Thresholds</h3><table><tr><th>parameter</th><th>value</th></tr>
+{% for k, v in thresholds %}<tr><td>{{ k }}</td><td>{{ v }}</td></tr>{% endfor %}</table>{% endif %}
+</details>
 <p class="muted">Window {{ lo }} .. {{ hi }} (UTC). Generated by gpufleet.</p>
 </body></html>
 """
@@ -255,7 +263,7 @@ table{border-collapse:collapse}td,th{border:1px solid #ddd;padding:.25em .6em;te
 th{background:#f4f4f4}.critical{color:#b3261e;font-weight:600}</style></head><body>
 <h1>Incidents ({{ rows|length }})</h1>
 <table><tr><th>start</th><th>end</th><th>severity</th><th>kind</th><th>host</th><th>gpu</th><th>link</th>
-<th>summary</th></tr>
+<th>what</th></tr>
 {% for r, name, summary in rows %}<tr><td>{{ r.start|ts }}</td>
 <td>{{ r.end|ts if r.end is not none else 'active' }}</td>
 <td class="{{ r.severity }}">{{ r.severity }}</td><td>{{ r.kind }}</td><td>{{ r.host or '' }}</td>
@@ -272,10 +280,33 @@ def _duration(s: float) -> str:
     return f"{h} h {m} min" if h else (f"{m} min {sec} s" if m else f"{sec} s")
 
 
-def write_pages(incidents, data_points_or_path, out_dir, page_base_url: str | None = None) -> list[Path]:
+def _same_gpu(a: Record, b: Record) -> bool:
+    """b happened on a's GPU (or node/rack): what a page lists as the GPU's history."""
+    if a.host != b.host or (a.host is None and a.rack != b.rack):
+        return False
+    return a.gpu is None or b.gpu is None or a.gpu == b.gpu
+
+
+def _event_row(p) -> tuple:
+    from analyzer.alerting.actions import xid_action, xid_resolution
+
+    code = p.fields.get("code", "")
+    name, todo = ("", "")
+    if p.tags.get("type") in (None, "xid") and code != "":
+        name, todo = xid_resolution(code)
+        if p.fields.get("action"):
+            todo = xid_action(str(p.fields["action"]))
+    return (to_rfc3339(p.time / 1e9), p.tags.get("gpu", ""), p.tags.get("type", ""), code,
+            p.fields.get("message", ""), name, todo)
+
+
+def write_pages(incidents, data_points_or_path, out_dir, page_base_url: str | None = None,
+                runbook_base_url: str | None = None) -> list[Path]:
     """Write a page per incident and ``index.html``; returns the paths (pages first, index last)."""
     import jinja2
 
+    from analyzer.alerting.actions import guide
+    from analyzer.alerting.actions import where as where_words
     from analyzer.alerting.data import load
     from analyzer.alerting.notifier import default_summary, incident_key
 
@@ -293,13 +324,15 @@ def write_pages(incidents, data_points_or_path, out_dir, page_base_url: str | No
     page_t, index_t = env.from_string(PAGE), env.from_string(INDEX)
     paths, rows = [], []
     base = page_base_url.rstrip("/") if page_base_url else None
+    guides = {id(r): guide(r, runbook_base_url) for r in incidents}
+    names = {id(r): page_name(incident_key(r)) for r in incidents}
     for r in incidents:
         key = incident_key(r)
-        name = page_name(key)
+        name = names[id(r)]
+        g = guides[id(r)]
         lo, hi = window(r, data.last_time(r.host))
         png = plot(r, data, lo, hi)
-        where = (r.host or "fleet") + (f" GPU {r.gpu}" if r.gpu is not None else "") + (
-            f" link {r.link}" if r.link is not None else "")
+        where = where_words(r)
         fields = [("key", key), ("kind", r.kind), ("severity", r.severity)]
         for k in ("cluster", "rack", "host", "gpu", "link"):
             v = getattr(r, k)
@@ -310,20 +343,23 @@ def write_pages(incidents, data_points_or_path, out_dir, page_base_url: str | No
             fields.append(("impact at", to_rfc3339(r.impact_at)))
         if base:
             fields.append(("page", f"{base}/{name}"))
-        events = [(to_rfc3339(p.time / 1e9), p.tags.get("gpu", ""), p.tags.get("type", ""),
-                   p.fields.get("code", ""), p.fields.get("message", ""))
-                  for p in data.events if p.tags.get("host") == r.host and lo * 1e9 <= p.time <= hi * 1e9
+        events = [_event_row(p) for p in data.events
+                  if p.tags.get("host") == r.host and lo * 1e9 <= p.time <= hi * 1e9
                   and (r.gpu is None or p.tags.get("gpu") in (None, str(r.gpu)))][:50]
-        summary = r.summary or default_summary(r)
+        ev = dict(r.evidence or {})
+        thresholds = list(_flatten(ev.pop("thresholds", None) or {}))
+        history = [(h, names[id(h)], guides[id(h)].title) for h in incidents
+                   if h is not r and _same_gpu(r, h)][:50]
         html = page_t.render(
-            r=r, where=where, summary=summary, start=to_rfc3339(r.start), end=to_rfc3339(r.end),
-            duration=_duration((r.end or r.start) - r.start), fields=fields,
-            evidence=list(_flatten(r.evidence)), png=base64.b64encode(png).decode() if png else None,
-            events=events, checks=CHECKS.get(r.kind, []), lo=to_rfc3339(lo), hi=to_rfc3339(hi))
+            r=r, g=g, where=where, technical=r.summary or default_summary(r), start=to_rfc3339(r.start),
+            end=to_rfc3339(r.end), duration=_duration((r.end or r.start) - r.start), fields=fields,
+            evidence=list(_flatten(ev)), thresholds=thresholds, history=history,
+            png=base64.b64encode(png).decode() if png else None,
+            events=events, lo=to_rfc3339(lo), hi=to_rfc3339(hi))
         path = out / name
         path.write_text(html, encoding="utf-8")
         paths.append(path)
-        rows.append((r, name, summary))
+        rows.append((r, name, g.title))
     index = out / "index.html"
     index.write_text(index_t.render(rows=rows), encoding="utf-8")
     return paths + [index]

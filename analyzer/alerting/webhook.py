@@ -1,9 +1,10 @@
 """Generic JSON webhook: a versioned payload, signed with HMAC-SHA256 when a secret is set.
 
 Payload (version ``"1"``, see docs/alerting.md): ``version``, ``status`` (firing/resolved),
-``key``, ``kind``, ``severity``, ``summary``, ``description``, ``starts_at``, ``ends_at``,
-``host``, ``gpu``, ``link``, ``gpus``, ``links``, ``cluster``, ``rack``, ``incidents``,
-``page_url``, ``evidence``.
+``title`` (what is wrong, in plain words), ``impact``, ``action`` (the recommended action),
+``runbook_url``, ``jobs``, ``key``, ``kind``, ``severity``, ``summary``, ``description``,
+``starts_at``, ``ends_at``, ``host``, ``gpu``, ``link``, ``gpus``, ``links``, ``cluster``,
+``rack``, ``incidents``, ``page_url``, ``evidence``.
 
 Headers: ``X-Gpufleet-Event`` (``<key>:<status>``, the same on every retry: receivers dedup on
 it), ``X-Gpufleet-Timestamp`` (Unix seconds at sending) and, with a secret,
@@ -43,6 +44,11 @@ class WebhookSink(Sink):
         return {
             "version": VERSION,
             "status": alert.status,
+            "title": alert.title or alert.summary,
+            "impact": alert.impact,
+            "action": alert.action,
+            "runbook_url": alert.runbook_url,
+            "jobs": alert.jobs,
             "key": alert.key,
             "kind": alert.kind,
             "severity": alert.severity,
