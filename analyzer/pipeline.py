@@ -18,6 +18,7 @@ from analyzer.config import Config
 from analyzer.detectors import build
 from analyzer.engine import Engine
 from analyzer.frame import Registry, Table, Window
+from analyzer.jobs import JobLog
 from analyzer.parse import Parser, Rows
 
 # the gpu fields some detector reads (the rest of the wide row is tokenized, never converted)
@@ -110,6 +111,7 @@ class Analyzer:
         self._sid_keep: dict[int, bool] = {}
         self._keep_flags = np.zeros(0, np.int8)  # per series id: 1 keep, 0 drop, -1 not seen yet
         self._sid_extra: dict[int, dict] = {}
+        self.jobs = JobLog()  # job ids per GPU over time, for the incidents' ``jobs``
 
     # ------------------------------------------------------------------ input
     def feed_bytes(self, data: bytes) -> None:
@@ -291,6 +293,9 @@ class Analyzer:
         if m == "gpu":
             if len(tab):
                 np.maximum.at(self.last_seen, tab.ent, tab.t)
+                job = tab.text.get("job_id")
+                new = tab.in_window()
+                self.jobs.add(tab.ent[new], tab.t[new], job[new] if job is not None else None)
             tables["bmc_sensor"] = self._table("bmc_sensor", start, end, consume=False)
         node_of, rack_of = self.reg.arrays()
         w = Window(
@@ -318,7 +323,10 @@ class Analyzer:
         self.windows += 1
 
     def incidents(self):
-        return self.engine.incidents()
+        """The engine's incidents, each with the job ids on its GPUs during it (``jobs``)."""
+        recs = self.engine.incidents()
+        self.jobs.annotate(recs + self.engine.absorbed, self.reg.gpu_host, self.reg.gpu_index)
+        return recs
 
 
 def _sub(b: _Block, mask) -> _Block:
