@@ -45,8 +45,10 @@ class Guidance:
     runbook_url: str
 
 
-def where(r: Record) -> str:
-    """Host, GPU and link (or rack) in words: 'node01 GPU 3 link 2', 'node01 (several GPUs)'."""
+def where(r) -> str:
+    """Host, GPU and link (or rack) in words: 'node01 GPU 3 link 2', 'node01 (several GPUs)'.
+
+    ``r``: anything with ``host``, ``gpu``, ``link`` and ``rack`` (a Record, an Alert)."""
     if r.host is None:
         return f"rack {r.rack}" if r.rack else "the fleet"
     out = r.host

@@ -76,6 +76,7 @@ class Outcome:
     detail: str = ""
     retry_after: float | None = None
     code: int | None = None
+    record: dict | None = None  # what an action sink did, kept in the notifier's state
 
 
 def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
@@ -160,6 +161,9 @@ class Sink:
 
     def repost(self, alerts: list[Alert]) -> Outcome:
         return Outcome("sent")
+
+    def bind(self, notifier) -> None:
+        """Called once by the notifier that owns this sink (the action sink reads its state)."""
 
     # -- shared ------------------------------------------------------------------------
     def __repr__(self) -> str:

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from analyzer.alerting import alertmanager, console, pagerduty, slack, webhook  # noqa: F401 (register)
+from analyzer.alerting import action, alertmanager, console, pagerduty, slack, webhook  # noqa: F401 (register)
 from analyzer.alerting.base import REGISTRY, Delivery, Sink, redact_url
 from gpufleet.errors import ConfigError
 
@@ -22,12 +22,13 @@ CLI_SECRET_ENV = {
     "webhook": ("secret", "GPUFLEET_WEBHOOK_SECRET"),
 }
 SECRET_KEYS = {"pagerduty": ("routing_key",), "webhook": ("secret",), "slack": (), "alertmanager": (),
-               "console": ()}
+               "console": (), "action": ()}
 REQUIRED_SECRETS = {"pagerduty": ("routing_key",)}
 DELIVERY_KEYS = {"timeout", "backoff", "backoff_max", "give_up_after", "rate_limit", "burst"}
 COMMON_KEYS = {"type", "name", "url", "url_file", "url_env"} | DELIVERY_KEYS
-EXTRA_KEYS = {"alertmanager": {"repost_interval"}}
-DEFAULT_RATE = {"alertmanager": 600.0, "console": None}
+EXTRA_KEYS = {"alertmanager": {"repost_interval"}, "action": action.OPTION_KEYS}
+DEFAULT_RATE = {"alertmanager": 600.0, "console": None, "action": None}
+NO_URL = ("console", "action")
 
 
 def _read_secret(label: str, key: str, spec: dict) -> str | None:
@@ -92,7 +93,7 @@ def build_sink(spec: dict, label: str, name: str) -> Sink:
         url = _read_secret(label, "url", {k: v for k, v in spec.items() if k != "url"})
     if typ == "pagerduty" and not url:
         url = pagerduty.DEFAULT_URL
-    if typ != "console":
+    if typ not in NO_URL:
         if not url:
             raise ConfigError(f"{label}: missing url (or url_file / url_env)")
         check_url(label, str(url))
@@ -112,6 +113,10 @@ def build_sink(spec: dict, label: str, name: str) -> Sink:
         raise ConfigError(f"{label}: timeout must be > 0")
     if d.rate_limit == 0:
         d.rate_limit = None
+    if typ == "action":
+        if "timeout" not in spec:
+            d.timeout = 30.0
+        return REGISTRY[typ](name=name, url="", delivery=d, **action.check_options(label, spec))
     extra = {k: _number(label, k, spec[k]) for k in EXTRA_KEYS.get(typ, set()) & set(spec)}
     return REGISTRY[typ](name=name, url=str(url or ""), delivery=d, **secrets, **extra)
 
@@ -122,6 +127,8 @@ def parse_cli_spec(spec: str, config_sinks: list[dict]) -> dict:
     typ = typ.strip()
     if typ not in REGISTRY:
         raise ConfigError(f"--sink {typ or spec!r}: unknown sink type (known: {', '.join(sorted(REGISTRY))})")
+    if typ == "action":
+        raise ConfigError("--sink action: the action sink needs rules; configure it as a [[sink]] table")
     table: dict = {"type": typ}
     if url:
         table["url"] = url.strip()

@@ -45,6 +45,10 @@ CREATE TABLE IF NOT EXISTS outbox (
     attempts INTEGER NOT NULL DEFAULT 0, next_at REAL NOT NULL DEFAULT 0, created REAL NOT NULL,
     done_at REAL, last_error TEXT, UNIQUE (sink, grp, action));
 CREATE INDEX IF NOT EXISTS outbox_todo ON outbox(sink, state, seq);
+CREATE TABLE IF NOT EXISTS action_log (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, sink TEXT NOT NULL, grp TEXT NOT NULL, action TEXT NOT NULL,
+    at REAL NOT NULL, status TEXT NOT NULL, argv TEXT, rc INTEGER, seconds REAL, output TEXT, detail TEXT);
+CREATE INDEX IF NOT EXISTS action_log_recent ON action_log(sink, at);
 """
 SEVERITY_RANK = {"critical": 0, "error": 1, "warning": 2, "info": 3}
 
@@ -140,6 +144,8 @@ class Notifier:
         self.store = Store(state_path)
         self._stopping = threading.Event()
         self._deadline = float("inf")
+        for s in self.sinks:
+            s.bind(self)
         self._workers = [_Worker(self, s) for s in self.sinks]
         for w in self._workers:
             w.start()
@@ -302,6 +308,34 @@ class Notifier:
             cols = [c[0] for c in cur.description]
             return [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
 
+    def record_action(self, sink: str, grp: str, action: str, rec: dict) -> None:
+        """Keep what an action sink did (run, dry-run, suppressed, failed) in the state file."""
+        with self.store.lock:
+            self.store.db.execute(
+                "INSERT INTO action_log (sink, grp, action, at, status, argv, rc, seconds, output, detail) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (sink, grp, action, time.time(), rec.get("status"), json.dumps(rec.get("argv")),
+                 rec.get("rc"), rec.get("seconds"), rec.get("output"), rec.get("detail")))
+
+    def count_actions(self, sink: str, since: float) -> int:
+        """Commands an action sink ran or would have run (dry-run) for firings since ``since``."""
+        with self.store.lock:
+            return self.store.db.execute(
+                "SELECT count(*) FROM action_log WHERE sink=? AND action='firing' AND at>=? "
+                "AND status!='suppressed' AND argv!='null'", (sink, since)).fetchone()[0]
+
+    def actions(self, sink: str | None = None) -> list[dict]:
+        """The action log, oldest first: sink, grp, action, at, status, argv, rc, seconds, output, detail."""
+        with self.store.lock:
+            cur = self.store.db.execute(
+                "SELECT sink, grp, action, at, status, argv, rc, seconds, output, detail FROM action_log "
+                "WHERE ? IS NULL OR sink=? ORDER BY id", (sink, sink))
+            cols = [c[0] for c in cur.description]
+            rows = [dict(zip(cols, row, strict=True)) for row in cur.fetchall()]
+        for r in rows:
+            r["argv"] = json.loads(r["argv"]) if r["argv"] else None
+        return rows
+
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every live sink's outbox is delivered or given up; False on timeout."""
         deadline = time.monotonic() + timeout
@@ -412,13 +446,16 @@ class _Worker(threading.Thread):
                 out = Outcome("retry", sink.redact(f"{type(exc).__name__}: {exc}"))
             attempts += 1
             now = time.time()
+            if out.record is not None:
+                n.record_action(sink.name, grp, action, out.record)
             if out.status == "sent":
                 self._set(seq, state="sent", attempts=attempts, done_at=now, last_error=None)
                 if attempts > 1:
                     log.info("sink %s: %s %s delivered after %d attempts", sink.name, action, grp, attempts)
             elif out.status == "failed":
                 self._set(seq, state="failed", attempts=attempts, done_at=now, last_error=out.detail)
-                log.error("sink %s: %s %s rejected, not retried: %s", sink.name, action, grp, out.detail)
+                if out.record is None:  # an action sink has logged its own line
+                    log.error("sink %s: %s %s rejected, not retried: %s", sink.name, action, grp, out.detail)
             else:
                 delay = min(d.backoff_max, d.backoff * 2 ** (attempts - 1))
                 delay = delay / 2 + random.uniform(0, delay / 2)
