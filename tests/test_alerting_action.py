@@ -9,6 +9,8 @@ import json
 import logging
 import sys
 import time
+import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +18,7 @@ from analyzer.alerting import Notifier, load_sinks
 from gpufleet.errors import ConfigError
 from tests.test_alerting_receiver import T0, Receiver, fast, incident
 
+ROOT = Path(__file__).resolve().parent.parent
 RECORDER = """
 import json, os, sys
 with open(sys.argv[1], "a") as f:
@@ -172,3 +175,15 @@ def test_bad_action_config_is_one_clear_error(spec, msg):
     assert msg in str(e.value) and "sink #1 (action)" in str(e.value)
     with pytest.raises(ConfigError, match="configure it as a"):
         load_sinks([], ["action"])
+
+
+def test_shipped_examples_load_and_default_to_dry_run(tmp_path):
+    examples = sorted((ROOT / "packaging" / "examples").glob("action-*.toml"))
+    assert [p.name for p in examples] == ["action-k8s-cordon.toml", "action-slurm-drain.toml"]
+    for p in examples:
+        (sink,) = load_sinks(tomllib.loads(p.read_text())["sink"], [])
+        assert sink.type == "action" and sink.dry_run and 0 < sink.max_per_hour <= 10
+        with Notifier([], tmp_path / f"{p.stem}.db") as n:
+            alert = n.build_alert("k", [incident(kind="sdc", id="k", host="node07")], "firing")
+        argv = sink.render(alert)
+        assert "node07" in " ".join(argv) and argv[0] in ("scontrol", "kubectl")
