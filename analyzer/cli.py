@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -66,6 +67,8 @@ def _sinks(cfg, specs):
 @click.option("--shard", help="analyse only hosts of shard I of N (I/N)")
 @click.option("--state", "state_path", help="notifier state file (online mode)")
 @click.option("--page-base-url", help="base URL of incident pages, for links in alerts")
+@click.option("--runbook-base-url", help="base URL of the runbooks (docs/runbooks/), for links in alerts "
+              "[env GPUFLEET_RUNBOOK_BASE_URL]")
 @click.option("--poll", default="10s", show_default=True, help="online mode: how often to query")
 @click.option("--stats", is_flag=True, help="print parse and analysis counters to stderr")
 def analyze(
@@ -82,10 +85,13 @@ def analyze(
     shard,
     state_path,
     page_base_url,
+    runbook_base_url,
     poll,
     stats,
 ):
     """Detect incidents in fleet telemetry (files or InfluxDB)."""
+    if runbook_base_url:  # read where alerts are built (analyzer.alerting.actions.runbook_base)
+        os.environ["GPUFLEET_RUNBOOK_BASE_URL"] = runbook_base_url
     from analyzer.config import Config, parse_duration
     from analyzer.pipeline import Analyzer
 

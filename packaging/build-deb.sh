@@ -101,6 +101,13 @@ for d in operations.md scale.md schema.md architecture.md; do
     [ -e "$SRC/docs/$d" ] && install -m 0644 "$SRC/docs/$d" "$DOC/$d"
 done
 install -D -m 0644 "$SRC/packaging/deb/60-gpufleet-ipmi.rules" "$DOC/examples/60-gpufleet-ipmi.rules"
+# action-sink examples (Slurm drain, Kubernetes cordon) and the runbooks alerts link by default
+for ex in "$SRC"/packaging/examples/*.toml; do
+    [ -e "$ex" ] && install -m 0644 "$ex" "$DOC/examples/$(basename "$ex")"
+done
+for rb in "$SRC"/docs/runbooks/*.md; do
+    [ -e "$rb" ] && install -D -m 0644 "$rb" "$DOC/runbooks/$(basename "$rb")"
+done
 cat > "$DOC/copyright" <<COPY
 Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/
 Upstream-Name: gpufleet

@@ -7,6 +7,7 @@ import re
 
 import numpy as np
 
+from analyzer.alerting import write_pages
 from analyzer.jobs import JobLog
 from gpufleet import records
 from gpufleet.cli import main
@@ -71,3 +72,15 @@ def test_analyzer_incidents_name_the_jobs_the_telemetry_shows(tmp_path, capsys):
         with_jobs += bool(r.jobs)
     assert with_jobs >= 3  # the scenario puts faults on busy GPUs
     assert any(not r.jobs for r in incs)  # and on idle ones: no job is named there
+    # the pages of these incidents name the job (or say none ran) and stay small
+    some = [r for r in incs if r.jobs][:1] + [r for r in incs if not r.jobs and r.host][:1]
+    assert len(some) == 2
+    written = write_pages(some, out / "telemetry.lp.gz", tmp_path / "pages")
+    for r in some:
+        (page,) = [p for p in written if p.name.startswith(f"incident-{r.id}-")]
+        html = page.read_text()
+        assert page.stat().st_size <= 500_000
+        if r.jobs:
+            assert f"<tr><th>Job</th><td>{', '.join(r.jobs)}</td></tr>" in html
+        else:
+            assert "no job\nrecorded on the affected GPUs" in html

@@ -204,7 +204,9 @@ def test_deb_builds_installs_runs_and_purges(tmp_path):
         contents = subprocess.run(["dpkg-deb", "-c", str(deb)], capture_output=True, text=True,
                                   check=True).stdout
         for path in ("./lib/systemd/system/gpufleet-agent.service", "./usr/lib/sysusers.d/gpufleet.conf",
-                     "./lib/systemd/system/gpufleet-analyzer.service", "./opt/gpufleet/venv/bin/gpufleet"):
+                     "./lib/systemd/system/gpufleet-analyzer.service", "./opt/gpufleet/venv/bin/gpufleet",
+                     "./usr/share/doc/gpufleet/runbooks/sdc.md",  # where alerts link runbooks by default
+                     "./usr/share/doc/gpufleet/examples/action-slurm-drain.toml"):
             assert path in contents
         assert "sklearn" not in contents and "matplotlib" not in contents
         package = subprocess.run(["dpkg-deb", "-f", str(deb), "Package"], capture_output=True,
