@@ -187,3 +187,16 @@ def test_shipped_examples_load_and_default_to_dry_run(tmp_path):
             alert = n.build_alert("k", [incident(kind="sdc", id="k", host="node07")], "firing")
         argv = sink.render(alert)
         assert "node07" in " ".join(argv) and argv[0] in ("scontrol", "kubectl")
+
+
+def test_a_command_that_leaves_a_daemon_holding_its_output_does_not_hang_the_sink(tmp_path):
+    # the command exits at once, but a process it started in a new session keeps stdout open
+    daemon = "import os, time; os.setsid(); time.sleep(4)"
+    cmd = [sys.executable, "-c", "import subprocess, sys; subprocess.Popen([sys.executable, '-c', "
+           f"{daemon!r}], start_new_session=True); print('drained')"]
+    with Notifier(load_sinks([action([{"command": cmd}], timeout=0.5)], []), tmp_path / "s.db") as n:
+        t = time.monotonic()
+        n.update([incident(kind="sdc", id="dm1")], now=T0)
+        assert n.flush(10) and time.monotonic() - t < 5
+        (rec,) = n.actions()
+    assert rec["status"] == "ok" and rec["rc"] == 0

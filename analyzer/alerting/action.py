@@ -119,6 +119,18 @@ def check_options(label: str, spec: dict) -> dict:
     return opts
 
 
+def _reap(proc: subprocess.Popen) -> bytes:
+    """Output of a killed command; a daemon it started in another session may keep the pipe open,
+    so the pipe is read for at most 2 s more."""
+    try:
+        out, _ = proc.communicate(timeout=2)
+        return out or b""
+    except subprocess.TimeoutExpired:
+        proc.stdout.close()
+        proc.wait()
+        return b""
+
+
 @register
 class ActionSink(Sink):
     """Runs a command per incident; see the module docstring. ``delivery.timeout`` is the
@@ -199,7 +211,9 @@ class ActionSink(Sink):
                 os.killpg(proc.pid, signal.SIGKILL)  # the command and whatever it started
             except ProcessLookupError:
                 pass
-            out, _ = proc.communicate()
+            out = _reap(proc)
+            if proc.returncode == 0:  # it finished; a process it left behind held the output open
+                return self._done("ok", what, argv, "", time.monotonic() - t0, 0, out)
             return self._done("failed", what, argv, f"timed out after {self.delivery.timeout:g} s; killed",
                               time.monotonic() - t0, output=out)
         took = time.monotonic() - t0
