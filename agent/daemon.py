@@ -309,6 +309,7 @@ class Daemon:
         self.agent = Agent(self.cfg)
         self.ready_sent = False
         self.degraded_since: float | None = None
+        self._restart_logged = False
 
     def _on_stop(self, signum, frame):
         self.stop_requested = True
@@ -395,6 +396,7 @@ class Daemon:
             if self.degraded_since is not None:
                 log.warning("healthy again")
             self.degraded_since = None
+            self._restart_logged = False
             self.notifier.send("WATCHDOG=1", f"STATUS={self.agent.summary()}")
             return True
         now = time.monotonic()
@@ -407,7 +409,7 @@ class Daemon:
             return True
         self.notifier.send(status)  # no ping: systemd's watchdog restarts the unit
         if self.notifier.watchdog_s is not None:
-            if not getattr(self, "_restart_logged", False):
+            if not self._restart_logged:
                 self._restart_logged = True
                 log.error("degraded for %.0fs (%s): watchdog pings stopped so systemd restarts the agent",
                           now - self.degraded_since, problem)

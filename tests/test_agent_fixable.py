@@ -274,3 +274,28 @@ def test_resend_rejected_command(tmp_path, influxdb):
     assert "unable to parse" in bad.with_suffix(".reason").read_text()
     rows = influx_rows(influxdb, "fleet", "m")
     assert sorted(r["v"] for r in rows.values()) == [1, 2]
+
+
+def test_unwritable_spool_under_a_watchdog_stops_the_pings(tmp_path, influxdb):
+    influxdb.create_db("fleet")
+    path, sock = _notify_socket(tmp_path)
+    cfg = _config(tmp_path, influxdb.url, extra_agent='degraded_restart = "2s"')
+    proc = start_agent(tmp_path, "--config", cfg, env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "60000000"})
+    msgs: list[str] = []
+    try:
+        assert wait_for(lambda: any("WATCHDOG=1" in m for m in _drain(sock, msgs)), 15)
+        shutil.rmtree(tmp_path / "spool")
+        (tmp_path / "spool").write_text("not a directory\n")
+        assert wait_for(lambda: "watchdog pings stopped" in (tmp_path / "agent.log").read_text(), 10)
+        n = len(_drain(sock, msgs))
+        time.sleep(2.5)
+        later = _drain(sock, msgs)[n:]
+        assert proc.poll() is None  # systemd's watchdog does the restart
+        assert later and all("WATCHDOG=1" not in m and "STATUS=degraded: spool" in m for m in later)
+        (tmp_path / "spool").unlink()  # fixed: the spool is recreated and the pings come back
+        assert wait_for(lambda: "WATCHDOG=1" in _drain(sock, msgs)[-1], 10)
+    finally:
+        rc = stop_agent(proc)
+        sock.close()
+    assert rc == 0
+    assert "healthy again" in (tmp_path / "agent.log").read_text()
