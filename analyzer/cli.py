@@ -150,8 +150,15 @@ def analyze(
     step = int(cfg.analyzer["window_seconds"] * 1e9)
     t = s_ns
     while t < e_ns:
-        _pull(an, influx, t, min(t + step, e_ns))
+        got = _pull(an, influx, t, min(t + step, e_ns))
         t += step
+        if not got and t < e_ns:  # empty time: the next window starts at the next data
+            from analyzer.pipeline import MEASUREMENTS
+
+            nxt = influx.first_time(MEASUREMENTS, t, e_ns)
+            if nxt is None:
+                break
+            t += (nxt - t) // step * step
     an.finish()
     _write(out_path, an.incidents())
     _notify_once(sinks, state_path, out_path, page_base_url, an)
@@ -198,7 +205,8 @@ def _notify_once(sinks, state_path, out_path, page_base_url, an) -> None:
         notifier.close()
 
 
-def _pull(an, influx, s_ns: int, e_ns: int) -> None:
+def _pull(an, influx, s_ns: int, e_ns: int) -> int:
+    """Query [s, e) of every measurement into the analyzer; returns the rows pulled."""
     from analyzer.pipeline import MEASUREMENTS
 
     rows = {}
@@ -207,6 +215,7 @@ def _pull(an, influx, s_ns: int, e_ns: int) -> None:
         if len(r):
             rows[m] = r
     an.feed_rows(rows)
+    return sum(len(r) for r in rows.values())
 
 
 def _write(out_path, incidents) -> None:

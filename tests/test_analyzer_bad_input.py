@@ -84,6 +84,20 @@ def test_a_config_bounds_the_future(tmp_path):
     assert an.future_points == 1
 
 
+@skip_unless("influxd")
+def test_an_influx_range_from_timestamp_1_skips_empty_time(tmp_path, influxdb):
+    influxdb.create_db("fleet")
+    influxdb.write("fleet", DATA.decode())
+    base = ("analyze", "--influx-url", influxdb.url, "--db", "fleet", "--stats")
+    r = _cli(*base, "--start", str(T0), "--end", str(T0 + 4800))
+    assert r.returncode == 0, r.stderr
+    want = r.stdout
+    # from timestamp 1: every empty 5-min window since 1970 was a query before (hours)
+    r = _cli(*base, "--start", "1", "--end", str(T0 + 4800))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == want and json.loads(want.splitlines()[0])["kind"] == "sdc"
+
+
 # ---------------------------------------------------------------- row 5: --out
 def test_out_must_be_a_writable_file_checked_before_work(tmp_path):
     lp = tmp_path / "in.lp"
