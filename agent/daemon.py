@@ -377,10 +377,8 @@ class Daemon:
         self.agent.close(flush_timeout=max(0.0, budget - 0.3))
         msg = ""
         if self.agent.spool is not None:  # counted from the files, not from what we believe we wrote
-            from agent.spool import count_points
-
             sp = self.agent.spool
-            left = count_points(sp.dir)
+            left = sp.points_on_disk()
             msg = f"; {left} points stay in the spool {sp.dir} for the next start" if left else \
                 "; the spool is empty"
             if sp.dropped_points:

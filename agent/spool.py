@@ -469,8 +469,8 @@ class Spool:
         try:
             tmp.write_text(f"{seq} {off}\n")
             os.replace(tmp, self.dir / "ack")
-        except FileNotFoundError:
-            pass  # the directory was deleted: the next append recreates it and writes the ack
+        except OSError as exc:  # the directory was deleted or is unusable: the next append
+            log.debug("spool ack not written: %s", exc)  # recreates it and writes the ack
 
     def points_on_disk(self) -> int:
         """Undelivered points counted from the files (after the ack), not from the counters."""
