@@ -48,6 +48,40 @@ def agent():
     """The node agent: NVML, host (and other) collectors."""
 
 
+@agent.command("resend-rejected")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="agent.toml (its [influx] and [spool] sections)")
+@click.option("--spool-dir", default=None, help="the spool (default: spool.dir of the config)")
+@click.option("--influx-url", default=None)
+@click.option("--influx-db", default=None)
+def resend_rejected_command(config_path, spool_dir, influx_url, influx_db):
+    """Send the batches InfluxDB refused (spool/rejected/) again; delivered ones are deleted.
+
+    Safe while the agent runs (it never reads rejected/); a re-sent line carries its original
+    timestamp, so InfluxDB stores it once.
+    """
+    from pathlib import Path
+
+    from agent import config as agent_config
+    from agent.pipeline.influx import resend_rejected
+
+    cfg = agent_config.load(Path(config_path) if config_path else None)
+    cfg = agent_config.apply_overrides(cfg, influx_url=influx_url, influx_db=influx_db, spool_dir=spool_dir,
+                                       exporters=("influx",))
+    ix = cfg["influx"]
+    key = ("token_file", "token_env") if ix["api"] == "v2" else ("password_file", "password_env")
+    secret = agent_config.read_secret(ix, *key)
+    rdir = Path(cfg["spool"]["dir"]) / "rejected"
+    if not rdir.is_dir():
+        raise GpufleetError(f"{rdir}: no such directory (nothing was rejected?)")
+    files, lines, problems = resend_rejected(rdir, ix, secret)
+    for p in problems:
+        click.echo(f"gpufleet: {p}", err=True)
+    click.echo(f"re-sent {files} batches ({lines} lines) from {rdir}; {len(problems)} left")
+    if problems:
+        raise GpufleetError(f"{len(problems)} rejected batches are left in {rdir}", exit_code=1)
+
+
 def poll_once(collectors, now_ns: int | None = None):
     """Run each collector once; returns (samples, problems). Adds a ``gpufleet_collector`` row
     (duration, success) per collector; a collector that fails is reported, never fatal."""

@@ -52,6 +52,9 @@ SCHEMA: dict[str, dict[str, Spec]] = {
         "exporters": Spec("strlist", ["file"], choices=EXPORTERS),
         "log_level": Spec("choice", "info", choices=("debug", "info", "warning", "error")),
         "flush_timeout": Spec("duration", 5.0, 0.0, 60.0),
+        # degraded (the spool cannot be written) this long: stop the watchdog pings so systemd
+        # restarts the unit (without a watchdog: exit 1); 0 = never
+        "degraded_restart": Spec("duration", 300.0, 0.0, 86400.0),
     },
     "labels": {},  # free-form operator labels: name = "value"
     "gpu": {
@@ -95,6 +98,8 @@ SCHEMA: dict[str, dict[str, Spec]] = {
         "max_bytes": Spec("size", 512 * 2**20, 65536, 2**50),
         "segment_bytes": Spec("size", 4 * 2**20, 4096, 2**31),
         "fsync": Spec("bool", False),
+        "rejected_max_files": Spec("int", 1000, 1, 10_000_000),
+        "rejected_max_bytes": Spec("size", 64 * 2**20, 4096, 2**50),
     },
     # The sections of the ipmi, xid and canary collectors: their constructor's keyword arguments
     # (docs/sources.md), passed to the collector when it is listed in agent.collectors.

@@ -4,7 +4,11 @@ Every ``interval`` seconds: run each collector once (timed and isolated: one fai
 the others), add the agent's own rows (``gpufleet_collector``, ``gpufleet_agent``), hand them to
 the pipeline in one observation pass and collect OpenTelemetry once (exporters: ``file``,
 ``influx`` through the disk spool, ``otlp``). systemd: ``READY=1`` after the first successful
-poll, ``WATCHDOG=1`` after every completed tick, ``STATUS=`` a summary, ``STOPPING=1``.
+poll, ``WATCHDOG=1`` after every completed healthy tick, ``STATUS=`` a summary, ``STOPPING=1``.
+Degraded (the spool cannot be written: disk full, directory unusable): STATUS says why and the
+points are counted as dropped; past ``degraded_restart`` the pings stop, so systemd restarts the
+unit (without a watchdog the agent exits 1). The spool is owned by one agent (a lock taken first
+thing: a second agent on the same directory exits 2 at once).
 Signals: SIGHUP reloads the config (an invalid one is rejected, the old keeps running);
 SIGTERM/SIGINT stop, flushing the spool as far as the backend allows within ``flush_timeout``
 (5 s), exit 0.
@@ -104,7 +108,8 @@ class Agent:
                 from agent.spool import Spool
 
                 sp = cfg["spool"]
-                self.spool = Spool(sp["dir"], sp["max_bytes"], sp["segment_bytes"], sp["fsync"])
+                self.spool = Spool(sp["dir"], sp["max_bytes"], sp["segment_bytes"], sp["fsync"],
+                                   sp["rejected_max_files"], sp["rejected_max_bytes"])
                 wake = threading.Event()
                 self.sender = InfluxSender(self.spool, ix, secret, wake)
                 sinks.append(SpoolSink(self.spool, ix["batch_lines"], wake))
@@ -227,10 +232,19 @@ class Agent:
             return []
         f = {"spool_bytes": self.spool.bytes, "spool_points": self.spool.points,
              "dropped_points_total": self.spool.dropped_points + self.spool.rejected_points,
-             "retries_total": self.sender.retries_total}
+             "retries_total": self.sender.retries_total,
+             "export_failing_seconds": self.sender.failing_seconds,
+             "spool_write_failures_total": self.spool.write_failures}
         if self.sender.last_latency is not None:
             f["export_latency_seconds"] = self.sender.last_latency
         return [Sample("gpufleet_agent", {"exporter": "influx"}, f, now_ns)]
+
+    def problem(self) -> str:
+        """Why the agent is degraded ("" when healthy): data it cannot keep."""
+        if self.spool is not None and self.spool.error:
+            return f"spool {self.spool.dir} cannot be written ({self.spool.error}); " \
+                   f"{self.spool.dropped_points} points dropped"
+        return ""
 
     def summary(self) -> str:
         ok = sum(1 for _, good in self.stats.values() if good)
@@ -294,6 +308,8 @@ class Daemon:
         self.reload_requested = False
         self.agent = Agent(self.cfg)
         self.ready_sent = False
+        self.degraded_since: float | None = None
+        self._restart_logged = False
 
     def _on_stop(self, signum, frame):
         self.stop_requested = True
@@ -334,6 +350,7 @@ class Daemon:
                  ",".join(self.cfg["agent"]["exporters"]),
                  f", influx {self.agent.sender.url_for_logs}" if self.agent.sender else "")
         next_t = time.time()
+        code = 0
         while not self.stop_requested:
             if self.reload_requested:
                 self.reload_requested = False
@@ -347,7 +364,9 @@ class Daemon:
             ok = self.agent.tick()
             if ok and not self.ready_sent:
                 self.ready_sent = self.notifier.ready(self.agent.summary()) or True
-            self.notifier.send("WATCHDOG=1", f"STATUS={self.agent.summary()}")
+            if not self._watchdog():
+                code = 1
+                break
             interval = self.agent.interval
             next_t += interval
             if next_t < time.time():  # overran: skip the missed ticks, keep the phase
@@ -355,12 +374,47 @@ class Daemon:
         budget = float(self.cfg["agent"]["flush_timeout"])
         self.notifier.stopping("stopping: flushing the spool")
         t0 = time.monotonic()
-        drained = self.agent.close(flush_timeout=max(0.0, budget - 0.3))
-        left = self.agent.spool.points if self.agent.spool is not None else 0
-        log.info("agent stopped in %.1fs%s", time.monotonic() - t0,
-                 "" if drained else f"; {left} points stay in the spool for the next start")
+        self.agent.close(flush_timeout=max(0.0, budget - 0.3))
+        msg = ""
+        if self.agent.spool is not None:  # counted from the files, not from what we believe we wrote
+            sp = self.agent.spool
+            left = sp.points_on_disk()
+            msg = f"; {left} points stay in the spool {sp.dir} for the next start" if left else \
+                "; the spool is empty"
+            if sp.dropped_points:
+                msg += f"; {sp.dropped_points} points were dropped (spool full or unwritable)"
+        log.info("agent stopped in %.1fs%s", time.monotonic() - t0, msg)
         self.notifier.close()
-        return 0
+        return code
+
+    def _watchdog(self) -> bool:
+        """WATCHDOG=1 and STATUS after a tick; False once degraded past ``degraded_restart``."""
+        problem = self.agent.problem()
+        if not problem:
+            if self.degraded_since is not None:
+                log.warning("healthy again")
+            self.degraded_since = None
+            self._restart_logged = False
+            self.notifier.send("WATCHDOG=1", f"STATUS={self.agent.summary()}")
+            return True
+        now = time.monotonic()
+        if self.degraded_since is None:
+            self.degraded_since = now
+        limit = float(self.cfg["agent"]["degraded_restart"])
+        status = f"STATUS=degraded: {problem}; {self.agent.summary()}"
+        if not limit or now - self.degraded_since < limit:
+            self.notifier.send("WATCHDOG=1", status)
+            return True
+        self.notifier.send(status)  # no ping: systemd's watchdog restarts the unit
+        if self.notifier.watchdog_s is not None:
+            if not self._restart_logged:
+                self._restart_logged = True
+                log.error("degraded for %.0fs (%s): watchdog pings stopped so systemd restarts the agent",
+                          now - self.degraded_since, problem)
+            return True
+        log.error("degraded for %.0fs (%s): exiting 1 so the service manager restarts the agent",
+                  now - self.degraded_since, problem)
+        return False
 
 
 def _setup_logging(level: str) -> None:
@@ -404,10 +458,20 @@ def run_command(config_path, backend, interval, exporters, influx_url, influx_ap
 
     cfg = load_config()
     _setup_logging(cfg["agent"]["log_level"])
-    daemon = Daemon(load_config)
+    lock = None
+    if "influx" in cfg["agent"]["exporters"]:  # one owner per spool: refuse at once, before the slow start
+        from agent.spool import lock_dir, unlock_dir
+
+        lock = lock_dir(cfg["spool"]["dir"])
+    try:
+        daemon = Daemon(load_config)
+    finally:
+        if lock is not None:
+            unlock_dir(lock)  # the agent's spool holds its own count of the lock now
     code = daemon.run()
-    if code:
-        raise click.exceptions.Exit(code)
+    if code:  # click's Exit is swallowed outside standalone mode: a GpufleetError carries the code
+        raise GpufleetError("the agent stopped degraded (see the log); the service manager restarts it",
+                            exit_code=code)
 
 
 def main(argv: list[str] | None = None) -> int:

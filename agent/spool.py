@@ -4,7 +4,8 @@ Layout of the spool directory::
 
     seg-0000000000000001.sp   segment files, appended in order, never rewritten
     ack                       "SEQ OFFSET": everything before this position was delivered
-    rejected/                 batches the backend refused for good (4xx), with its answer
+    lock                      held (``flock``) by the one agent that owns the spool
+    rejected/                 batches the backend refused as malformed (HTTP 400), with its answer
 
 A segment is a run of records: ``b"GS"``, ``<u32 payload length>``, ``<u32 line count>``,
 ``<u32 crc32 of count+payload>``, then the payload (lines joined by ``\\n``, UTF-8). Each append is
@@ -15,11 +16,21 @@ to a fresh segment. Delivery is at least once: the ack moves after the backend a
 and a re-sent batch carries its original timestamps, so InfluxDB stores it once.
 
 Bounded: when the segments exceed ``max_bytes`` the oldest are deleted and their undelivered
-points counted in ``dropped_points``.
+points counted in ``dropped_points``; ``rejected/`` keeps at most ``rejected_max_files`` batches
+and ``rejected_max_bytes``, the oldest deleted first (their points counted in
+``rejected_pruned_points``).
+
+One owner: the spool takes an exclusive ``flock`` on ``lock``; a second agent on the same
+directory gets a :class:`ConfigError` (exit 2). A directory deleted while the agent runs is
+recreated at the next append (the points in the deleted segments are counted as dropped); a
+batch that cannot be written (disk full, no permission) is counted in ``dropped_points`` and
+the reason kept in ``error`` until an append succeeds again: never claimed as kept.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import logging
 import os
 import struct
@@ -97,6 +108,75 @@ def _record_at(data: bytes, pos: int):
     return end, count, payload
 
 
+_LOCKS: dict[str, list] = {}  # realpath -> [fd, users]: one flock per directory per process
+_LOCKS_GUARD = threading.Lock()
+
+
+def lock_dir(directory: str | Path) -> str:
+    """Take the spool directory's exclusive lock (kept until :func:`unlock_dir`); returns its key.
+
+    The lock is per process and counted: the daemon takes it before the slow start-up (so a
+    second agent on the same directory is refused at once) and each :class:`Spool` takes it again.
+    """
+    d = Path(directory)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"spool directory {d}: {exc.strerror or exc}") from None
+    key = os.path.realpath(d)
+    with _LOCKS_GUARD:
+        held = _LOCKS.get(key)
+        if held is not None and _lock_file_is(held[0], d / "lock"):
+            held[1] += 1
+            return key
+        try:
+            fd = os.open(d / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise ConfigError(f"spool directory {d}: {exc.strerror or exc}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            owner = ""
+            try:
+                owner = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            except OSError:
+                pass
+            os.close(fd)
+            if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise ConfigError(f"spool directory {d} is in use by another agent"
+                                  f"{f' (pid {owner})' if owner.isdigit() else ''}; "
+                                  "give each agent its own spool.dir") from None
+            raise ConfigError(f"spool directory {d}: cannot lock: {exc.strerror or exc}") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        if held is not None:  # the old lock file was deleted with its directory: this one replaces it
+            os.close(held[0])
+            held[0] = fd
+            held[1] += 1
+        else:
+            _LOCKS[key] = [fd, 1]
+        return key
+
+
+def unlock_dir(key: str) -> None:
+    with _LOCKS_GUARD:
+        held = _LOCKS.get(key)
+        if held is None:
+            return
+        held[1] -= 1
+        if held[1] <= 0:
+            del _LOCKS[key]
+            os.close(held[0])  # closing the descriptor releases the flock
+
+
+def _lock_file_is(fd: int, path: Path) -> bool:
+    try:
+        a, b = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
 class Spool:
     """Append batches, read them oldest-first, acknowledge what was delivered.
 
@@ -104,7 +184,7 @@ class Spool:
     """
 
     def __init__(self, directory: str | Path, max_bytes: int = 512 * 2**20, segment_bytes: int = 4 * 2**20,
-                 fsync: bool = False):
+                 fsync: bool = False, rejected_max_files: int = 1000, rejected_max_bytes: int = 64 * 2**20):
         self.dir = Path(directory)
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -113,16 +193,28 @@ class Spool:
             raise ConfigError(f"spool directory {self.dir}: {exc.strerror or exc}") from None
         if not os.access(self.dir, os.W_OK):
             raise ConfigError(f"spool directory {self.dir}: not writable")
+        self._lock_key = lock_dir(self.dir)
         self.max_bytes = max_bytes
         self.segment_bytes = segment_bytes
         self.fsync = fsync
+        self.rejected_max_files = rejected_max_files
+        self.rejected_max_bytes = rejected_max_bytes
         self.lock = threading.Lock()
-        self.dropped_points = 0  # dropped because the spool was full
+        self.dropped_points = 0  # spool full, directory deleted, or a batch that could not be written
         self.skipped_bytes = 0  # torn or damaged records skipped at open
         self.rejected_points = 0
+        self.rejected_pruned_points = 0  # set-aside points deleted by the rejected/ bound
+        self.write_failures = 0  # appends that could not be written (their points are in dropped_points)
+        self.error = ""  # why the last append failed; "" once one succeeds
         self.segs: list[_Seg] = []
         self.read_seq, self.read_off = 0, 0
-        self._open()
+        self._fh = None
+        self._closed = False
+        try:
+            self._open()
+        except BaseException:
+            unlock_dir(self._lock_key)
+            raise
 
     # ---------------------------------------------------------------- open / scan
     def _open(self) -> None:
@@ -158,32 +250,98 @@ class Spool:
 
     def _new_segment(self, seq: int) -> None:
         path = self.dir / _name(seq)
-        self._fh = open(path, "ab")
+        fh = open(path, "ab")
+        self._fh = fh
         seg = _Seg(seq, path, 0, 0)
         self.segs.append(seg)
         if len(self.segs) == 1:
             self.read_seq, self.read_off = seq, 0
 
     # ---------------------------------------------------------------- writer side
-    def append(self, lines: list[str]) -> None:
+    def append(self, lines: list[str]) -> bool:
+        """Write one batch; False when it could not be spooled (its points counted as dropped)."""
         if not lines:
-            return
+            return True
         rec = encode_record(lines)
         with self.lock:
-            tail = self.segs[-1]
-            if tail.size and tail.size + len(rec) > self.segment_bytes:
-                self._fh.close()
-                if self.fsync:
-                    _fsync_path(tail.path)
-                self._new_segment(tail.seq + 1)
+            try:
+                self._check_alive()
                 tail = self.segs[-1]
-            self._fh.write(rec)
-            self._fh.flush()
-            if self.fsync:
-                os.fsync(self._fh.fileno())
+                if tail.size and tail.size + len(rec) > self.segment_bytes:
+                    self._fh.close()
+                    if self.fsync:
+                        _fsync_path(tail.path)
+                    self._new_segment(tail.seq + 1)
+                    tail = self.segs[-1]
+                start = self._fh.tell()
+                try:
+                    self._fh.write(rec)
+                    self._fh.flush()
+                    if self.fsync:
+                        os.fsync(self._fh.fileno())
+                except OSError:
+                    self._truncate_to(start)
+                    raise
+            except (OSError, ConfigError) as exc:
+                self.dropped_points += len(lines)
+                self.write_failures += 1
+                why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+                if why != self.error:
+                    log.error("spool %s: cannot write (%s): %d points dropped; the agent is degraded",
+                              self.dir, why, len(lines))
+                self.error = why
+                return False
+            if self.error:
+                log.warning("spool %s: writing again", self.dir)
+                self.error = ""
             tail.size += len(rec)
             tail.points += len(lines)
             self._enforce_bound()
+            return True
+
+    def _truncate_to(self, size: int) -> None:
+        """Cut a partly written record (disk full) so the segment stays a run of whole records."""
+        try:
+            self._fh.close()
+        except OSError:
+            pass
+        tail = self.segs[-1]
+        try:
+            os.truncate(tail.path, size)
+        except OSError:
+            pass
+        self._fh = open(tail.path, "ab")
+
+    def _check_alive(self) -> None:
+        """Recreate the spool directory, lock and tail segment if they were deleted under us."""
+        try:
+            gone = os.fstat(self._fh.fileno()).st_nlink == 0
+        except (OSError, ValueError, AttributeError):
+            gone = True
+        if not gone:
+            return
+        lost = 0
+        for seg in self.segs:
+            if not seg.path.exists():
+                lost += seg.points
+                seg.points = 0
+        self.dropped_points += lost
+        try:
+            self._fh.close()
+        except (OSError, AttributeError):
+            pass
+        self.dir.mkdir(parents=True, exist_ok=True)
+        log.error("spool %s was deleted while the agent ran: recreated; %d undelivered points were lost "
+                  "with it (counted as dropped)", self.dir, lost)
+        (self.dir / "rejected").mkdir(exist_ok=True)
+        lock_dir(self.dir)  # re-take the lock on a fresh lock file (the old one went with the directory)
+        unlock_dir(self._lock_key)  # ... keeping one count for this spool
+        next_seq = max([s.seq for s in self.segs] + [self.read_seq]) + 1
+        self.segs = [s for s in self.segs if s.path.exists()]
+        self._new_segment(next_seq)  # the only segment when all were deleted: reading starts there
+        if self.segs[0].seq != self.read_seq:
+            self.read_seq, self.read_off = self.segs[0].seq, 0
+        self._write_ack(self.read_seq, self.read_off)
 
     def _enforce_bound(self) -> None:
         while len(self.segs) > 1 and self.bytes > self.max_bytes:
@@ -220,10 +378,16 @@ class Spool:
                 if seg.seq > seq:
                     seq, off = seg.seq, 0
                 if i == len(self.segs) - 1:
-                    self._fh.flush()
-                with open(seg.path, "rb") as f:
-                    f.seek(off)
-                    data = f.read(max(0, seg.size - off))
+                    try:
+                        self._fh.flush()
+                    except (OSError, ValueError):
+                        pass
+                try:
+                    with open(seg.path, "rb") as f:
+                        f.seek(off)
+                        data = f.read(max(0, seg.size - off))
+                except OSError:
+                    data = b""  # deleted under us: the next append recreates the spool and counts it
                 for roff, end, count, payload in scan(data):
                     if count < 0:
                         off += end - roff
@@ -257,31 +421,97 @@ class Spool:
             self.read_seq, self.read_off = seq, off
             self._write_ack(seq, off)
 
-    def reject(self, lines: list[str], position: tuple[int, int], reason: str) -> Path:
-        """Move a batch the backend refused for good aside (with its answer) and acknowledge it."""
+    def reject(self, lines: list[str], position: tuple[int, int], reason: str,
+               batch_points: int | None = None) -> Path:
+        """Move lines the backend refused as malformed aside (with its answer) and acknowledge the
+        batch they came from (``batch_points`` lines, default: just these)."""
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-        path = self.dir / "rejected" / f"rejected-{stamp}-{position[0]}-{position[1]}.lp"
+        rdir = self.dir / "rejected"
+        rdir.mkdir(parents=True, exist_ok=True)
+        path = rdir / f"rejected-{stamp}-{position[0]:016d}-{position[1]:012d}.lp"
         path.write_text("\n".join(lines) + "\n", encoding="utf-8")
         path.with_suffix(".reason").write_text(reason + "\n", encoding="utf-8")
         self.rejected_points += len(lines)
-        self.ack(position, len(lines))
+        self.ack(position, len(lines) if batch_points is None else batch_points)
+        self.prune_rejected()
         return path
+
+    def prune_rejected(self) -> int:
+        """Keep ``rejected/`` within its bounds: delete the oldest batches; returns the points deleted."""
+        rdir = self.dir / "rejected"
+        try:
+            files = sorted(rdir.glob("rejected-*.lp"))
+            sizes = [f.stat().st_size for f in files]
+        except OSError:
+            return 0
+        total, n, pruned = sum(sizes), len(files), 0
+        for f, size in zip(files, sizes, strict=True):
+            if n <= self.rejected_max_files and total <= self.rejected_max_bytes:
+                break
+            try:
+                with open(f, "rb") as fh:
+                    points = sum(1 for line in fh if line.strip())
+                f.unlink()
+            except OSError:
+                continue
+            f.with_suffix(".reason").unlink(missing_ok=True)
+            n -= 1
+            total -= size
+            pruned += points
+        if pruned:
+            self.rejected_pruned_points += pruned
+            log.warning("spool %s: rejected/ over its bound (%d batches, %d bytes): deleted the oldest, "
+                        "%d points lost", self.dir, self.rejected_max_files, self.rejected_max_bytes, pruned)
+        return pruned
 
     def _write_ack(self, seq: int, off: int) -> None:
         tmp = self.dir / "ack.tmp"
-        tmp.write_text(f"{seq} {off}\n")
-        os.replace(tmp, self.dir / "ack")
+        try:
+            tmp.write_text(f"{seq} {off}\n")
+            os.replace(tmp, self.dir / "ack")
+        except OSError as exc:  # the directory was deleted or is unusable: the next append
+            log.debug("spool ack not written: %s", exc)  # recreates it and writes the ack
+
+    def points_on_disk(self) -> int:
+        """Undelivered points counted from the files (after the ack), not from the counters."""
+        return count_points(self.dir)
 
     def close(self) -> None:
         with self.lock:
+            if self._closed:
+                return
+            self._closed = True
             try:
-                self._fh.close()
+                if self._fh is not None:
+                    self._fh.close()
             except OSError:
                 pass
             tail = self.segs[-1] if self.segs else None
             if tail is not None and tail.size == 0 and len(self.segs) >= 1:
                 if not (tail.seq == self.read_seq and self.read_off):
                     tail.path.unlink(missing_ok=True)
+            unlock_dir(self._lock_key)
+
+
+def count_points(directory: str | Path) -> int:
+    """The points a spool directory holds after its ack, read from the disk (0 when it is gone)."""
+    d = Path(directory)
+    try:
+        a, b = (d / "ack").read_text().split()
+        ack_seq, ack_off = int(a), int(b)
+    except (OSError, ValueError):
+        ack_seq, ack_off = 0, 0
+    total = 0
+    for p in sorted(d.glob("seg-*.sp")):
+        if not p.name[4:20].isdigit() or int(p.name[4:20]) < ack_seq:
+            continue
+        try:
+            data = p.read_bytes()
+        except OSError:
+            continue
+        start = ack_off if int(p.name[4:20]) == ack_seq else 0
+        total += sum(count for _, _, count, _ in scan(data, start) if count > 0)
+    return total
 
 
 def _fsync_path(path: Path) -> None:

@@ -31,7 +31,7 @@ def _time(value: str, what: str) -> int:
 
     try:
         return int(float(value) * 1e9)
-    except ValueError:
+    except (ValueError, OverflowError):
         pass
     try:
         return int(from_rfc3339(value) * 1e9)
@@ -103,9 +103,10 @@ def analyze(
     if follow and not influx_url:
         raise ConfigError("--follow needs --influx-url")
     if out_path:
-        parent = Path(out_path).resolve().parent
-        if not parent.is_dir():
-            raise GpufleetError(f"--out {out_path}: directory {parent} does not exist")
+        _check_out(out_path)
+    poll_s = parse_duration(poll, "--poll")
+    if poll_s < 1.0:
+        raise ConfigError(f"--poll {poll}: at least 1s")
     t0 = time.perf_counter()
     if input_path:
         from analyzer.sources import read_chunks
@@ -113,6 +114,11 @@ def analyze(
         an = Analyzer(cfg, shard_t)
         for chunk in read_chunks(input_path):
             an.feed_bytes(chunk)
+        st = an.parser.stats
+        if st.points == 0:
+            raise GpufleetError(f"--input {input_path}: nothing parsed: no line-protocol point of a "
+                                f"measurement the analyzer reads ({st.lines} lines, "
+                                f"{st.bad_lines} malformed)")
         an.finish()
         _write(out_path, an.incidents())
         _notify_once(sinks, state_path, out_path, page_base_url, an)
@@ -122,9 +128,7 @@ def analyze(
         raise ConfigError("--influx-url needs --db NAME")
     from analyzer.sources import Influx
 
-    influx = Influx(
-        influx_url, db, **{k: v for k, v in cfg.influx.items() if k in ("username", "password", "token")}
-    )
+    influx = Influx(influx_url, db, **cfg.influx_auth())
     if follow:
         _follow(
             cfg,
@@ -134,7 +138,7 @@ def analyze(
             sinks,
             state_path,
             page_base_url,
-            parse_duration(poll, "--poll"),
+            poll_s,
             since,
         )
         return
@@ -152,12 +156,39 @@ def analyze(
     step = int(cfg.analyzer["window_seconds"] * 1e9)
     t = s_ns
     while t < e_ns:
-        _pull(an, influx, t, min(t + step, e_ns))
+        got = _pull(an, influx, t, min(t + step, e_ns))
         t += step
+        if not got and t < e_ns:  # empty time: the next window starts at the next data
+            from analyzer.pipeline import MEASUREMENTS
+
+            nxt = influx.first_time(MEASUREMENTS, t, e_ns)
+            if nxt is None:
+                break
+            t += (nxt - t) // step * step
     an.finish()
     _write(out_path, an.incidents())
     _notify_once(sinks, state_path, out_path, page_base_url, an)
     _report(an, stats, time.perf_counter() - t0)
+
+
+def _check_out(out_path: str) -> None:
+    """``--out`` must name a file that can be written (checked before any work): the records are
+    written to ``OUT.tmp`` beside it, then renamed over it."""
+    import os
+
+    p = Path(out_path)
+    if p.is_dir():
+        raise ConfigError(f"--out {out_path}: is a directory; give a file path")
+    parent = p.resolve().parent
+    if not parent.is_dir():
+        raise ConfigError(f"--out {out_path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out {out_path}: directory {parent} is not writable")
+    if p.exists() and not (p.is_file() and os.access(p, os.W_OK)):
+        raise ConfigError(f"--out {out_path}: not a writable file")
+    tmp = p.with_suffix(p.suffix + ".tmp")
+    if tmp.is_dir():
+        raise ConfigError(f"--out {out_path}: {tmp} (its temporary file) is a directory")
 
 
 def _state_path(state_path, out_path) -> str:
@@ -180,7 +211,8 @@ def _notify_once(sinks, state_path, out_path, page_base_url, an) -> None:
         notifier.close()
 
 
-def _pull(an, influx, s_ns: int, e_ns: int) -> None:
+def _pull(an, influx, s_ns: int, e_ns: int) -> int:
+    """Query [s, e) of every measurement into the analyzer; returns the rows pulled."""
     from analyzer.pipeline import MEASUREMENTS
 
     rows = {}
@@ -189,6 +221,7 @@ def _pull(an, influx, s_ns: int, e_ns: int) -> None:
         if len(r):
             rows[m] = r
     an.feed_rows(rows)
+    return sum(len(r) for r in rows.values())
 
 
 def _write(out_path, incidents) -> None:
@@ -207,6 +240,7 @@ def _report(an, stats: bool, seconds: float) -> None:
     d = an.parser.stats.as_dict()
     d.update(
         late_points=an.late_points,
+        future_points=an.future_points,
         gpu_samples=an.gpu_samples,
         windows=an.windows,
         incidents=len(an.incidents()),
@@ -315,13 +349,20 @@ def _follow(
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 def eval_cmd(truth_path, inc_path, gpu_days, as_json):
     """Score incidents against ground truth: precision, recall, F1, latency, false incidents."""
+    import math
+
     from analyzer.evaluate import evaluate, gpu_days_from_manifest, table
     from gpufleet import records
 
+    if gpu_days is not None and not (math.isfinite(gpu_days) and gpu_days > 0):
+        raise ConfigError(f"--gpu-days {gpu_days}: must be a positive number")
     truth = records.read(truth_path)
     incs = records.read(inc_path)
     if gpu_days is None:
         gpu_days = gpu_days_from_manifest(truth_path)
+        if gpu_days is not None and not (math.isfinite(gpu_days) and gpu_days > 0):
+            raise GpufleetError(f"{truth_path}: manifest.json beside it gives gpu_days = {gpu_days}; "
+                                "pass --gpu-days")
     res = evaluate(truth, incs, gpu_days)
     if as_json:
         click.echo(json.dumps(res, sort_keys=False))

@@ -9,11 +9,19 @@ Every threshold lives here (defaults) and can be overridden in ``analyzer.toml``
     [[sink]]
     type = "alertmanager"
     url = "http://127.0.0.1:9093"
+    [influx]
+    username = "analyzer"
+    password_file = "/etc/gpufleet/influx-password"
+
+Every value is checked like the agent's: an unknown key or a value out of its range (``RANGES``,
+non-finite numbers never pass) is a :class:`ConfigError` naming the key (exit 2). Secrets come
+only from ``*_file`` / ``*_env`` keys (``agent.config.read_secret``), never from the TOML.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 import tomllib
 from pathlib import Path
 
@@ -24,6 +32,7 @@ ANALYZER = {
     "context_seconds": 300.0,  # rows of the previous window kept for deltas and rolling features
     "lateness_seconds": 900.0,  # how late a point may arrive (batch) before it is dropped and counted
     "poll_seconds": 10.0,  # expected poll interval (buckets peers, bounds gaps)
+    "max_future_seconds": 86400.0,  # points stamped this far past the wall clock are dropped and counted
 }
 
 DETECTORS: dict[str, dict] = {
@@ -109,6 +118,56 @@ DETECTORS: dict[str, dict] = {
     },
 }
 
+# value ranges (inclusive); a detector key matches its own name first, then its suffix
+DAY = 86400.0
+RANGES: dict[str, tuple[float, float]] = {
+    "window_seconds": (1.0, DAY),
+    "context_seconds": (0.0, DAY),
+    "lateness_seconds": (0.0, 7 * DAY),
+    "poll_seconds": (1.0, 3600.0),
+    "max_future_seconds": (0.0, 3650 * DAY),
+    "absorb_seconds": (0.0, 30 * DAY),
+    "_seconds": (0.0, 365 * DAY),
+    "_share": (0.0, 1.0),
+    "_utilization": (0.0, 1.0),
+    "min_slowdown": (0.0, 1.0),
+    "sigma": (0.01, 1e6),
+    "distance": (0.01, 1e6),
+    "_factor": (1e-6, 1e9),
+    "_celsius": (-100.0, 200.0),
+    "_watts": (0.0, 1e5),
+    "fit_rows": (1.0, 1e8),
+    "min_peers": (1.0, 1e6),
+    "_gpus": (1.0, 1e6),
+    "_nodes": (1.0, 1e6),
+    "": (0.0, 1e12),  # every other number: finite, not negative
+}
+INFLUX_KEYS = ("username", "password_file", "password_env", "token_file", "token_env")
+
+
+def _range(key: str) -> tuple[float, float]:
+    if key in RANGES:
+        return RANGES[key]
+    for suffix in sorted((k for k in RANGES if k.startswith("_")), key=len, reverse=True):
+        if key.endswith(suffix):
+            return RANGES[suffix]
+    return RANGES[""]
+
+
+def _number(v, where: str, key: str, integer: bool = False) -> float | int:
+    """A finite number within the key's range (an int where the default is one)."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise ConfigError(f"{where} must be a number, got {v!r}")
+    if integer and not (isinstance(v, int) or float(v).is_integer()):
+        raise ConfigError(f"{where} must be a whole number, got {v!r}")
+    if not math.isfinite(v):
+        raise ConfigError(f"{where} must be a finite number, got {v!r}")
+    lo, hi = _range(key)
+    if not lo <= v <= hi:
+        raise ConfigError(f"{where} = {v!r} is out of range [{lo:g}, {hi:g}]")
+    return int(v) if integer else v
+
+
 ENGINE = {
     "absorb_seconds": 3600.0,  # a node/rack incident absorbs GPU/node incidents of its kind this close
     # an incident of the key kind on a GPU already covered by an open incident of a listed kind is
@@ -121,6 +180,8 @@ def _duration(v, where: str) -> float:
     if isinstance(v, bool):
         raise ConfigError(f"{where}: expected a duration, got {v!r}")
     if isinstance(v, int | float):
+        if not math.isfinite(v):
+            raise ConfigError(f"{where}: bad duration {v!r} (e.g. 30s, 5m, 6h)")
         return float(v)
     if isinstance(v, str):
         s = v.strip()
@@ -128,13 +189,18 @@ def _duration(v, where: str) -> float:
         for u in ("ms", "s", "m", "h", "d"):
             if s.endswith(u):
                 try:
-                    return float(s[: -len(u)]) * units[u]
+                    d = float(s[: -len(u)]) * units[u]
                 except ValueError:
                     break
+                if math.isfinite(d):
+                    return d
+                break
         try:
-            return float(s)
+            d = float(s)
         except ValueError:
-            pass
+            d = math.nan
+        if math.isfinite(d):
+            return d
     raise ConfigError(f"{where}: bad duration {v!r} (e.g. 30s, 5m, 6h)")
 
 
@@ -168,11 +234,15 @@ class Config:
         unknown = set(doc) - {"analyzer", "detectors", "engine", "sink", "influx"}
         if unknown:
             raise ConfigError(f"{src}: unknown section(s) {', '.join(sorted(unknown))}")
+        for sec in ("analyzer", "detectors", "engine", "influx"):
+            if not isinstance(doc.get(sec, {}), dict):
+                raise ConfigError(f"{src}: [{sec}] must be a table")
         for k, v in (doc.get("analyzer") or {}).items():
             key = k if k.endswith("_seconds") else f"{k}_seconds"
             if key not in self.analyzer:
                 raise ConfigError(f"{src}: [analyzer] unknown key {k!r}")
-            self.analyzer[key] = _duration(v, f"{src}: analyzer.{k}")
+            where = f"{src}: analyzer.{k}"
+            self.analyzer[key] = _number(_duration(v, where), where, key)
         for name, params in (doc.get("detectors") or {}).items():
             if name not in self.detectors:
                 raise ConfigError(f"{src}: unknown detector {name!r} (one of {', '.join(self.detectors)})")
@@ -181,24 +251,61 @@ class Config:
             for k, v in params.items():
                 if k not in self.detectors[name]:
                     raise ConfigError(f"{src}: detectors.{name}: unknown parameter {k!r}")
+                where = f"{src}: detectors.{name}.{k}"
                 old = self.detectors[name][k]
                 if isinstance(old, list):
-                    if not isinstance(v, list):
-                        raise ConfigError(f"{src}: detectors.{name}.{k} must be a list")
+                    if not isinstance(v, list) or not all(
+                        isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= 1000 for x in v
+                    ):
+                        raise ConfigError(f"{where} must be a list of XID numbers, got {v!r}")
                 elif k.endswith("_seconds"):
-                    v = _duration(v, f"{src}: detectors.{name}.{k}")
-                elif isinstance(v, bool) or not isinstance(v, int | float):
-                    raise ConfigError(f"{src}: detectors.{name}.{k} must be a number, got {v!r}")
+                    v = _number(_duration(v, where), where, k)
+                else:
+                    v = _number(v, where, k, integer=isinstance(old, int))
                 self.detectors[name][k] = v
         for k, v in (doc.get("engine") or {}).items():
             if k not in self.engine:
                 raise ConfigError(f"{src}: [engine] unknown key {k!r}")
-            self.engine[k] = _duration(v, f"{src}: engine.{k}") if k.endswith("_seconds") else v
+            where = f"{src}: engine.{k}"
+            if k.endswith("_seconds"):
+                v = _number(_duration(v, where), where, k)
+            elif k == "fold":
+                if not isinstance(v, dict) or not all(
+                    a in self.detectors and isinstance(b, list) and all(x in self.detectors for x in b)
+                    for a, b in v.items()
+                ):
+                    raise ConfigError(f"{where} must map a detector name to a list of detector names")
+            self.engine[k] = v
         sinks = doc.get("sink", [])
         if not isinstance(sinks, list) or not all(isinstance(s, dict) for s in sinks):
             raise ConfigError(f"{src}: [[sink]] must be an array of tables")
         self.sinks = sinks
-        influx = doc.get("influx", {})
-        if not isinstance(influx, dict):
-            raise ConfigError(f"{src}: [influx] must be a table")
+        influx = doc.get("influx") or {}
+        for k, v in influx.items():
+            if k in ("password", "token"):
+                raise ConfigError(f"{src}: influx.{k}: secrets are never read from the TOML; "
+                                  f"use {k}_file or {k}_env")
+            if k not in INFLUX_KEYS:
+                raise ConfigError(f"{src}: [influx] unknown key {k!r} (one of {', '.join(INFLUX_KEYS)})")
+            if not isinstance(v, str):
+                raise ConfigError(f"{src}: influx.{k} must be a string, got {v!r}")
+        for a, b in (("password_file", "password_env"), ("token_file", "token_env")):
+            if influx.get(a) and influx.get(b):
+                raise ConfigError(f"{src}: influx.{a}: give {a} or {b}, not both")
         self.influx = influx
+
+    def influx_auth(self) -> dict:
+        """``username``, ``password`` and ``token`` for the InfluxDB client, secrets read from their
+        ``*_file`` / ``*_env`` keys (the agent's reader); only the keys that are set."""
+        from agent.config import read_secret
+
+        out = {}
+        if self.influx.get("username"):
+            out["username"] = self.influx["username"]
+        pw = read_secret(self.influx, "password_file", "password_env")
+        if pw is not None:
+            out["password"] = pw
+        tok = read_secret(self.influx, "token_file", "token_env")
+        if tok is not None:
+            out["token"] = tok
+        return out

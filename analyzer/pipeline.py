@@ -3,12 +3,19 @@
 Rows are buffered until the data's watermark (latest timestamp seen) is ``lateness_seconds``
 past a window's end; then that window is cut, the detectors learn from it and score it, and
 the engine turns their hits into incidents. Rows arriving later than that are dropped and
-counted. Memory is bounded by window + lateness + context, not by the history.
+counted (``late_points``), and so are rows stamped more than ``max_future_seconds`` after the
+wall clock (``future_points``): one absurd timestamp never drags the watermark ahead.
+Memory is bounded by window + lateness + context, not by the history.
+
+Time is bounded: after a stream's data stops, empty windows are walked for ``EMPTY_WALK_SECONDS``
+(a GPU that stopped reporting is noticed there); past that the next window starts at the stream's
+next data. A stray point at timestamp 1 costs a few windows, never the 56 years up to the data.
 """
 
 from __future__ import annotations
 
 import math
+import time
 import zlib
 from dataclasses import dataclass
 
@@ -64,6 +71,9 @@ MEASUREMENTS = {
 }
 
 
+EMPTY_WALK_SECONDS = 3600.0  # empty windows walked after a stream's last data before skipping to the next
+
+
 @dataclass
 class _Block:
     ent: np.ndarray
@@ -91,6 +101,7 @@ class Analyzer:
         self.context = a["context_seconds"]
         self.lateness = a["lateness_seconds"]
         self.poll = a["poll_seconds"]
+        self.max_future = a["max_future_seconds"]
         self.shard = shard
         self.parser = Parser(set(MEASUREMENTS), FIELDS)
         self.reg = Registry()
@@ -104,7 +115,9 @@ class Analyzer:
         self.stream_wm: dict[str, int] = {}
         self.online = False
         self.late_points = 0
+        self.future_points = 0  # stamped beyond max_future_seconds after the wall clock: dropped
         self.rows = 0
+        self.last_data: dict[str, float] = {}  # per stream: end of the last window that held rows
         self.gpu_samples = 0
         self.windows = 0
         self.last_seen = np.zeros(0)
@@ -125,6 +138,13 @@ class Analyzer:
             keep = self._keep(r, series, m)
             if keep is not None:
                 r = r.take(keep)
+                if not len(r):
+                    continue
+            horizon = time.time_ns() + int(self.max_future * 1e9)
+            if int(r.t.max()) > horizon:  # absurdly in the future: counted, never the stream's time
+                ok = r.t <= horizon
+                self.future_points += int(len(r) - ok.sum())
+                r = r.take(ok)
                 if not len(r):
                     continue
             ent = self.reg.entity(r, series, MEASUREMENTS[m])
@@ -195,6 +215,8 @@ class Analyzer:
                     continue
                 tmin = min(int(b.t.min()) for b in blocks if len(b.t)) / 1e9
                 self.window_start[m] = math.floor(tmin / self.window) * self.window
+                self.last_data[m] = self.window_start[m]
+            walk = max(EMPTY_WALK_SECONDS, 4 * self.window)
             while True:
                 start = self.window_start[m]
                 end = start + self.window
@@ -202,6 +224,19 @@ class Analyzer:
                     break
                 if final and start > wm:
                     break
+                blocks = self.buffer[m]
+                nxt = min((b.tmin for b in blocks if len(b.t)), default=None)
+                if nxt is not None and nxt < end * 1e9:
+                    self.last_data[m] = end
+                elif start >= self.last_data[m] + walk and self.ctx.get(m) is None:
+                    # nothing to analyse for a while: the next window starts at the next data (or
+                    # at the last window that may be cut now, for a stream that went quiet)
+                    last = wm if final else wm - self.lateness - self.window
+                    target = math.floor(min(nxt / 1e9 if nxt is not None else math.inf, last)
+                                        / self.window) * self.window
+                    if target > start:
+                        self.window_start[m] = target
+                        continue
                 self._process(m, start, end)
                 self.window_start[m] = end
         if final:

@@ -311,6 +311,20 @@ class Influx:
                     parts.append(_series_rows(measurement, s, series))
         return Rows.concat(measurement, parts)
 
+    def first_time(self, measurements, start_ns: int, end_ns: int) -> int | None:
+        """The earliest timestamp in [start, end) over ``measurements`` (None: no data): where a
+        batch analysis jumps to instead of querying empty windows one by one."""
+        best = None
+        for m in measurements:
+            q = f'SELECT * FROM "{m}" WHERE time >= {int(start_ns)} AND time < {int(end_ns)} LIMIT 1'
+            try:
+                res = self._get(q, chunked=False).json()["results"][0]
+                t = int(res["series"][0]["values"][0][0])
+            except (ValueError, KeyError, IndexError, TypeError):
+                continue
+            best = t if best is None else min(best, t)
+        return best
+
     def write(self, lines: list[str]) -> None:
         import requests
 

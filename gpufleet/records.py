@@ -103,14 +103,19 @@ def read(path: str | Path) -> list[Record]:
     if not path.is_file():
         raise GpufleetError(f"{path}: no such file")
     out = []
-    with path.open() as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                out.append(Record.from_dict(json.loads(line)))
-            except (ValueError, TypeError, AttributeError) as exc:
-                raise GpufleetError(f"{path}:{n}: malformed record: {exc}") from None
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise GpufleetError(f"{path}: not a JSON-lines record file (not UTF-8 text)") from None
+    except OSError as exc:
+        raise GpufleetError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(Record.from_dict(json.loads(line)))
+        except (ValueError, TypeError, AttributeError, KeyError) as exc:
+            raise GpufleetError(f"{path}:{n}: malformed record: {exc}") from None
     return out
 
 

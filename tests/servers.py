@@ -85,8 +85,9 @@ class InfluxDB1(Server):
 
     name = "influxd"
 
-    def __init__(self, tmp: Path):
+    def __init__(self, tmp: Path, auth: tuple[str, str] | None = None, max_body_size: int | None = None):
         super().__init__(tmp)
+        self.auth = auth  # (admin user, password): auth-enabled, the admin created at start
         self.port = free_port()
         self.rpc_port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -102,19 +103,30 @@ class InfluxDB1(Server):
                       rf'\1bind-address = "127.0.0.1:{self.port}"', conf, count=1)
         conf = re.sub(r'(\[monitor\][^\[]*?)store-enabled = true', r'\1store-enabled = false', conf, count=1)
         conf = re.sub(r'(\[http\][^\[]*?)log-enabled = true', r'\1log-enabled = false', conf, count=1)
+        if auth:
+            conf = re.sub(r'(\[http\][^\[]*?)auth-enabled = false', r'\1auth-enabled = true', conf, count=1)
+        if max_body_size is not None:
+            conf = re.sub(r'(\[http\][^\[]*?)max-body-size = \d+', rf'\1max-body-size = {max_body_size}',
+                          conf, count=1)
         (d / "influxdb.conf").write_text(conf)
 
     def command(self):
         return ["influxd", "run", "-config", str(self.tmp / "influxdb.conf")]
 
     def ready(self):
-        return requests.get(self.url + "/ping", timeout=1).status_code == 204
+        if requests.get(self.url + "/ping", timeout=1).status_code != 204:
+            return False
+        if self.auth:  # the first admin may be created without credentials (idempotent on restart)
+            user, pw = self.auth
+            requests.post(self.url + "/query", params={"q": f"CREATE USER \"{user}\" WITH PASSWORD '{pw}' "
+                                                          "WITH ALL PRIVILEGES"}, auth=self.auth, timeout=5)
+        return True
 
     def query(self, q: str, db: str | None = None, epoch: str = "ns") -> dict:
         params = {"q": q, "epoch": epoch}
         if db:
             params["db"] = db
-        r = requests.post(self.url + "/query", params=params, timeout=30)
+        r = requests.post(self.url + "/query", params=params, auth=self.auth, timeout=30)
         r.raise_for_status()
         return r.json()
 
@@ -122,7 +134,7 @@ class InfluxDB1(Server):
         self.query(f'CREATE DATABASE "{db}"')
 
     def write(self, db: str, lines: str | bytes, precision: str = "ns") -> None:
-        r = requests.post(self.url + "/write", params={"db": db, "precision": precision},
+        r = requests.post(self.url + "/write", params={"db": db, "precision": precision}, auth=self.auth,
                           data=lines if isinstance(lines, bytes) else lines.encode(), timeout=30)
         if r.status_code != 204:
             raise RuntimeError(f"write failed {r.status_code}: {r.text}")

@@ -8,11 +8,17 @@ batches of up to ``batch_lines`` (5000) and writes them:
   auth from ``username`` + the password secret, gzip;
 - ``api = "v2"``: influxdb-client's synchronous ``WriteApi`` (url, org, bucket, token), gzip.
 
-Answers: 2xx acknowledges the batch. Connection errors, timeouts, 5xx and 429 are retried
-with exponential backoff and jitter (``backoff_min`` doubling up to ``backoff_max``; a
-``Retry-After`` is honoured). Any other 4xx refuses the batch for good: it is logged with the
-answer, counted in ``dropped_points_total`` and moved to ``spool/rejected/``, so it cannot block
-the queue.
+Answers: 2xx acknowledges the batch. Only a 400 that says the lines themselves are bad
+(InfluxDB's "unable to parse" / "partial write" / "field type conflict") sets them aside: they
+are logged with the answer, counted in ``dropped_points_total`` and moved to ``spool/rejected/``
+(``gpufleet agent resend-rejected`` sends them again), so they cannot block the queue.
+Everything else is fixable and keeps the batch in the spool: connection errors, timeouts, 5xx,
+429, and 401/403/404 (a wrong password, a database not created yet) are retried with
+exponential backoff and jitter (``backoff_min`` doubling up to ``backoff_max``; a
+``Retry-After`` is honoured) and delivered once fixed. A 413 (request too large) splits the
+batch into halves until the pieces pass. Loud while failing: one log line per backoff step
+(attempts 1, 2, 4, 8, ...: not one per batch), the reason in the unit's STATUS, and
+``export_failing_seconds`` / ``retries_total`` in ``gpufleet_agent``.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import gzip
 import logging
 import random
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -39,10 +46,18 @@ class SpoolSink:
         self.wake = wake
 
     def write(self, lines: list[str]) -> None:
+        failed = 0
         for i in range(0, len(lines), self.batch_lines):
-            self.spool.append(lines[i:i + self.batch_lines])
+            if not self.spool.append(lines[i:i + self.batch_lines]):
+                failed += 1
         if self.wake is not None:
             self.wake.set()
+        if failed:  # counted as dropped by the spool; the exporter reports a failed export
+            raise SpoolWriteError(f"spool cannot write: {self.spool.error}")
+
+
+class SpoolWriteError(OSError):
+    """A tick's lines could not be spooled (they are counted as dropped)."""
 
 
 @dataclass
@@ -114,6 +129,16 @@ class _V2:
         self.client.close()
 
 
+# a 400 whose answer says the lines are bad (InfluxDB 1.x/2.x/3.x, VictoriaMetrics): set aside
+_MALFORMED = re.compile(r"unable to parse|partial write|field type conflict|cannot parse|invalid field"
+                        r"|bad timestamp|points beyond retention", re.I)
+# what an operator fixes for the other refusals (the batch waits in the spool meanwhile)
+HINTS = {401: "check username and password_file/password_env (or token)",
+         403: "the user may not write to this database",
+         404: "create the database (or check db/bucket)",
+         413: "request too large: splitting batches"}
+
+
 def _classify(status: int, text: str, retry_after: str | None) -> Answer:
     if 200 <= status < 300:
         return Answer(True, False, status, "")
@@ -123,8 +148,58 @@ def _classify(status: int, text: str, retry_after: str | None) -> Answer:
             ra = max(0.0, float(retry_after))
         except ValueError:
             ra = None
-    retry = status == 429 or status >= 500 or status == 0
+    retry = not (status == 400 and _MALFORMED.search(text or ""))
     return Answer(False, retry, status, text.strip()[:500], ra)
+
+
+def make_client(cfg: dict, secret: str | None):
+    """The wire client of the ``[influx]`` section: v1 ``/write`` or v2 ``WriteApi``."""
+    if cfg["api"] == "v1":
+        return _V1(cfg["url"], cfg["db"], cfg["rp"], cfg["precision"], cfg["username"], secret,
+                   cfg["gzip"], cfg["timeout"])
+    return _V2(cfg["url"], cfg["org"], cfg["bucket"], secret, cfg["precision"], cfg["gzip"], cfg["timeout"])
+
+
+def resend_rejected(rejected_dir, cfg: dict, secret: str | None) -> tuple[int, int, list[str]]:
+    """Send every batch in ``spool/rejected/`` again, oldest first; a delivered one is deleted.
+
+    Returns ``(files delivered, lines delivered, problems)``. A batch refused as malformed again
+    stays (its ``.reason`` updated); a fixable failure (down, 401, 404, ...) stops the run.
+    """
+    from pathlib import Path
+
+    client = make_client(cfg, secret)
+    done = lines_done = 0
+    problems: list[str] = []
+    try:
+        for path in sorted(Path(rejected_dir).glob("rejected-*.lp")):
+            try:
+                lines = [x for x in path.read_text(encoding="utf-8").split("\n") if x.strip()]
+            except (OSError, UnicodeDecodeError) as exc:
+                problems.append(f"{path.name}: cannot read ({exc.__class__.__name__})")
+                continue
+            bad = []
+            for i in range(0, len(lines), cfg["batch_lines"]):
+                part = lines[i:i + cfg["batch_lines"]]
+                ans = client.send(("\n".join(part) + "\n").encode("utf-8"), cfg["timeout"])
+                if ans.ok:
+                    continue
+                why = f"HTTP {ans.status}: {ans.text}" if ans.status else ans.text
+                if ans.retry:
+                    problems.append(f"{path.name}: {why}; stopped (fix it and run again)")
+                    return done, lines_done, problems
+                bad.append(why)
+            if bad:
+                path.with_suffix(".reason").write_text("; ".join(bad) + "\n", encoding="utf-8")
+                problems.append(f"{path.name}: refused again: {bad[0]}")
+                continue
+            path.unlink(missing_ok=True)
+            path.with_suffix(".reason").unlink(missing_ok=True)
+            done += 1
+            lines_done += len(lines)
+    finally:
+        client.close()
+    return done, lines_done, problems
 
 
 class InfluxSender:
@@ -134,12 +209,7 @@ class InfluxSender:
         self.spool = spool
         self.cfg = cfg
         self.url_for_logs = redact_url(cfg["url"])
-        if cfg["api"] == "v1":
-            self.client = _V1(cfg["url"], cfg["db"], cfg["rp"], cfg["precision"], cfg["username"], secret,
-                              cfg["gzip"], cfg["timeout"])
-        else:
-            self.client = _V2(cfg["url"], cfg["org"], cfg["bucket"], secret, cfg["precision"], cfg["gzip"],
-                              cfg["timeout"])
+        self.client = make_client(cfg, secret)
         self.batch_lines = cfg["batch_lines"]
         self.backoff_min, self.backoff_max = cfg["backoff_min"], cfg["backoff_max"]
         self.wake = wake or threading.Event()
@@ -150,8 +220,9 @@ class InfluxSender:
         self.last_latency: float | None = None
         self.last_error = ""
         self.failures = 0
+        self.failing_since: float | None = None  # monotonic time of the first failure of this run
+        self.chunk_lines = self.batch_lines  # lines per request; halved on each 413
         self._thread: threading.Thread | None = None
-        self._down_logged = False
 
     # ------------------------------------------------------------------ one step
     def step(self, timeout: float | None = None) -> str:
@@ -160,33 +231,74 @@ class InfluxSender:
         if got is None:
             return "empty"
         lines, pos = got
-        body = ("\n".join(lines) + "\n").encode("utf-8")
         t0 = time.perf_counter()
-        ans = self.client.send(body, timeout if timeout is not None else self.cfg["timeout"])
+        ans, bad = self._send(lines, timeout if timeout is not None else self.cfg["timeout"])
         if ans.ok:
+            if bad:
+                bad_lines = [x for part, _ in bad for x in part]
+                reason = "; ".join(f"HTTP {a.status}: {a.text}" for _, a in bad)
+                path = self.spool.reject(bad_lines, pos, reason, len(lines))
+                log.error("influx %s refused a batch: %d of %d lines malformed: %s (moved to %s; "
+                          "'gpufleet agent resend-rejected' sends them again)", self.url_for_logs,
+                          len(bad_lines), len(lines), reason, path)
+                self.sent_points += len(lines) - len(bad_lines)
+            else:
+                self.spool.ack(pos, len(lines))
+                self.sent_points += len(lines)
             self.last_latency = time.perf_counter() - t0
-            self.spool.ack(pos, len(lines))
-            self.sent_points += len(lines)
             if self.failures:
-                log.info("influx %s: delivering again after %d failed attempts", self.url_for_logs,
-                         self.failures)
+                log.warning("influx %s: delivering again after %d failed attempts (%s)", self.url_for_logs,
+                            self.failures, self.last_error)
             self.failures = 0
-            self._down_logged = False
-            return "sent"
-        if not ans.retry:
-            path = self.spool.reject(lines, pos, f"HTTP {ans.status}: {ans.text}")
-            log.error("influx %s refused a batch of %d lines: HTTP %s: %s (moved to %s)", self.url_for_logs,
-                      len(lines), ans.status, ans.text, path)
-            return "rejected"
+            self.failing_since = None
+            self.last_error = ""
+            return "rejected" if bad else "sent"
+        self._failed(ans)
+        return "retry"
+
+    def _send(self, lines: list[str], timeout: float) -> tuple[Answer, list]:
+        """Send ``lines`` in requests of at most ``chunk_lines``, halving on 413.
+
+        Returns the first fixable failure, or success with the pieces refused as malformed
+        (``[(lines, answer)]``). A piece sent before a failure is sent again with the batch
+        later: same lines, same timestamps, so InfluxDB stores it once.
+        """
+        bad: list = []
+        i = 0
+        while i < len(lines):
+            part = lines[i:i + self.chunk_lines]
+            ans = self.client.send(("\n".join(part) + "\n").encode("utf-8"), timeout)
+            if ans.status == 413 and len(part) > 1:
+                self.chunk_lines = max(1, len(part) // 2)
+                log.warning("influx %s: HTTP 413 for %d lines: sending at most %d lines per request",
+                            self.url_for_logs, len(part), self.chunk_lines)
+                continue
+            if not ans.ok and (ans.retry and ans.status != 413):
+                return ans, bad
+            if not ans.ok:  # malformed, or one line larger than the server takes: set aside
+                bad.append((part, ans))
+            i += len(part)
+        return Answer(True, False, 204, ""), bad
+
+    def _failed(self, ans: Answer) -> None:
         self.failures += 1
         self.retries_total += 1
-        self.last_error = f"HTTP {ans.status}" if ans.status else ans.text
+        if self.failing_since is None:
+            self.failing_since = time.monotonic()
+        err = f"HTTP {ans.status}" if ans.status else ans.text
+        if ans.status and ans.text:
+            err += f": {ans.text[:200]}"
+        if ans.status in HINTS:
+            err += f" ({HINTS[ans.status]})"
+        self.last_error = err
         self._retry_after = ans.retry_after
-        if not self._down_logged:
-            log.warning("influx %s: %s; retrying with backoff (spool holds the data)", self.url_for_logs,
-                        self.last_error)
-            self._down_logged = True
-        return "retry"
+        if self.failures & (self.failures - 1) == 0:  # attempts 1, 2, 4, 8, ...: one line per backoff step
+            log.warning("influx %s: %s; attempt %d failed, retrying with backoff (the spool keeps the "
+                        "data: %d points)", self.url_for_logs, err, self.failures, self.spool.points)
+
+    @property
+    def failing_seconds(self) -> float:
+        return 0.0 if self.failing_since is None else time.monotonic() - self.failing_since
 
     def backoff(self) -> float:
         d = min(self.backoff_max, self.backoff_min * (2 ** min(self.failures - 1, 30)))
@@ -207,7 +319,11 @@ class InfluxSender:
                 left = self.deadline - time.monotonic()
                 if left <= 0:
                     return
-                r = self.step(timeout=max(0.1, left))
+                try:
+                    r = self.step(timeout=max(0.1, left))
+                except Exception as exc:  # noqa: BLE001 - e.g. the spool directory gone
+                    log.debug("influx sender step failed: %s", exc)
+                    return
                 if r == "empty":
                     return
                 if r == "retry":
@@ -217,10 +333,10 @@ class InfluxSender:
                 return
             try:
                 r = self.step()
-            except Exception:
-                log.exception("influx sender step failed")
+            except Exception as exc:  # noqa: BLE001 - the sender thread never dies
+                log.debug("influx sender step failed", exc_info=True)
+                self._failed(Answer(False, True, None, f"{type(exc).__name__}: {exc}"))
                 r = "retry"
-                self.failures += 1
             if r == "empty":
                 self.wake.wait(1.0)
                 self.wake.clear()

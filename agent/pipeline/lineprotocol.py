@@ -186,6 +186,9 @@ class LineProtocolExporter(MetricExporter):
         for sink in self.sinks:
             try:
                 sink.write(lines)
+            except OSError as exc:  # a sink that cannot write (spool unwritable) logs and counts it itself
+                log.debug("sink %s: %s", getattr(sink, "name", type(sink).__name__), exc)
+                ok = False
             except Exception:  # one failing sink never stops the others
                 log.exception("sink %s failed", getattr(sink, "name", type(sink).__name__))
                 ok = False
