@@ -12,7 +12,7 @@ from agent.backends import get_backend
 from agent.backends.recorded import RecordedBackend
 from agent.backends.sim import SimBackend, TinyNode
 from agent.collectors import CollectorUnavailable
-from agent.collectors.gpu import GpuCollector
+from agent.collectors.gpu import SLOW_FIELD_IDS, GpuCollector
 from tests.conftest import FIXTURES
 
 REC = FIXTURES / "recordings"
@@ -161,8 +161,13 @@ def test_query_gate_remembers_what_is_not_supported():
     assert b.calls["nvmlDeviceGetRetiredPages"] == 2  # sbe and dbe, once each
     assert b.calls["nvmlDeviceGetNvLinkState"] == 18  # links probed on the first poll only
     assert b.calls["nvmlDeviceGetPowerUsage"] == 3
-    assert sorted(b.field_requests[0]) == [74, 82, 83, 186, 269, 270, 271]
-    assert b.field_requests[1] == b.field_requests[0]  # all of these are supported on the H200
+    fast = [r for r in b.field_requests if 74 in r]
+    slow = [r for r in b.field_requests if 169 in r]
+    assert sorted(fast[0]) == [74, 82, 83, 186, 269, 270, 271]
+    assert fast[1] == fast[0]  # all of these are supported on the H200
+    assert len(fast) == len(slow) == 3  # every poll is slow here: one batch of each
+    assert sorted(slow[0]) == sorted(SLOW_FIELD_IDS) and slow[2] == slow[0]
+    assert b.calls["nvmlDeviceGetMarginTemperature"] == 3  # fast tier
     c.close()
 
 
