@@ -16,7 +16,8 @@ from agent.collectors.gpu import SLOW_FIELD_IDS, GpuCollector
 from tests.conftest import FIXTURES
 
 REC = FIXTURES / "recordings"
-RECORDINGS = sorted(REC.rglob("*.json")) + sorted(REC.rglob("*.xml"))
+# whole-GPU recordings (the GPM probe records GPM beside a few values only: see tests/test_gpm.py)
+RECORDINGS = [p for p in sorted(REC.rglob("*.json")) + sorted(REC.rglob("*.xml")) if p.stem != "gpm_probe"]
 
 
 class Clock:
@@ -342,7 +343,8 @@ class LinkNode(TinyNode):
             for link, ls in enumerate(s["nvlink"]):
                 ls.update(up=int(link != 3), crc_flit_errors_total=1000 * s["index"] + link,
                           crc_data_errors_total=link + 1, replay_errors_total=2 * link,
-                          recovery_errors_total=link // 2)
+                          recovery_errors_total=link // 2, tx_data_bytes_total=1024 * (link + 1),
+                          rx_data_bytes_total=2048 * (link + 1))
         return out
 
 
@@ -376,7 +378,10 @@ def test_nvlink_counters_batched_in_field_values_with_the_per_call_fallback(link
     second = _links(c.collect(int(4000e9)))
     want = {(str(g), str(link)): {"up": int(link != 3), "crc_flit_errors_total": 1000 * g + link,
                                   "crc_data_errors_total": link + 1, "replay_errors_total": 2 * link,
-                                  "recovery_errors_total": link // 2}
+                                  "recovery_errors_total": link // 2,
+                                  # scoped field values only: absent where the batch is refused
+                                  **({"tx_data_bytes_total": 1024 * (link + 1),
+                                      "rx_data_bytes_total": 2048 * (link + 1)} if link_fields else {})}
             for g in range(2) for link in range(18)}
     assert first == want and second == want
     if link_fields:  # links 0..11 in the batch; 12..17 have no per-link field ids
