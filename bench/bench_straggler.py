@@ -70,8 +70,8 @@ def run_seed(seed: int, tmp: Path, nodes: int = 8, duration: str = "3h") -> dict
 
 
 def run(quick: bool) -> list[dict]:
-    seeds = [secrets.randbelow(2**31) for _ in range(3 if quick else 12)]
-    nodes, duration = (8, "3h") if quick else (16, "6h")
+    seeds = [secrets.randbelow(2**31) for _ in range(3 if quick else 10)]
+    nodes, duration = (8, "3h") if quick else (16, "4h")
     tot = {"gpm": [0, 0, 0], "no_gpm": [0, 0, 0]}
     with tempfile.TemporaryDirectory() as d:
         for seed in seeds:
