@@ -171,3 +171,40 @@ def test_sim_gpm_follows_the_workload_and_nvlink_rates_need_links():
     rows = _replay(c, 3, step=30.0)  # idle after 420 s of each 600 s cycle: not reached; check margin
     assert all(r["temperature_margin_celsius"] == 88 - r["temperature_gpu_celsius"] for r in rows)
     assert pynvml.NVML_GPM_METRIC_SM_UTIL == 2  # the metric ids the recordings are keyed by
+
+
+def test_gpm_check_prints_one_json_line_on_the_recorded_h200(tmp_path):
+    """bench/gpm_check.py (for a real GPU) end to end, with pynvml's calls answered by the recorded
+    H200 GPM probe in a child process: one JSON line with every section, within its time budget."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    code = f"""
+import runpy, sys
+import pynvml
+from agent.backends.recorded import RecordedBackend
+b = RecordedBackend({str(GPM_REC)!r})
+for n in dir(pynvml):
+    if n.startswith("nvml") and callable(getattr(pynvml, n)):
+        try:
+            setattr(pynvml, n, getattr(b, n))
+        except AttributeError:
+            pass
+pynvml.nvmlSystemGetDriverVersion = lambda: "recorded"
+sys.argv = ["gpm_check", "--polls", "3"]
+runpy.run_path({str(ROOT / "bench" / "gpm_check.py")!r}, run_name="__main__")
+"""
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    (line,) = r.stdout.strip().splitlines()
+    out = json.loads(line)
+    g = out["gpus"][0]
+    assert g["gpm_supported"] == 1 and len(g["gpm_metrics_ms"]) == 4
+    assert set(g["gpm_metrics"]) >= {"sm_active_ratio", "tensor_active_ratio", "dram_active_ratio"}
+    assert g["fields_slow"]["answers"]["169"] == [0, 1587]  # the recorded L0 -> recovery count
+    assert g["fields_pcie_bytes"]["answers"]["197"][0] == 0
+    cpu = out["cpu_ms_per_gpu_poll"]
+    assert all(isinstance(cpu[k], float) for k in ("collector_gpm_on", "collector_gpm_off", "bare_gpm_on"))
+    assert "fast_tier_over_bare_floor_gpm_on" in out and out["wall_s"] < 60
