@@ -1012,7 +1012,7 @@ GPU_GROUPS = (
     ("Utilization", ("utilization_gpu_ratio", "utilization_memory_ratio")),
     (
         "Activity (GPM): SM, tensor, DRAM",
-        ("graphics_active_ratio", "sm_active_ratio", "sm_occupancy_ratio", "tensor_active_ratio", "dram_active_ratio"),
+        ("sm_active_ratio", "sm_occupancy_ratio", "tensor_active_ratio", "dram_active_ratio"),
     ),
     (
         "PCIe and NVLink bandwidth (GPM)",

@@ -181,7 +181,6 @@ def lines(
                     "process_count": 1 if busy else 0,
                     "job_id": "4242" if busy else None,
                     # GPM as an H200 showed it under a bf16 GEMM (gpm_probe.json); 0 at idle
-                    "graphics_active_ratio": 0.99 * ratio if busy else 0.0,
                     "sm_active_ratio": round(0.95 * ratio + rng.uniform(-0.01, 0.01), 4) if busy else 0.0,
                     "sm_occupancy_ratio": 0.14 if busy else 0.0,
                     "tensor_active_ratio": round(0.92 * ratio + rng.uniform(-0.01, 0.01), 4) if busy else 0.0,

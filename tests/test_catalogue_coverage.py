@@ -87,7 +87,7 @@ def test_schema_doc_covers_every_field_and_the_incident_measurement():
 
 # The profiling-grade signals (GPM, thermal margin, PCIe link errors, perf-policy time) and what in
 # a recording carries each: present exactly where the recording has the data, absent elsewhere.
-GPM_FIELDS = ("graphics_active_ratio", "sm_active_ratio", "sm_occupancy_ratio", "tensor_active_ratio",
+GPM_FIELDS = ("sm_active_ratio", "sm_occupancy_ratio", "tensor_active_ratio",
               "dram_active_ratio", "pcie_tx_bytes_per_second", "pcie_rx_bytes_per_second")
 NVLINK_GPM = ("nvlink_tx_bytes_per_second", "nvlink_rx_bytes_per_second")
 

@@ -110,7 +110,6 @@ SLOW_FIELD_IDS = {
 }
 # GPM: NVML metric id -> catalogue field (a share or a rate over the interval between two samples).
 GPM_METRICS = {
-    E.NVML_GPM_METRIC_GRAPHICS_UTIL: "graphics_active_ratio",
     E.NVML_GPM_METRIC_SM_UTIL: "sm_active_ratio",
     E.NVML_GPM_METRIC_SM_OCCUPANCY: "sm_occupancy_ratio",
     E.NVML_GPM_METRIC_ANY_TENSOR_UTIL: "tensor_active_ratio",

@@ -30,23 +30,23 @@ _LOCKSTEP = np.zeros(len(PHASE_CODE), dtype=bool)
 for _p in ("compute", "memory", "eval"):
     _LOCKSTEP[PHASE_CODE[_p]] = True
 _MIB = 2**20
-# phase -> (graphics, SM, occupancy, tensor, DRAM shares; PCIe tx, rx MiB/s; NVLink each way B/s)
+# phase -> (SM, occupancy, tensor, DRAM shares; PCIe tx, rx MiB/s; NVLink each way B/s)
 _BY_PHASE = {
-    "idle": (0.0, 0.0, 0.0, 0.0, 0.0, 0.3, 0.07, 0.0),
-    "setup": (0.0, 0.0, 0.0, 0.0, 0.0, 0.3, 0.07, 0.0),
-    "compute": (0.99, 0.96, 0.14, 0.93, 0.16, 4.3, 12.5, 40e9),
-    "memory": (0.99, 0.98, 0.79, 0.0, 0.88, 10.2, 31.9, 10e9),
-    "comm": (0.62, 0.08, 0.02, 0.0, 0.05, 2.0, 2.0, 150e9),
-    "checkpoint": (0.04, 0.02, 0.01, 0.0, 0.03, 900.0, 40.0, 0.0),
-    "eval": (0.88, 0.80, 0.20, 0.60, 0.30, 6.0, 20.0, 20e9),
-    "collective_wait": (1.0, 0.03, 0.01, 0.0, 0.01, 0.3, 0.3, 2e9),
+    "idle": (0.0, 0.0, 0.0, 0.0, 0.3, 0.07, 0.0),
+    "setup": (0.0, 0.0, 0.0, 0.0, 0.3, 0.07, 0.0),
+    "compute": (0.96, 0.14, 0.93, 0.16, 4.3, 12.5, 40e9),
+    "memory": (0.98, 0.79, 0.0, 0.88, 10.2, 31.9, 10e9),
+    "comm": (0.08, 0.02, 0.0, 0.05, 2.0, 2.0, 150e9),
+    "checkpoint": (0.02, 0.01, 0.0, 0.03, 900.0, 40.0, 0.0),
+    "eval": (0.80, 0.20, 0.60, 0.30, 6.0, 20.0, 20e9),
+    "collective_wait": (0.03, 0.01, 0.0, 0.01, 0.3, 0.3, 2e9),
 }
-_TABLE = np.zeros((len(PHASE_CODE), 8))
+_TABLE = np.zeros((len(PHASE_CODE), 7))
 for _name, _row in _BY_PHASE.items():
     _TABLE[PHASE_CODE[_name]] = _row
 _WAIT_ROW = _TABLE[WAIT]
-FIELDS = ("graphics_active_ratio", "sm_active_ratio", "sm_occupancy_ratio", "tensor_active_ratio",
-          "dram_active_ratio", "pcie_tx_bytes_per_second", "pcie_rx_bytes_per_second",
+FIELDS = ("sm_active_ratio", "sm_occupancy_ratio", "tensor_active_ratio", "dram_active_ratio",
+          "pcie_tx_bytes_per_second", "pcie_rx_bytes_per_second",
           "nvlink_tx_bytes_per_second", "nvlink_rx_bytes_per_second", "temperature_margin_celsius")
 
 
@@ -55,7 +55,7 @@ def values(fl, rng: np.random.Generator, A: dict, jobs: np.ndarray) -> dict[str,
     ``temperature_gpu`` (``A``) and the GPUs' job ids."""
     phase = A["phase"].astype(np.int64)
     strag = A["strag"]
-    row = _TABLE[phase]  # (C, n, 8)
+    row = _TABLE[phase]  # (C, n, 7)
     # lockstep: each GPU computes s_min / s of the time, the slowest GPU of its job sets s_min
     frac = np.ones(phase.shape)
     lock = _LOCKSTEP[phase] & (jobs > 0)
@@ -66,15 +66,15 @@ def values(fl, rng: np.random.Generator, A: dict, jobs: np.ndarray) -> dict[str,
             frac = np.where(inj, np.minimum(s_min / strag, 1.0), frac)
     row = row * frac[..., None] + _WAIT_ROW * (1.0 - frac[..., None])
     noise = rng.normal(0.0, 0.004, phase.shape)
-    busy = row[..., 1] > 0
+    busy = row[..., 0] > 0
     out = {}
-    for i, name in enumerate(FIELDS[:5]):
-        v = row[..., i] + np.where(busy, noise, 0.0) if i in (1, 3) else row[..., i]
+    for i, name in enumerate(FIELDS[:4]):
+        v = row[..., i] + np.where(busy, noise, 0.0) if i in (0, 2) else row[..., i]
         out[name] = np.round(np.clip(v, 0.0, 1.0), 4)
-    out["pcie_tx_bytes_per_second"] = np.round(row[..., 5] * _MIB, 1)
-    out["pcie_rx_bytes_per_second"] = np.round(row[..., 6] * _MIB, 1)
+    out["pcie_tx_bytes_per_second"] = np.round(row[..., 4] * _MIB, 1)
+    out["pcie_rx_bytes_per_second"] = np.round(row[..., 5] * _MIB, 1)
     links = fl.model.nvlinks if hasattr(fl.model, "nvlinks") else 18
-    nv = np.where(links > 0, row[..., 7], 0.0)
+    nv = np.where(links > 0, row[..., 6], 0.0)
     out["nvlink_tx_bytes_per_second"] = np.round(nv, 0)
     out["nvlink_rx_bytes_per_second"] = np.round(nv, 0)
     margin = fl.model.t_slowdown - 1 - np.rint(A["temperature_gpu"])
