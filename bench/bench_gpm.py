@@ -175,6 +175,7 @@ def bare_cpu(backend, polls: int, gpm: bool, gap_s: float = 0.0, advance=None) -
 
 def run(quick: bool) -> list[dict]:
     from agent.backends.recorded import RecordedBackend
+    from agent.collectors.gpu import GPM_METRICS
 
     polls = 200 if quick else 2000
     rows = []
@@ -199,7 +200,8 @@ def run(quick: bool) -> list[dict]:
         rows.append(r)
 
     row("collector CPU per GPU poll, GPM off", res["coll_off"] * 1e6, "µs", note)
-    row("collector CPU per GPU poll, GPM on", res["coll_on"] * 1e6, "µs", "sample + metrics call (9 metrics)")
+    row("collector CPU per GPU poll, GPM on", res["coll_on"] * 1e6, "µs",
+        f"a sample + a metrics call ({len(GPM_METRICS)} metrics) per poll")
     row("  added by GPM", (res["coll_on"] - res["coll_off"]) * 1e6, "µs",
         "on an H200 the driver adds ~0.09 ms (sample) + 1-4 ms (metrics call)")
     row("bare NVML floor, same signal set, GPM on", res["bare_on"] * 1e6, "µs",
