@@ -60,6 +60,7 @@ SCHEMA: dict[str, dict[str, Spec]] = {
     "gpu": {
         "nvlink_interval": Spec("duration", 30.0, 0.0, 3600.0),
         "job_tags": Spec("strlist", [], choices=JOB_TAG_KEYS),
+        "gpm": Spec("bool", True),
     },
     "file": {
         "dir": Spec("path", f"{STATE_DIR}/telemetry"),

@@ -66,6 +66,8 @@ DETECTORS: dict[str, dict] = {
         "resolve_seconds": 3600.0,
         "clear_seconds": 600.0,  # judged at load without a hit this long before idle stops holding it
         "inlet_track_seconds": 14400.0,  # time constant of a host's tracked usual inlet (rack scope)
+        "urgent_seconds": 1800.0,  # thermal margin: throttling sooner than this makes the incident critical
+        "margin_trend_seconds": 600.0,  # thermal margin: its fall over this span gives the time to throttling
     },
     "nvlink_degradation": {
         "crc_rate_max": 100.0,
@@ -115,6 +117,8 @@ DETECTORS: dict[str, dict] = {
         "gap_seconds": 60.0,
         "resolve_seconds": 1800.0,
         "clear_seconds": 600.0,  # kept up with its peers this long before idle stops holding it
+        "peer_activity_min": 0.4,  # GPM: peers under this share of its SM activity waited: not the same work
+        "waiting_activity": 0.7,  # GPM: under this share of its peers' SM activity it is the one waiting
     },
 }
 

@@ -56,6 +56,8 @@ FIELDS: dict[str, set[str] | None] = {
         "up",
         "health_code",
         "job_id",
+        "sm_active_ratio",
+        "temperature_margin_celsius",
     },
     "host": set(),
     "bmc_sensor": {"value"},

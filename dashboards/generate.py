@@ -36,6 +36,7 @@ UCUM_TO_GRAFANA = {
     "Cel": "celsius",
     "MHz": "rotmhz",
     "By": "bytes",
+    "By/s": "Bps",
     "ns": "ns",
     "s": "s",
     "1": "none",
@@ -43,6 +44,7 @@ UCUM_TO_GRAFANA = {
 # A counter's rate: UCUM unit -> (per, divisor, Grafana unit of the rate)
 RATE_UNITS = {
     "J": ("1s", 1, "watt"),  # J/s is W
+    "By": ("1s", 1, "Bps"),  # bytes per second
     "ns": ("1s", 1_000_000_000, "percentunit"),  # ns of throttling per s = share of time
 }
 
@@ -684,6 +686,59 @@ def node() -> dict:
             unit=grafana_unit(metric(g, "utilization_gpu_ratio")),
         ),
         timeseries(
+            "SM activity (GPM)",
+            [per_gpu_mean("sm_active_ratio")],
+            w=8,
+            unit=grafana_unit(metric(g, "sm_active_ratio")),
+            description="Share of SMs busy (dcgm-exporter's SM_ACTIVE). At full utilization a GPU waiting "
+            "in a collective shows low SM activity; its job's peers stay high.",
+        ),
+        timeseries(
+            "Tensor pipe activity (GPM)",
+            [per_gpu_mean("tensor_active_ratio")],
+            w=8,
+            unit=grafana_unit(metric(g, "tensor_active_ratio")),
+            description=metric(g, "tensor_active_ratio").description,
+        ),
+        timeseries(
+            "DRAM activity (GPM)",
+            [per_gpu_mean("dram_active_ratio")],
+            w=8,
+            unit=grafana_unit(metric(g, "dram_active_ratio")),
+            description=metric(g, "dram_active_ratio").description,
+        ),
+        timeseries(
+            "NVLink bandwidth (GPM, TX + RX)",
+            [
+                target(
+                    f'SELECT mean({f(g, "nvlink_tx_bytes_per_second")}) + mean({f(g, "nvlink_rx_bytes_per_second")}) '
+                    f'FROM "gpu" WHERE {sel} {per_gpu}',
+                    alias="GPU $tag_gpu",
+                )
+            ],
+            w=8,
+            unit="Bps",
+        ),
+        timeseries(
+            "PCIe bandwidth (GPM, TX + RX)",
+            [
+                target(
+                    f'SELECT mean({f(g, "pcie_tx_bytes_per_second")}) + mean({f(g, "pcie_rx_bytes_per_second")}) '
+                    f'FROM "gpu" WHERE {sel} {per_gpu}',
+                    alias="GPU $tag_gpu",
+                )
+            ],
+            w=8,
+            unit="Bps",
+        ),
+        timeseries(
+            "Thermal margin (degrees to slowdown)",
+            [per_gpu_mean("temperature_margin_celsius", "min")],
+            w=8,
+            unit=grafana_unit(metric(g, "temperature_margin_celsius")),
+            description=metric(g, "temperature_margin_celsius").description,
+        ),
+        timeseries(
             "Power vs limit",
             [
                 per_gpu_mean("power_watts"),
@@ -955,6 +1010,15 @@ def node() -> dict:
 # field of the gpu measurement not named here lands in "Other signals", so nothing is left out.
 GPU_GROUPS = (
     ("Utilization", ("utilization_gpu_ratio", "utilization_memory_ratio")),
+    (
+        "Activity (GPM): SM, tensor, DRAM",
+        ("sm_active_ratio", "sm_occupancy_ratio", "tensor_active_ratio", "dram_active_ratio"),
+    ),
+    (
+        "PCIe and NVLink bandwidth (GPM)",
+        ("pcie_tx_bytes_per_second", "pcie_rx_bytes_per_second", "nvlink_tx_bytes_per_second", "nvlink_rx_bytes_per_second"),
+    ),
+    ("Thermal margin (degrees to the nearest slowdown limit)", ("temperature_margin_celsius",)),
     ("Power", ("power_watts", "power_instant_watts", "power_limit_watts")),
     ("Energy (rate = average power)", ("energy_joules_total",)),
     (
@@ -992,6 +1056,35 @@ GPU_GROUPS = (
     ("Clock event reasons (bitmask) and performance state", ("clock_event_reasons", "performance_state")),
     ("PCIe link", ("pcie_link_gen", "pcie_link_gen_max", "pcie_link_width", "pcie_link_width_max")),
     ("PCIe replays", ("pcie_replay_total",)),
+    (
+        "PCIe link errors (rate)",
+        (
+            "pcie_l0_to_recovery_total",
+            "pcie_correctable_errors_total",
+            "pcie_naks_received_total",
+            "pcie_receiver_errors_total",
+            "pcie_bad_tlp_total",
+            "pcie_naks_sent_total",
+            "pcie_bad_dllp_total",
+            "pcie_nonfatal_errors_total",
+            "pcie_fatal_errors_total",
+            "pcie_unsupported_requests_total",
+            "pcie_lcrc_errors_total",
+            "pcie_lane_errors_total",
+        ),
+    ),
+    (
+        "Perf-policy time (share of time, from the counters)",
+        (
+            "perf_policy_thermal_ns_total",
+            "perf_policy_sync_boost_ns_total",
+            "perf_policy_board_limit_ns_total",
+            "perf_policy_low_utilization_ns_total",
+            "perf_policy_reliability_ns_total",
+            "perf_policy_app_clocks_ns_total",
+            "perf_policy_base_clocks_ns_total",
+        ),
+    ),
     ("ECC errors (volatile, rate)", ("ecc_corrected_volatile_total", "ecc_uncorrected_volatile_total")),
     ("ECC errors (lifetime)", ("ecc_corrected_aggregate_total", "ecc_uncorrected_aggregate_total")),
     (
@@ -1098,6 +1191,25 @@ def gpu() -> dict:
             w=16,
             h=9,
             unit="cpm",
+        ),
+        timeseries(
+            "NVLink throughput per link",
+            [
+                target(
+                    "SELECT "
+                    + ", ".join(
+                        f'non_negative_derivative(last({f(nv, c)}), 1s) AS "{c}"'
+                        for c in ("tx_data_bytes_total", "rx_data_bytes_total")
+                    )
+                    + f' FROM "{nv}" WHERE {where} GROUP BY time($__interval), "link" fill(none)',
+                    alias="link $tag_link $col",
+                )
+            ],
+            w=24,
+            h=8,
+            unit="Bps",
+            description="From the per-link data counters (fields 138/139), read with the link rows; a link "
+            "far below its siblings carries less of the job's traffic.",
         ),
         table(
             "NVLink links down",

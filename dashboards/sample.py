@@ -60,6 +60,7 @@ def lines(
                 "ecc": 0,
                 "sbe": 0,
                 "links": [0] * links,
+                "link_bytes": [0] * links,
             }
     for s in range(steps):
         t = start_ns + s * step_s * 1_000_000_000
@@ -179,6 +180,18 @@ def lines(
                     "health_code": 0,
                     "process_count": 1 if busy else 0,
                     "job_id": "4242" if busy else None,
+                    # GPM as an H200 showed it under a bf16 GEMM (gpm_probe.json); 0 at idle
+                    "sm_active_ratio": round(0.95 * ratio + rng.uniform(-0.01, 0.01), 4) if busy else 0.0,
+                    "sm_occupancy_ratio": 0.14 if busy else 0.0,
+                    "tensor_active_ratio": round(0.92 * ratio + rng.uniform(-0.01, 0.01), 4) if busy else 0.0,
+                    "dram_active_ratio": 0.16 if busy else 0.0,
+                    "pcie_tx_bytes_per_second": 4.3 * 2**20 if busy else 0.3 * 2**20,
+                    "pcie_rx_bytes_per_second": 12.5 * 2**20 if busy else 0.07 * 2**20,
+                    "nvlink_tx_bytes_per_second": links * 6.5e9 if busy else 0.0,
+                    "nvlink_rx_bytes_per_second": links * 6.5e9 if busy else 0.0,
+                    "temperature_margin_celsius": 88 - temp,
+                    "perf_policy_low_utilization_ns_total": 0,
+                    "pcie_l0_to_recovery_total": 325 + s // 30,
                 }
                 unknown = set(fields) - {m.field for m in catalogue.fields("gpu")}
                 assert not unknown, unknown
@@ -205,6 +218,7 @@ def lines(
                     lk = st["links"]
                     if (host, g, link) == f.nvlink and frac >= 0.25:
                         lk[link] += int(1 + 40 * (frac - 0.25))
+                    st["link_bytes"][link] += int(6.5e9 * step_s) if busy else 0
                     add(
                         encode(
                             "gpu_nvlink",
@@ -215,6 +229,8 @@ def lines(
                                 "crc_data_errors_total": lk[link] // 3,
                                 "replay_errors_total": lk[link] // 5,
                                 "recovery_errors_total": lk[link] // 50,
+                                "tx_data_bytes_total": st["link_bytes"][link],
+                                "rx_data_bytes_total": st["link_bytes"][link],
                             },
                             t,
                         )

@@ -49,9 +49,10 @@ def test_every_emitted_field_is_declared_and_every_declared_one_emitted():
     for name, backend in sources():
         c = GpuCollector(backend)
         samples, problems = poll_once([c, HostCollector(first_sample_s=0.06)], now_ns=int(3700e9))
+        more, problems2 = poll_once([c], now_ns=int(3701e9))  # GPM: a metric needs two samples
         c.close()
-        assert problems == [], name
-        seen |= check(samples)
+        assert problems == [] and problems2 == [], name
+        seen |= check(samples) | check(more)
     for meas in OWN:
         declared = {m.field for m in catalogue.fields(meas)}
         emitted = {f for m, f in seen if m == meas}
@@ -82,3 +83,49 @@ def test_schema_doc_covers_every_field_and_the_incident_measurement():
     for m in catalogue.load():
         assert f"| `{m.field}` | {m.type} | `{m.unit}` |" in text
     assert "## incident" in text and "| `state` | string |" in text and "| `end_ns` | int | `ns` |" in text
+
+
+# The profiling-grade signals (GPM, thermal margin, PCIe link errors, perf-policy time) and what in
+# a recording carries each: present exactly where the recording has the data, absent elsewhere.
+GPM_FIELDS = ("sm_active_ratio", "sm_occupancy_ratio", "tensor_active_ratio",
+              "dram_active_ratio", "pcie_tx_bytes_per_second", "pcie_rx_bytes_per_second")
+NVLINK_GPM = ("nvlink_tx_bytes_per_second", "nvlink_rx_bytes_per_second")
+
+
+def _recorded_has(path) -> dict[str, bool]:
+    import json
+
+    if path.suffix != ".json":
+        return {"gpm": False, "margin": False, "slow_fields": False}
+    doc = json.loads(path.read_text())
+    if "rows" in doc:  # a GPM probe
+        return {"gpm": doc["gpm_supported"] == 1, "margin": False,
+                "slow_fields": all(doc["extra_fields"].get(str(f), [1])[0] == 0 for f in (75, 169, 183))}
+    fields = {int(e["id"]): e for e in doc["fields"].values()}
+    return {"gpm": False, "margin": bool(doc["calls"].get("nvmlDeviceGetMarginTemperature", {}).get("ok")),
+            "slow_fields": all(fields.get(f, {}).get("ret") == 0 for f in (75, 169, 183))}
+
+
+@pytest.mark.parametrize("path", RECORDINGS, ids=lambda p: p.name)
+def test_new_signals_present_exactly_where_the_recording_has_them(path):
+    from agent.collectors.gpu import SLOW_FIELD_IDS
+
+    has = _recorded_has(path)
+    c = GpuCollector(RecordedBackend(path))
+    rows = []
+    for t in (3700, 3701, 3702):
+        samples, problems = poll_once([c], now_ns=int(t * 1e9))
+        assert problems == []
+        rows.append([s.fields for s in samples if s.measurement == "gpu"])
+    c.close()
+    first, later = rows[0][0], rows[2][0]
+    for f in GPM_FIELDS:
+        assert f not in first  # one sample: no interval yet
+        assert (f in later) is has["gpm"], f
+    for f in NVLINK_GPM:  # no recording here has NVLink links: left out, not 0
+        assert f not in later
+    assert ("temperature_margin_celsius" in later) is has["margin"]
+    for name in SLOW_FIELD_IDS.values():  # slow tier: on the first poll
+        assert (name in first) is has["slow_fields"], name
+    if has["gpm"]:
+        assert 0.0 <= later["sm_active_ratio"] <= 1.0 and later["pcie_rx_bytes_per_second"] > 0

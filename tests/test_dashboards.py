@@ -22,6 +22,7 @@ GRAFANA_UNITS = {
     "celsius",
     "rotmhz",
     "bytes",
+    "Bps",  # data rate: bytes/sec (SI)
     "ns",
     "s",
     "none",

@@ -216,3 +216,28 @@ def test_preview_renders_from_the_same_queries(qf, tmp_path):
     assert [p.name for p in paths] == ["dash-incidents.png"]
     data = paths[0].read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+
+
+def test_gpm_margin_and_bandwidth_panels(qf):
+    """The dcgm-exporter-style panels: SM/tensor/DRAM activity, NVLink and PCIe bandwidth, thermal margin."""
+    th_host, th_gpu = sample.FAULTS.thermal
+    r = run(qf, "node", {"host": th_host})
+    sm = {s.tags["gpu"]: [v[1] for v in s.values if v[1] is not None]
+          for s in by_title(r, "SM activity (GPM)").series}
+    assert set(sm) == {"0", "1", "2", "3"} and all(max(v) > 0.9 for v in sm.values())
+    margin = {
+        s.tags["gpu"]: min(v[1] for v in s.values if v[1] is not None)
+        for s in by_title(r, "Thermal margin (degrees to slowdown)").series
+    }
+    assert min(margin, key=margin.get) == str(th_gpu) and margin[str(th_gpu)] <= 0  # at its slowdown limit
+    nv = [v[1] for s in by_title(r, "NVLink bandwidth (GPM, TX + RX)").series for v in s.values if v[1]]
+    assert max(nv) == 2 * 4 * 6.5e9
+    g = run(qf, "gpu", {"host": th_host, "gpu": str(th_gpu)})
+    act = rows(by_title(g, "Activity (GPM): SM, tensor, DRAM"))
+    assert max(x["tensor_active_ratio"] for x in act) > 0.9 and max(x["dram_active_ratio"] for x in act) < 0.2
+    link = rows(by_title(g, "NVLink throughput per link"))
+    assert {x["link"] for x in link} == {"0", "1", "2", "3"}
+    tx = [x["tx_data_bytes_total"] for x in link if x["tx_data_bytes_total"] is not None]
+    assert max(tx) == pytest.approx(6.5e9)
+    pcie = rows(by_title(g, "PCIe link errors (rate)"))
+    assert max(x["pcie_l0_to_recovery_total"] for x in pcie if x["pcie_l0_to_recovery_total"] is not None) > 0

@@ -12,11 +12,12 @@ from agent.backends import get_backend
 from agent.backends.recorded import RecordedBackend
 from agent.backends.sim import SimBackend, TinyNode
 from agent.collectors import CollectorUnavailable
-from agent.collectors.gpu import GpuCollector
+from agent.collectors.gpu import SLOW_FIELD_IDS, GpuCollector
 from tests.conftest import FIXTURES
 
 REC = FIXTURES / "recordings"
-RECORDINGS = sorted(REC.rglob("*.json")) + sorted(REC.rglob("*.xml"))
+# whole-GPU recordings (the GPM probe records GPM beside a few values only: see tests/test_gpm.py)
+RECORDINGS = [p for p in sorted(REC.rglob("*.json")) + sorted(REC.rglob("*.xml")) if p.stem != "gpm_probe"]
 
 
 class Clock:
@@ -161,8 +162,13 @@ def test_query_gate_remembers_what_is_not_supported():
     assert b.calls["nvmlDeviceGetRetiredPages"] == 2  # sbe and dbe, once each
     assert b.calls["nvmlDeviceGetNvLinkState"] == 18  # links probed on the first poll only
     assert b.calls["nvmlDeviceGetPowerUsage"] == 3
-    assert sorted(b.field_requests[0]) == [74, 82, 83, 186, 269, 270, 271]
-    assert b.field_requests[1] == b.field_requests[0]  # all of these are supported on the H200
+    fast = [r for r in b.field_requests if 74 in r]
+    slow = [r for r in b.field_requests if 169 in r]
+    assert sorted(fast[0]) == [74, 82, 83, 186, 269, 270, 271]
+    assert fast[1] == fast[0]  # all of these are supported on the H200
+    assert len(fast) == len(slow) == 3  # every poll is slow here: one batch of each
+    assert sorted(slow[0]) == sorted(SLOW_FIELD_IDS) and slow[2] == slow[0]
+    assert b.calls["nvmlDeviceGetMarginTemperature"] == 3  # fast tier
     c.close()
 
 
@@ -337,7 +343,8 @@ class LinkNode(TinyNode):
             for link, ls in enumerate(s["nvlink"]):
                 ls.update(up=int(link != 3), crc_flit_errors_total=1000 * s["index"] + link,
                           crc_data_errors_total=link + 1, replay_errors_total=2 * link,
-                          recovery_errors_total=link // 2)
+                          recovery_errors_total=link // 2, tx_data_bytes_total=1024 * (link + 1),
+                          rx_data_bytes_total=2048 * (link + 1))
         return out
 
 
@@ -371,7 +378,10 @@ def test_nvlink_counters_batched_in_field_values_with_the_per_call_fallback(link
     second = _links(c.collect(int(4000e9)))
     want = {(str(g), str(link)): {"up": int(link != 3), "crc_flit_errors_total": 1000 * g + link,
                                   "crc_data_errors_total": link + 1, "replay_errors_total": 2 * link,
-                                  "recovery_errors_total": link // 2}
+                                  "recovery_errors_total": link // 2,
+                                  # scoped field values only: absent where the batch is refused
+                                  **({"tx_data_bytes_total": 1024 * (link + 1),
+                                      "rx_data_bytes_total": 2048 * (link + 1)} if link_fields else {})}
             for g in range(2) for link in range(18)}
     assert first == want and second == want
     if link_fields:  # links 0..11 in the batch; 12..17 have no per-link field ids

@@ -8,6 +8,13 @@ alone (``nvmlDeviceGetPowerUsage``) or with its arguments (``nvmlDeviceGetTemper
 Field values (``nvmlDeviceGetFieldValues``) come from ``fields``: field id, or ``(field id, scope id)``
 for a scoped one (an NVLink link), -> (return code, value type, value), answered as real
 ``pynvml.c_nvmlFieldValue_t`` structures.
+
+**GPM** (``nvmlGpmQueryDeviceSupport``, ``nvmlGpmSampleAlloc``/``Get``/``Free``,
+``nvmlGpmMetricsGet``): a device whose answers hold ``"gpm"`` (NVML metric id -> value in NVML's
+units, percent or MiB/s, over the interval that ends at the sample) supports it; a sample is a
+real ``c_nvmlGpmSample_t`` pointer that records the device's ``"gpm"`` answer when taken, and a
+metrics call answers sample 2's values into pynvml's own ``c_nvmlGpmMetricsGet_t``. A device
+without ``"gpm"`` answers NotSupported. ``gpm_live`` counts the samples allocated and not freed.
 """
 
 from __future__ import annotations
@@ -110,6 +117,56 @@ class AnswerBackend:
         self.devices: list[DeviceAnswers] = []
         self.driver_version: str | None = None
         self.init_error: int | None = None
+        self._gpm: dict[int, list] = {}  # sample address -> [its buffer, (device index, values) or None]
+
+    # -- GPM -------------------------------------------------------------------------------
+    @property
+    def gpm_live(self) -> int:
+        return len(self._gpm)
+
+    def nvmlGpmQueryDeviceSupport(self, handle):
+        dev = self._device(handle)
+        if "gpm" not in dev.answers:
+            raise pynvml.NVMLError(NOT_SUPPORTED)
+        return pynvml.nvmlFriendlyObject({"version": 1, "isSupportedDevice": 1})
+
+    def nvmlGpmSampleAlloc(self):
+        buf = ctypes.create_string_buffer(8)
+        self._gpm[ctypes.addressof(buf)] = [buf, None]
+        return ctypes.cast(buf, pynvml.c_nvmlGpmSample_t)
+
+    def _gpm_entry(self, sample) -> list:
+        entry = self._gpm.get(ctypes.cast(sample, ctypes.c_void_p).value or 0)
+        if entry is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return entry
+
+    def nvmlGpmSampleFree(self, sample):
+        self._gpm_entry(sample)
+        del self._gpm[ctypes.cast(sample, ctypes.c_void_p).value]
+
+    def nvmlGpmSampleGet(self, handle, sample):
+        dev = self._device(handle)
+        entry = self._gpm_entry(sample)
+        values = dev.answers.get("gpm")
+        if values is None:
+            raise pynvml.NVMLError(NOT_SUPPORTED)
+        entry[1] = (handle.index, values)
+        return sample
+
+    def nvmlGpmMetricsGet(self, req):
+        one, two = self._gpm_entry(req.sample1)[1], self._gpm_entry(req.sample2)[1]
+        if one is None or two is None or one[0] != two[0]:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        values = two[1]
+        for i in range(int(req.numMetrics)):
+            m = req.metrics[i]
+            v = values.get(int(m.metricId))
+            if v is None:
+                m.nvmlReturn, m.value = NOT_SUPPORTED, 0.0
+            else:
+                m.nvmlReturn, m.value = pynvml.NVML_SUCCESS, float(v)
+        return req
 
     # -- library ---------------------------------------------------------------------------
     def nvmlInit(self):

@@ -7,6 +7,10 @@ Two recording shapes are read:
   ``NVML_FI_*`` id with its return code and value) and, optionally, ``procs`` (the GPU's
   processes with their ``SLURM_*`` environment and cgroup). A JSON object ``{"gpus": [dump, ...]}``
   holds several GPUs.
+- **GPM probe** (``h200/gpm_probe.json``): ``rows`` of GPM metrics (percent, MiB/s) once a
+  second beside utilization, power and SM clock, plus ``extra_fields`` (field id -> [return code,
+  value]). Replayed one row per poll (``begin_poll``; after the last row it starts again): a GPM
+  sample taken at a poll carries that row, which holds the metrics over the second before it.
 - **nvidia-smi XML** (``nvidia-smi -q -x``, schema v10..v13): one ``<gpu>`` element per GPU.
   Values are converted to what the NVML call behind them returns (W -> mW, MiB -> bytes,
   ``P8`` -> 8, Active flags -> the clock-event bitmask, µs counters -> ns field values).
@@ -72,6 +76,9 @@ class RecordedBackend(AnswerBackend):
         self.path = Path(path)
         self._procs = ProcTree()
         self._has_procs = False
+        self._frames: list[list[dict]] = []  # per device: answers replayed one per poll
+        self._frame = -1  # the first poll reads the first row
+        self._poll_ns: int | None = None
         if not self.path.is_file():
             raise GpufleetError(f"recording {self.path}: no such file")
         try:
@@ -95,12 +102,26 @@ class RecordedBackend(AnswerBackend):
     def proc_root(self) -> str | None:
         return self._procs.root if self._has_procs else None
 
+    def begin_poll(self, now_ns: int | None = None) -> None:
+        """A recording of several rows moves to its next row at each poll (a second call for the
+        same time is free); a single snapshot stays as it is."""
+        if not self._frames or (now_ns is not None and now_ns == self._poll_ns):
+            return
+        self._poll_ns = now_ns
+        self._frame += 1
+        for dev, frames in zip(self.devices, self._frames, strict=True):
+            if frames:
+                dev.answers.update(frames[self._frame % len(frames)])
+
     # -- NVML dumps ------------------------------------------------------------------------
     def _load_json(self, raw: bytes) -> None:
         try:
             data = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
             raise GpufleetError(f"recording {self.path}: garbled JSON ({exc})") from None
+        if isinstance(data, dict) and isinstance(data.get("rows"), list) and "gpm_supported" in data:
+            self._load_gpm_probe(data)
+            return
         dumps = data.get("gpus") if isinstance(data, dict) and "gpus" in data else [data]
         if not isinstance(dumps, list):
             raise GpufleetError(f"recording {self.path}: 'gpus' is not a list")
@@ -112,6 +133,40 @@ class RecordedBackend(AnswerBackend):
                 self.devices.append(self._dump_device(dump, n))
             except (TypeError, ValueError, KeyError, AttributeError) as exc:
                 raise GpufleetError(f"recording {self.path}: GPU #{n}: malformed entry ({exc})") from None
+
+    def _load_gpm_probe(self, data: dict) -> None:
+        from agent.collectors.gpu import GPM_METRICS
+
+        by_name = {name: mid for mid, name in GPM_METRICS.items()}
+        cols = {  # gpm_probe.json column -> the catalogue field of that GPM metric
+            "sm_util": "sm_active_ratio",
+            "sm_occupancy": "sm_occupancy_ratio", "any_tensor_util": "tensor_active_ratio",
+            "dram_bw_util": "dram_active_ratio", "pcie_tx_mib_s": "pcie_tx_bytes_per_second",
+            "pcie_rx_mib_s": "pcie_rx_bytes_per_second", "nvlink_tx_mib_s": "nvlink_tx_bytes_per_second",
+            "nvlink_rx_mib_s": "nvlink_rx_bytes_per_second"}
+        dev = DeviceAnswers()
+        if data.get("name"):
+            dev.answers["nvmlDeviceGetName"] = str(data["name"])
+        self.driver_version = data.get("driver")
+        try:
+            for fid, (ret, value) in (data.get("extra_fields") or {}).items():
+                dev.fields[int(fid)] = (int(ret), pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, int(value))
+            frames = []
+            for row in data["rows"]:
+                util = {"gpu": int(row["util_gpu"]), "memory": int(row["util_mem"])}
+                a = {"nvmlDeviceGetUtilizationRates": util,
+                     "nvmlDeviceGetPowerUsage": int(round(float(row["power_w"]) * 1000)),
+                     "nvmlDeviceGetClockInfo(1)": int(row["sm_mhz"])}
+                if int(data["gpm_supported"]) == 1:
+                    a["gpm"] = {by_name[f]: float(row[c]) for c, f in cols.items() if row.get(c) is not None}
+                frames.append(a)
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            raise GpufleetError(f"recording {self.path}: malformed GPM probe ({exc})") from None
+        if not frames:
+            raise GpufleetError(f"recording {self.path}: GPM probe without rows")
+        dev.answers.update(frames[0])
+        self.devices.append(dev)
+        self._frames.append(frames)
 
     @staticmethod
     def _result(entry):

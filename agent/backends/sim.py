@@ -27,6 +27,8 @@ import pynvml
 
 from agent.backends._proctree import ProcTree
 from agent.backends._replay import AnswerBackend, DeviceAnswers, Handle
+from agent.collectors.gpu import GPM_METRICS, NVLINK_THROUGHPUT, SLOW_FIELD_IDS
+from gpufleet import catalogue
 
 _U32, _U64 = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
 _FIELDS = (  # catalogue field -> (NVML field id, value type, factor to NVML units)
@@ -37,6 +39,7 @@ _FIELDS = (  # catalogue field -> (NVML field id, value type, factor to NVML uni
     ("temperature_memory_celsius", 82, _U32, 1),
     ("power_instant_watts", 186, _U32, 1000),
     ("energy_joules_total", 83, _U64, 1000),
+    *((name, fid, _U32 if fid >= 169 else _U64, 1) for fid, name in SLOW_FIELD_IDS.items()),
 )
 _CALLS = (  # catalogue field -> (NVML call key, factor to NVML units)
     ("power_watts", "nvmlDeviceGetPowerUsage", 1000),
@@ -62,7 +65,12 @@ _CALLS = (  # catalogue field -> (NVML call key, factor to NVML units)
     ("ecc_uncorrected_aggregate_total", "nvmlDeviceGetTotalEccErrors(1,1)", 1),
     ("retired_pages_pending", "nvmlDeviceGetRetiredPagesPendingStatus", 1),
     ("fan_speed_ratio", "nvmlDeviceGetFanSpeed", 100),
+    ("temperature_margin_celsius", "nvmlDeviceGetMarginTemperature", 1),
 )
+# GPM: catalogue field -> (NVML metric id, factor to NVML units: percent, MiB/s)
+_GPM = tuple((name, mid, 1.0 / catalogue.by_key()[("gpu", name)].scale) for mid, name in GPM_METRICS.items())
+# per-link throughput counters: catalogue field -> (field id, bytes per NVML unit)
+_LINK_IO = tuple((name, fid, unit) for name, (fid, unit) in NVLINK_THROUGHPUT.items())
 _FLAGS = (("clock_event_idle", 0x1), ("clock_event_sw_power_cap", 0x4), ("clock_event_hw_slowdown", 0x8),
           ("clock_event_sync_boost", 0x10), ("clock_event_sw_thermal", 0x20),
           ("clock_event_hw_thermal", 0x40), ("clock_event_hw_power_brake", 0x80))
@@ -138,6 +146,9 @@ def state_to_answers(s: dict, procs: ProcTree | None = None) -> DeviceAnswers:
         v = g(name)
         if v is not None:
             dev.fields[fid] = (pynvml.NVML_SUCCESS, vtype, _nvml(v, factor))
+    gpm = {mid: float(g(name)) * factor for name, mid, factor in _GPM if g(name) is not None}
+    if gpm:
+        a["gpm"] = gpm
     reasons = g("clock_event_reasons")
     if reasons is None and any(g(f) is not None for f, _ in _FLAGS):
         reasons = sum(bit for f, bit in _FLAGS if g(f))
@@ -180,6 +191,10 @@ def state_to_answers(s: dict, procs: ProcTree | None = None) -> DeviceAnswers:
                 a[key] = v = int(v)
                 if fid is not None:
                     fields[fid] = (_OK, _U64, v)
+        for name, fid, unit in _LINK_IO:
+            v = ls.get(name)
+            if v is not None:
+                fields[(fid, link)] = (_OK, _U64, int(v) // unit)
     return dev
 
 
@@ -397,6 +412,13 @@ class TinyNode:
     period_s = 600.0
     busy_s = 420.0
     links = 18
+    link_rate = 6.5e9  # bytes/s each way per NVLink link while the job runs (all-reduce traffic)
+    # PCIe link error counters as an idle H200 reported them (nvml_dump.json): constant here
+    pcie_errors = {"pcie_l0_to_recovery_total": 325, "pcie_correctable_errors_total": 0,
+                   "pcie_naks_received_total": 0, "pcie_receiver_errors_total": 45, "pcie_bad_tlp_total": 68,
+                   "pcie_naks_sent_total": 43, "pcie_bad_dllp_total": 3, "pcie_nonfatal_errors_total": 0,
+                   "pcie_fatal_errors_total": 0, "pcie_unsupported_requests_total": 0,
+                   "pcie_lcrc_errors_total": 0, "pcie_lane_errors_total": 55}
 
     def __init__(self, n_gpus: int = 8, t0: float | None = None, lost=(), stale=()):
         self.n = n_gpus
@@ -464,8 +486,27 @@ class TinyNode:
                 "process_count": 1 if busy else 0,
                 "job_id": str(4000 + job) if busy else None,
                 "nvlink": [{"up": 1, "crc_flit_errors_total": 0, "crc_data_errors_total": 0,
-                            "replay_errors_total": 0, "recovery_errors_total": 0}
+                            "replay_errors_total": 0, "recovery_errors_total": 0,
+                            "tx_data_bytes_total": int(busy_total * self.link_rate),
+                            "rx_data_bytes_total": int(busy_total * self.link_rate)}
                            for _ in range(self.links)],
+                # GPM over the last interval: a bf16 training step as the H200 showed it
+                # (gpm_probe.json: SM 96 %, tensor 93 %, DRAM 16 %), 0 at idle
+                "sm_active_ratio": 0.95 + 0.01 * wobble if busy else 0.0,
+                "sm_occupancy_ratio": 0.14 if busy else 0.0,
+                "tensor_active_ratio": 0.92 + 0.01 * wobble if busy else 0.0,
+                "dram_active_ratio": 0.16 if busy else 0.0,
+                "pcie_tx_bytes_per_second": (4.3 if busy else 0.3) * 2**20,
+                "pcie_rx_bytes_per_second": (12.5 if busy else 0.07) * 2**20,
+                "nvlink_tx_bytes_per_second": self.links * self.link_rate if busy else 0.0,
+                "nvlink_rx_bytes_per_second": self.links * self.link_rate if busy else 0.0,
+                "temperature_margin_celsius": 88 - round(temp),
+                "perf_policy_thermal_ns_total": 0, "perf_policy_sync_boost_ns_total": 0,
+                "perf_policy_board_limit_ns_total": 0, "perf_policy_reliability_ns_total": 0,
+                "perf_policy_low_utilization_ns_total": int((up_s - busy_total) * 1e9),
+                "perf_policy_app_clocks_ns_total": int(busy_total * 1e9),
+                "perf_policy_base_clocks_ns_total": int(busy_total * 1e9),
+                **self.pcie_errors,
             }
             out.append(s)
         return out

@@ -8,7 +8,17 @@
 - **Tiers**: the fast set is read every poll, the slow set (limits, thresholds, retired pages,
   remapped rows, processes and job) every ``slow_interval_s`` and on the first poll.
   ``nvmlDeviceGetFieldValues`` batches the throttle-time counters (fields 74, 269, 270, 271),
-  memory temperature (82), instant power (186) and the energy counter (83).
+  memory temperature (82), instant power (186) and the energy counter (83) in the fast tier, and
+  the PCIe link error counters (169, 173-183) and perf-policy time counters (75-81) in the slow
+  tier (a batch of 21 such ids took 6.7 ms on an H200: more than the whole fast poll). The
+  thermal margin (``nvmlDeviceGetMarginTemperature``, ~1-1.5 ms) is fast.
+- **GPM** (GPU Performance Monitoring, Hopper and newer): SM, tensor and DRAM activity, PCIe and
+  NVLink bandwidth, computed by ``nvmlGpmMetricsGet`` from this poll's sample and the previous
+  poll's (at least ``GPM_MIN_INTERVAL_S`` apart; the first poll only takes a sample). Absent on a
+  GPU that does not support it (never 0). One GPM call at a time per process (``_GPM_LOCK``);
+  the two samples of a GPU are allocated once and reused, and freed on close or when the GPU is
+  lost. On a GPU in MIG mode the device-level sample is what NVML gives for the whole GPU (where
+  it answers NotSupported there, GPM is left out); per-instance rows are not read.
 - **Per-GPU isolation**: each GPU is read by its own worker thread; a poll waits at most
   ``deadline_s`` in all. A GPU that misses the deadline is reported stale (``up=0``,
   ``health_code=1``), one that raises GpuIsLost lost (``health_code=2``); either is quarantined
@@ -74,6 +84,46 @@ NVLINK_COUNTERS = (
     ("recovery_errors_total", E.NVML_NVLINK_ERROR_DL_RECOVERY),
 )
 _COUNTER_ENUM = dict(NVLINK_COUNTERS)
+# Slow-tier field values: NVML field id -> catalogue field (PCIe link errors, perf-policy time).
+# The PCIe byte counters (197/198) are not read: they are 32-bit and wrap every ~0.07 s at
+# PCIe Gen5 x16 line rate, faster than any poll; GPM's PCIe rates replace them.
+SLOW_FIELD_IDS = {
+    75: "perf_policy_thermal_ns_total",
+    76: "perf_policy_sync_boost_ns_total",
+    77: "perf_policy_board_limit_ns_total",
+    78: "perf_policy_low_utilization_ns_total",
+    79: "perf_policy_reliability_ns_total",
+    80: "perf_policy_app_clocks_ns_total",
+    81: "perf_policy_base_clocks_ns_total",
+    169: "pcie_l0_to_recovery_total",
+    173: "pcie_correctable_errors_total",
+    174: "pcie_naks_received_total",
+    175: "pcie_receiver_errors_total",
+    176: "pcie_bad_tlp_total",
+    177: "pcie_naks_sent_total",
+    178: "pcie_bad_dllp_total",
+    179: "pcie_nonfatal_errors_total",
+    180: "pcie_fatal_errors_total",
+    181: "pcie_unsupported_requests_total",
+    182: "pcie_lcrc_errors_total",
+    183: "pcie_lane_errors_total",
+}
+# GPM: NVML metric id -> catalogue field (a share or a rate over the interval between two samples).
+GPM_METRICS = {
+    E.NVML_GPM_METRIC_SM_UTIL: "sm_active_ratio",
+    E.NVML_GPM_METRIC_SM_OCCUPANCY: "sm_occupancy_ratio",
+    E.NVML_GPM_METRIC_ANY_TENSOR_UTIL: "tensor_active_ratio",
+    E.NVML_GPM_METRIC_DRAM_BW_UTIL: "dram_active_ratio",
+    E.NVML_GPM_METRIC_PCIE_TX_PER_SEC: "pcie_tx_bytes_per_second",
+    E.NVML_GPM_METRIC_PCIE_RX_PER_SEC: "pcie_rx_bytes_per_second",
+    E.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC: "nvlink_tx_bytes_per_second",
+    E.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC: "nvlink_rx_bytes_per_second",
+}
+# NVLink rates only for a GPU with NVLink links (a GPU without answers 0, which is not a reading)
+GPM_NEEDS_LINKS = frozenset({"nvlink_tx_bytes_per_second", "nvlink_rx_bytes_per_second"})
+GPM_MIN_INTERVAL_S = 0.1  # NVML's floor between the two samples of a metrics call
+_GPM_LOCK = threading.Lock()  # one GPM call at a time in this process (concurrent calls are unsafe)
+_GPM_IDS = tuple(GPM_METRICS)
 MAX_LINKS = 18  # NVLink links per GPU up to Hopper; the first poll probes them
 # Per-link field ids of the NVLink error counters (NVML defines them for links 0..11): one
 # nvmlDeviceGetFieldValues call reads them all; links above 11, and any counter the batch answers
@@ -91,6 +141,10 @@ NVLINK_COUNTER_FIELDS = {(name, link): getattr(E, f"{prefix}{link}")
 # trained link) is up; inactive or traffic disabled is down.
 NVLINK_STATE_FIELD = E.NVML_FI_DEV_NVLINK_GET_STATE
 NVLINK_STATE_UP = {E.NVML_NVLINK_STATE_ACTIVE, E.NVML_NVLINK_STATE_SLEEP}
+# Per-link data throughput counters (KiB, 64-bit), read with the link rows, scoped to the link;
+# no per-call fallback: a link that answers NotSupported leaves them out.
+NVLINK_THROUGHPUT = {"tx_data_bytes_total": (E.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 1024),
+                     "rx_data_bytes_total": (E.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, 1024)}
 _VALUE_MEMBER = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 
 # nvmlFieldValue_t read in bulk: pynvml's structure classes answer every attribute through a
@@ -208,6 +262,11 @@ class _Gpu:
         self.absent: set[str] = set()  # calls this GPU does not support (cached after first try)
         self.logged: set[str] = set()
         self.field_ids: list[int] = list(FIELD_IDS)
+        self.slow_field_ids: list[int] = list(SLOW_FIELD_IDS)
+        self.gpm: bool | None = None  # GPM supported (None: not asked yet)
+        self.gpm_prev = None  # (sample, time) of the last GPM sample
+        self.gpm_spare = None  # an allocated sample waiting for reuse
+        self.gpm_reset = False  # drop gpm_prev before the next sample (time went back, GPU lost)
         self.links: list[int] | None = None  # NVLink links that answer, found on the first poll
         # NVLink batch: field requests, and what each answer is (link, field name; "up" = state)
         self.link_req: list = []
@@ -234,8 +293,9 @@ class GpuCollector:
     no error is lost, only resolution); ``jobs``: attribute GPUs to jobs; ``interval``: the agent's
     poll period, when known: the deadline is at most half of it; ``job_tags``: low-cardinality job
     labels to add as tags of the ``gpu`` row (``scheduler``, ``namespace``, ``partition``, ``user``;
-    see :func:`agent.jobs.job_tags`; empty: none); ``config``: the agent config, whose ``[gpu]``
-    section (``nvlink_interval``, ``job_tags``) overrides the keyword defaults.
+    see :func:`agent.jobs.job_tags`; empty: none); ``gpm``: read GPM metrics where
+    the GPU supports them; ``config``: the agent config, whose ``[gpu]`` section
+    (``nvlink_interval``, ``job_tags``, ``gpm``) overrides the keyword defaults.
 
     Cadences (slow tier, NVLink, retries) follow the tick's time, ``now_ns`` (a node played on a
     simulated fleet's clock keeps them in fleet time; time going backwards restarts them);
@@ -247,7 +307,7 @@ class GpuCollector:
     def __init__(self, backend="nvml", *, slow_interval_s: float = 60.0, deadline_s: float = 2.0,
                  retry_s: float = 30.0, nvlink: bool = True, nvlink_interval_s: float = 30.0,
                  jobs: bool = True, interval: float | None = None, config: dict | None = None,
-                 job_tags=(), clock=None):
+                 job_tags=(), clock=None, gpm: bool = True):
         if isinstance(backend, str):
             from agent.backends import get_backend
 
@@ -261,6 +321,8 @@ class GpuCollector:
         self.nvlink = nvlink
         gcfg = (config or {}).get("gpu") or {}
         self.nvlink_interval_s = float(gcfg.get("nvlink_interval", nvlink_interval_s))
+        self.gpm = bool(gcfg.get("gpm", gpm))
+        self._gpm_req = None  # the nvmlGpmMetricsGet request, built once (used under _GPM_LOCK)
         self._next_links = 0.0
         self.jobs = jobs
         from agent.jobs import check_tag_keys
@@ -328,6 +390,7 @@ class GpuCollector:
         for g in self._gpus or ():
             if g.worker:
                 g.worker.close()
+            self._gpm_release(g)
         if self._gpus is not None:
             try:
                 self.backend.nvmlShutdown()
@@ -337,8 +400,12 @@ class GpuCollector:
 
     # -- the query gate ----------------------------------------------------------------------
     def _q(self, g: _Gpu, key: str, fn, *args):
-        """Call ``fn(handle, *args)``; None when absent. Raises _Lost/_Stale for the GPU."""
+        """Call ``fn(handle, *args)``; None when absent. Raises _Lost/_Stale for the GPU.
+        ``fn`` None (a binding without that call) is absent too."""
         if key in g.absent:
+            return None
+        if fn is None:
+            g.absent.add(key)
             return None
         try:
             return fn(g.handle, *args)
@@ -372,7 +439,8 @@ class GpuCollector:
             f[name] = str(raw)
 
     # -- one GPU -----------------------------------------------------------------------------
-    def _read_gpu(self, g: _Gpu, slow: bool, now_ns: int, links: bool = True) -> list[Sample]:
+    def _read_gpu(self, g: _Gpu, slow: bool, now_ns: int, links: bool = True,
+                  now: float | None = None) -> list[Sample]:
         B, q, put = self.backend, self._q, self._put
         if g.handle is None:
             self._identify(g)
@@ -406,6 +474,8 @@ class GpuCollector:
         put(f, "ecc_uncorrected_volatile_total", q(g, "ecc_uv", B.nvmlDeviceGetTotalEccErrors,
                                                     UNC, E.NVML_VOLATILE_ECC))
         put(f, "fan_speed_ratio", q(g, "fan", B.nvmlDeviceGetFanSpeed))
+        put(f, "temperature_margin_celsius",
+            q(g, "margin_temperature", getattr(B, "nvmlDeviceGetMarginTemperature", None)))
         self._read_fields(g, f)
         if "energy_joules_total" not in f and 83 not in g.field_ids:
             put(f, "energy_joules_total", q(g, "energy", B.nvmlDeviceGetTotalEnergyConsumption))
@@ -416,23 +486,33 @@ class GpuCollector:
         f["up"] = 1
         f["health_code"] = 0
         tags = {**g.tags, **g.job_tags} if g.job_tags else g.tags
+        link_rows = self._read_nvlink(g, now_ns) if self.nvlink and (links or g.links is None) else []
+        if self.gpm and g.gpm is not False:
+            self._read_gpm(g, f, now_ns / 1e9 if now is None else now)
         out = [Sample("gpu", tags, f, now_ns, extra={"pci_bus_id": g.pci_bus_id, "pids": pids})]
-        if self.nvlink and (links or g.links is None):
-            out.extend(self._read_nvlink(g, now_ns))
+        out.extend(link_rows)
         return out
 
-    def _read_fields(self, g: _Gpu, f: dict) -> None:
-        if not g.field_ids:
+    def _read_fields(self, g: _Gpu, f: dict, slow: bool = False) -> None:
+        """One nvmlDeviceGetFieldValues batch: the fast ids, or (``slow``) the slow-tier ids.
+        An id the GPU does not support is dropped from its batch for good."""
+        ids, names = (g.slow_field_ids, SLOW_FIELD_IDS) if slow else (g.field_ids, FIELD_IDS)
+        if not ids:
             return
-        vals = self._q(g, "field_values", self.backend.nvmlDeviceGetFieldValues, g.field_ids)
-        if vals is None:
-            g.field_ids = []
-            return
+        vals = self._q(g, "slow_field_values" if slow else "field_values",
+                       self.backend.nvmlDeviceGetFieldValues, ids)
+        ids = [] if vals is None else self._field_answers(g, f, vals, names)
+        if slow:
+            g.slow_field_ids = ids
+        else:
+            g.field_ids = ids
+
+    def _field_answers(self, g: _Gpu, f: dict, vals, names: dict[int, str]) -> list[int]:
         keep = []
         for fid, ret, value in field_values(vals):
             if ret == E.NVML_SUCCESS:
                 keep.append(fid)
-                name = FIELD_IDS.get(fid)
+                name = names.get(fid)
                 if name:
                     self._put(f, name, value)
             elif ret in ABSENT:
@@ -444,10 +524,11 @@ class GpuCollector:
                 raise _Lost()
             else:
                 keep.append(fid)  # transient: ask again next poll
-        g.field_ids = keep
+        return keep
 
     def _read_slow(self, g: _Gpu, f: dict) -> list[int] | None:
         B, q, put = self.backend, self._q, self._put
+        self._read_fields(g, f, slow=True)
         lim = q(g, "power_limit", B.nvmlDeviceGetEnforcedPowerLimit)
         put(f, "power_limit_watts", lim)
         for name, th in (("temperature_slowdown_celsius", E.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN),
@@ -513,6 +594,94 @@ class GpuCollector:
                     log.debug("gpu %d: job tags lookup failed: %s", g.index, exc)
         return pids
 
+    # -- GPM -------------------------------------------------------------------------------
+    def _read_gpm(self, g: _Gpu, f: dict, now: float) -> None:
+        """This poll's GPM sample; with the previous one (>= GPM_MIN_INTERVAL_S before), the
+        metrics over the interval between them. A poll too close to the last sample reads nothing
+        (the older sample stays the interval's start)."""
+        B = self.backend
+        if g.gpm_reset:
+            self._gpm_release(g)
+        if g.gpm is None:
+            sup = self._q(g, "gpm_support", getattr(B, "nvmlGpmQueryDeviceSupport", None))
+            g.gpm = bool(sup is not None and int(getattr(sup, "isSupportedDevice", 0)))
+            if not g.gpm:
+                log.debug("gpu %d: GPM not supported; its metrics are left out", g.index)
+                return
+        prev = g.gpm_prev
+        if prev is not None and now - prev[1] < GPM_MIN_INTERVAL_S:
+            return
+        got = None
+        with _GPM_LOCK:
+            try:
+                cur = g.gpm_spare if g.gpm_spare is not None else B.nvmlGpmSampleAlloc()
+                g.gpm_spare = None
+                try:
+                    B.nvmlGpmSampleGet(g.handle, cur)
+                except E.NVMLError:
+                    g.gpm_spare = cur  # not taken: reuse the buffer next time
+                    raise
+                if prev is not None:
+                    got = self._gpm_metrics(prev[0], cur)
+            except E.NVMLError as exc:
+                self._gpm_error(g, exc)
+                return
+        if prev is not None:
+            g.gpm_spare = prev[0]
+        g.gpm_prev = (cur, now)
+        if got is None:
+            return
+        no_links = g.links is not None and not g.links  # probed: this GPU has no NVLink
+        for mid, ret, value in got:
+            name = GPM_METRICS[mid]
+            if ret != E.NVML_SUCCESS or value != value or (no_links and name in GPM_NEEDS_LINKS):
+                continue
+            self._put(f, name, value)
+
+    def _gpm_metrics(self, s1, s2) -> list[tuple[int, int, float]]:
+        """nvmlGpmMetricsGet over (s1, s2): [(metric id, return code, value), ...]. Under _GPM_LOCK."""
+        mg = self._gpm_req
+        if mg is None:
+            mg = E.c_nvmlGpmMetricsGet_t()
+            mg.version = E.NVML_GPM_METRICS_GET_VERSION
+            mg.numMetrics = len(_GPM_IDS)
+            for i, mid in enumerate(_GPM_IDS):
+                mg.metrics[i].metricId = mid
+            self._gpm_req = mg
+        mg.sample1, mg.sample2 = s1, s2
+        self.backend.nvmlGpmMetricsGet(mg)
+        out = []
+        for i, mid in enumerate(_GPM_IDS):
+            m = mg.metrics[i]
+            out.append((mid, int(m.nvmlReturn), float(m.value)))
+        return out
+
+    def _gpm_error(self, g: _Gpu, exc) -> None:
+        code = exc.value
+        if code in ABSENT:
+            log.log(logging.DEBUG if code == E.NVML_ERROR_NOT_SUPPORTED else logging.INFO,
+                    "gpu %d: GPM: %s; left out", g.index, exc)
+            g.gpm = False
+            self._gpm_release(g)
+            return
+        if code in LOST:
+            raise _Lost() from None
+        if code in STALE:
+            raise _Stale() from None
+        log.debug("gpu %d: GPM: %s; left out of this poll", g.index, exc)
+
+    def _gpm_release(self, g: _Gpu) -> None:
+        """Free this GPU's GPM samples (close, lost GPU, time going back)."""
+        g.gpm_reset = False
+        samples = [s for s in (g.gpm_prev[0] if g.gpm_prev else None, g.gpm_spare) if s is not None]
+        g.gpm_prev = g.gpm_spare = None
+        for smp in samples:
+            try:
+                with _GPM_LOCK:
+                    self.backend.nvmlGpmSampleFree(smp)
+            except E.NVMLError as exc:
+                log.debug("gpu %d: GPM sample free: %s", g.index, exc)
+
     def _read_nvlink(self, g: _Gpu, now_ns: int) -> list[Sample]:
         B, q = self.backend, self._q
         if g.links is None:  # first poll: find the links that answer, plan the batch
@@ -524,6 +693,7 @@ class GpuCollector:
             g.links = list(vals)
             self._plan_nvlink(g)
             calls = [(link, name) for link in g.links for name, _ in NVLINK_COUNTERS]
+            self._read_nvlink_throughput(g, vals)
         else:
             vals = {link: {} for link in g.links}
             self._read_nvlink_fields(g, vals)
@@ -556,7 +726,23 @@ class GpuCollector:
                 else:
                     req.append(fid)
                     what.append((link, name))
+            for name, (fid, _) in NVLINK_THROUGHPUT.items():
+                req.append((fid, link))
+                what.append((link, name))
         g.link_req, g.link_what, g.link_calls = req, what, calls
+
+    def _read_nvlink_throughput(self, g: _Gpu, vals: dict[int, dict[str, object]]) -> None:
+        """The first poll's per-link throughput counters (later polls read them in the batch)."""
+        req = [(fid, link) for link in g.links for fid, _ in NVLINK_THROUGHPUT.values()]
+        if not req:
+            return
+        got = self._q(g, "nvlink_throughput", self.backend.nvmlDeviceGetFieldValues, req)
+        if got is None:
+            return
+        names = [(link, name) for link in g.links for name in NVLINK_THROUGHPUT]
+        for (link, name), (_, ret, raw) in zip(names, field_values(got), strict=True):
+            if ret == E.NVML_SUCCESS:
+                vals[link][name] = int(raw) * NVLINK_THROUGHPUT[name][1]
 
     def _read_nvlink_fields(self, g: _Gpu, vals: dict[int, dict[str, object]]) -> None:
         """One nvmlDeviceGetFieldValues call for the planned link fields. What it does not support
@@ -565,7 +751,7 @@ class GpuCollector:
             return
         got = self._q(g, "nvlink_fields", self.backend.nvmlDeviceGetFieldValues, g.link_req)
         if got is None:
-            g.link_calls = list(g.link_what) + g.link_calls
+            g.link_calls = [w for w in g.link_what if w[1] not in NVLINK_THROUGHPUT] + g.link_calls
             g.link_req, g.link_what = [], []
             return
         moved = None
@@ -577,6 +763,8 @@ class GpuCollector:
                 raw = int(raw)
                 if name == "up":
                     vals[link]["up"] = 1 if raw in NVLINK_STATE_UP else 0
+                elif name in NVLINK_THROUGHPUT:
+                    vals[link][name] = raw * NVLINK_THROUGHPUT[name][1]
                 else:
                     vals[link][name] = raw
             elif ret in ABSENT:
@@ -585,7 +773,7 @@ class GpuCollector:
                 raise _Lost()
         if moved:
             log.debug("gpu %d: %d NVLink field values not supported; read one call each", g.index, len(moved))
-            g.link_calls = g.link_calls + [what[i] for i in moved]
+            g.link_calls = g.link_calls + [what[i] for i in moved if what[i][1] not in NVLINK_THROUGHPUT]
             drop = set(moved)
             g.link_req = [r for i, r in enumerate(g.link_req) if i not in drop]
             g.link_what = [w for i, w in enumerate(what) if i not in drop]
@@ -598,6 +786,7 @@ class GpuCollector:
         g.retry_at = now + self.retry_s
         if state == "lost":
             g.handle = None  # ask for a fresh handle on retry
+            g.gpm_reset = True  # samples of the old handle are freed by the next read
 
     def _down_row(self, g: _Gpu, now_ns: int) -> Sample:
         return Sample("gpu", {**g.tags, **g.job_tags}, {"up": 0, "health_code": HEALTH[g.state]}, now_ns,
@@ -611,6 +800,8 @@ class GpuCollector:
             self._next_slow = self._next_links = self._init_retry_at = 0.0
             for g in self._gpus or ():
                 g.retry_at = min(g.retry_at, now)
+                if g.gpm_prev is not None:  # the next sample starts afresh (no interval to measure)
+                    g.gpm_reset = True
         self._last_now = now
         begin = getattr(self.backend, "begin_poll", None)
         if begin is not None:  # the snapshot first: GPUs are identified at the tick's time
@@ -630,7 +821,7 @@ class GpuCollector:
                     self._mark(g, "stale", now)
                 rows[g.index] = [self._down_row(g, now_ns)]
                 continue
-            pending[g.worker.submit(self._read_gpu, g, slow, now_ns, links)] = g
+            pending[g.worker.submit(self._read_gpu, g, slow, now_ns, links, now)] = g
         done, not_done = cf.wait(pending, timeout=self.deadline_s)
         for fut in not_done:
             g = pending[fut]

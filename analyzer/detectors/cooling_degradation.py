@@ -14,6 +14,12 @@ peers say it should not has a cooling problem; the evidence says whether the hit
 throttling. When at least ``node_share`` of a node's GPUs (and ``node_min_gpus``) are hot in
 the same minute the hit moves to the node (gpu = null), and to the rack (host = null) when
 ``rack_min_nodes`` nodes of one rack are.
+
+**Time to throttling** (where the GPUs report ``temperature_margin_celsius``, degrees to the
+nearest slowdown limit): the margin's fall over the trailing ``margin_trend_seconds`` at the same
+power (within 10 %: a margin that moved with the load is no trend) gives the minutes left before
+the GPU throttles. A hit with less than ``urgent_seconds`` left is critical (act now, the job is
+about to slow down); otherwise the incident stays a warning. Both go in the evidence.
 """
 
 from __future__ import annotations
@@ -50,6 +56,8 @@ class CoolingDegradation(Detector):
         resolve_seconds=3600.0,
         clear_seconds=600.0,
         inlet_track_seconds=14400.0,
+        urgent_seconds=1800.0,
+        margin_trend_seconds=600.0,
     ):
         self.min_power_watts = min_power_watts
         self.min_learn_samples = min_learn_samples
@@ -69,6 +77,8 @@ class CoolingDegradation(Detector):
         self.resolve_seconds = resolve_seconds
         self.clear_seconds = clear_seconds
         self.inlet_track_seconds = inlet_track_seconds
+        self.urgent_seconds = urgent_seconds
+        self.margin_trend_seconds = margin_trend_seconds
 
     # ------------------------------------------------------------------ features
     def _inlet(self, window: Window) -> np.ndarray:
@@ -313,6 +323,7 @@ class CoolingDegradation(Detector):
         step = self._step_onset(tab, raw, thr)
         began = np.where(np.isfinite(step), step, began)
         self._began = np.where(hot & np.isfinite(began), began, tab.t)
+        self._margin, self._to_throttle = _time_to_throttle(tab, power, self.margin_trend_seconds)
         new = tab.in_window()
         hot &= new
         inlet_hits = self._inlet_hits(window)
@@ -496,8 +507,17 @@ class CoolingDegradation(Detector):
                 d["before_throttling"] = bool(below[i])
             if count is not None:
                 d["hot_gpus" if scope == "node" else "hot_nodes"] = int(count[j])
+            if margin is not None and np.isfinite(margin[i]):
+                d["signals"].append("temperature_margin_celsius")
+                d["temperature_margin_celsius"] = _r(margin[i])
+                d["minutes_to_throttling"] = _r(to_thr[i] / 60.0) if np.isfinite(to_thr[i]) else None
             return d
 
+        margin, to_thr = getattr(self, "_margin", None), getattr(self, "_to_throttle", None)
+        urgent = np.zeros(len(idx), bool)
+        if to_thr is not None and len(idx):
+            with np.errstate(invalid="ignore"):
+                urgent = to_thr[idx] <= self.urgent_seconds  # NaN (no margin): not urgent
         ev = Evidence(evidence, list(range(len(rows))))
         return Hits(
             self.kind,
@@ -506,7 +526,7 @@ class CoolingDegradation(Detector):
             np.full(len(idx), -1, np.int64),
             t,
             score,
-            np.zeros(len(idx), bool),
+            urgent,
             ev,
             None if racks is None else np.asarray(racks, np.int64),
             self._began[idx] if getattr(self, "_began", None) is not None else None,
@@ -527,6 +547,33 @@ def _recent_max(tab, v: np.ndarray, seconds: float, polls: int = 8) -> np.ndarra
 
 def _r(x):
     return None if not np.isfinite(x) else round(float(x), 2)
+
+
+def _time_to_throttle(tab, power: np.ndarray, seconds: float, polls: int = 90):
+    """Per row: the thermal margin (°C, carried forward) and the seconds left before it reaches 0
+    at its fall over the trailing ``seconds`` (inf: not falling; NaN: no margin, or no span of at
+    least half of ``seconds`` at the same power, within 10 %)."""
+    margin = tab.ffill("temperature_margin_celsius")
+    n = len(margin)
+    out = np.full(n, np.nan)
+    if not n or not np.isfinite(margin).any():
+        return margin, out
+    ent, t = tab.ent, tab.t
+    past_m, past_t, past_p = margin.copy(), t.copy(), power.copy()
+    for k in range(1, min(polls, n - 1) + 1):
+        near = (ent[k:] == ent[:-k]) & (t[k:] - t[:-k] <= seconds)
+        if not near.any():
+            break
+        past_m[k:] = np.where(near, margin[:-k], past_m[k:])
+        past_t[k:] = np.where(near, t[:-k], past_t[k:])
+        past_p[k:] = np.where(near, power[:-k], past_p[k:])
+    span = t - past_t
+    with np.errstate(invalid="ignore", divide="ignore"):
+        same_load = np.abs(power - past_p) <= 0.1 * np.maximum(power, past_p)
+        rate = (margin - past_m) / span  # °C/s; negative while the margin shrinks
+        ok = np.isfinite(margin) & np.isfinite(past_m) & (span >= seconds / 2) & same_load
+        out = np.where(ok, np.where(rate < 0, np.maximum(margin, 0.0) / -rate, np.inf), np.nan)
+    return margin, out
 
 
 def _distinct_count(inv: np.ndarray, ent: np.ndarray, mask: np.ndarray, n: int) -> np.ndarray:

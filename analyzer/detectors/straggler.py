@@ -9,6 +9,15 @@ Mahalanobis distance; a hit needs that distance above ``distance``, a clock at l
 ``min_slowdown`` below the peers', no thermal/brake reason, and persistence (the engine's dwell).
 The covariance is learned from the first window with enough busy rows (``fit_sample_``) and
 fitted when first needed: a fleet without a slow GPU never pays for the fit.
+
+**GPM evidence** (where the GPUs report ``sm_active_ratio``): the GPU's SM activity against its
+busy peers' median. A job meets at every collective, so a straggler keeps its peers waiting only
+the share of time it lags: they stay near its own activity (a GPU 13 % slow: peers at ~0.87 of
+it). A GPU whose peers sit far below it (under ``peer_activity_min`` of its activity) computed
+while they waited the whole interval (a rank with more work, a data-loader stall: the
+collective-wait nuisance): its clock below theirs is the power cap of the one GPU working, not a
+fault, so it is not a straggler. A GPU far below its peers (under ``waiting_activity``) is the
+one waiting: not a straggler either. Without GPM the clock evidence decides alone.
 """
 
 from __future__ import annotations
@@ -39,6 +48,8 @@ class Straggler(Detector):
         resolve_seconds=1800.0,
         poll_seconds=10.0,
         clear_seconds=600.0,
+        peer_activity_min=0.4,
+        waiting_activity=0.7,
     ):
         self.min_peers = min_peers
         self.min_slowdown = min_slowdown
@@ -50,6 +61,8 @@ class Straggler(Detector):
         self.resolve_seconds = resolve_seconds
         self.poll_seconds = poll_seconds
         self.clear_seconds = clear_seconds
+        self.peer_activity_min = peer_activity_min
+        self.waiting_activity = waiting_activity
 
     def _peers(self, window: Window):
         """Busy rows, and each row's peer group (job or node, and poll): (busy, group, n_groups)."""
@@ -152,17 +165,24 @@ class Straggler(Detector):
             return self._hold(window, tab, none, judged, [("gpu", tab.ent, none)])
         X, valid = self._features(window)
         sc = self.score(window)
-        candidate = valid & slow & ~explained
+        sm, _ = self._feature(window, "sm_active_ratio")  # NaN where the GPUs report no GPM
+        with np.errstate(invalid="ignore"):
+            not_same_work = (sm > -np.log(self.peer_activity_min)) | (sm < np.log(self.waiting_activity))
+        candidate = valid & slow & ~explained & ~not_same_work
         hit = candidate & (nz(sc) > self.distance)
 
         def ev(i):
-            return {
+            out = {
                 "signals": ["clock_sm_mhz", "power_watts", "utilization_gpu_ratio"],
                 "clock_vs_peers": round(float(np.exp(X[i, 0])), 3),
                 "power_vs_peers": round(float(np.exp(X[i, 1])), 3),
                 "robust_distance": round(float(sc[i]), 2),
                 "threshold_distance": self.distance,
             }
+            if np.isfinite(sm[i]):  # GPM: the peers wait on it for the share of time it lags
+                out["signals"].append("sm_active_ratio")
+                out["sm_active_vs_peers"] = round(float(np.exp(sm[i])), 3)
+            return out
 
         hit_new = hit & new
         held = self._hold(window, tab, hit_new, judged, [("gpu", tab.ent, hit_new)])

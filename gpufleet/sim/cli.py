@@ -17,7 +17,7 @@ from gpufleet.errors import GpufleetError
     "--scenario",
     default="healthy",
     show_default=True,
-    help="Built-in name (healthy, thermal, link, memory, sdc, mixed, chaos) or a TOML file.",
+    help="Built-in name (healthy, thermal, link, memory, sdc, mixed, chaos, straggler) or a TOML file.",
 )
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Output directory.")
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: on long runs).")

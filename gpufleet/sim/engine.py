@@ -24,6 +24,8 @@ from gpufleet import __version__, catalogue
 from gpufleet.errors import GpufleetError
 from gpufleet.lineprotocol import encode, escape_key, escape_measurement, format_value
 from gpufleet.records import Record, to_rfc3339
+from gpufleet.sim import activity
+from gpufleet.sim.activity import FIELDS as ACTIVITY_FIELDS
 from gpufleet.sim.fleet import Fleet
 from gpufleet.sim.physics import (
     HW_POWER_BRAKE,
@@ -65,6 +67,8 @@ SENSOR_KEYS = (
     "temperature_memory",
     "clock_sm",
     "reasons",
+    "phase",
+    "strag",
 )
 
 
@@ -135,6 +139,7 @@ SIM_GPU_FIELDS = {
     "job_id",
     "mig_mode",
     "mig_device_count",
+    *ACTIVITY_FIELDS,
 }
 
 
@@ -626,6 +631,7 @@ def gpu_values(
     for key, arr in B.items():
         if key != "energy_j":
             V[key] = arr
+    V.update(activity.values(fl, rng, A, jobs))  # GPM activity, bandwidth, thermal margin
     jid = [["" if j == 0 else "," + "job_id=" + format_value(str(j)) for j in row] for row in jobs.tolist()]
     V["job_id"] = jid
     return V

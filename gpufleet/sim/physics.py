@@ -36,6 +36,7 @@ PHASES = (
     ("comm", 62.0, 18.0, 230.0),  # communication waits
     ("checkpoint", 4.0, 3.0, 14.0),  # checkpoint stall
     ("eval", 88.0, 45.0, 520.0),  # evaluation
+    ("collective_wait", 100.0, 5.0, 150.0),  # spinning in a collective for peers (gpufleet.sim.activity)
 )
 PHASE_CODE = {p[0]: i for i, p in enumerate(PHASES)}
 _UTIL = np.array([p[1] for p in PHASES])
@@ -239,4 +240,6 @@ class Physics:
             "t_swth": self.t_swth.copy(),
             "t_hwth": self.t_hwth.copy(),
             "t_brake": self.t_brake.copy(),
+            "phase": phase.astype(np.float64),  # as run (after the collective-wait nuisance)
+            "strag": strag.copy(),
         }

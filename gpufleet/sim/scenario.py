@@ -15,7 +15,7 @@ from gpufleet.errors import GpufleetError
 from gpufleet.records import KINDS
 from gpufleet.sim.units import parse_duration, parse_time
 
-BUILTIN = ("healthy", "thermal", "link", "memory", "sdc", "mixed", "chaos")
+BUILTIN = ("healthy", "thermal", "link", "memory", "sdc", "mixed", "chaos", "straggler")
 
 FLEET = {
     "nodes": 8,
@@ -36,6 +36,7 @@ NUISANCES = {
     "late_batches": 0,
     "node_churn": 0,
     "background_sbe_per_gpu_day": 0.02,
+    "collective_waits": 0,  # episodes of a job waiting in a collective on one GPU (gpufleet.sim.activity)
 }
 MODES = {
     "cooling_degradation": ("gpu", "node", "rack"),
@@ -165,7 +166,7 @@ def parse(doc: dict, name: str, src: str) -> Scenario:
     _num(sc.telemetry, "missing_rate", src, 0, 0.5)
     for k in ("inlet_c", "inlet_diurnal_c", "inlet_drift_c", "background_sbe_per_gpu_day"):
         _num(sc.nuisances, k, src, 0, 60)
-    for k in ("driver_reloads", "agent_restarts", "late_batches", "node_churn"):
+    for k in ("driver_reloads", "agent_restarts", "late_batches", "node_churn", "collective_waits"):
         _num(sc.nuisances, k, src, 0, 100_000, integer=True)
     faults = doc.get("fault", [])
     if not isinstance(faults, list):

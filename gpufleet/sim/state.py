@@ -10,6 +10,7 @@ import hashlib
 
 import numpy as np
 
+from gpufleet.sim.activity import apply_waits
 from gpufleet.sim.fleet import Fault, Fleet
 from gpufleet.sim.physics import Physics
 
@@ -185,6 +186,7 @@ class SimState:
                 self._pcie(f, int(sel[0]), t, dt, rng)
             elif k == "nvlink_degradation":
                 self._nvlink(f, int(sel[0]), t, dt, rng, events)
+        phase = apply_waits(self.fleet, self.idx, t, phase)  # the collective-wait nuisance
         if self.bg_sbe > 0:
             hits = rng.random(n) < self.bg_sbe * dt
             if hits.any():
