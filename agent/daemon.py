@@ -24,6 +24,7 @@ import click
 from agent import config as agent_config
 from agent.model import Sample
 from gpufleet.errors import ConfigError, GpufleetError
+from gpufleet.secrets import read_secret
 
 log = logging.getLogger("gpufleet.agent")
 
@@ -91,10 +92,8 @@ class Agent:
         secret = None
         ix = cfg["influx"]
         if "influx" in exporters:
-            if ix["api"] == "v2":
-                secret = agent_config.read_secret(ix, "token_file", "token_env")
-            else:
-                secret = agent_config.read_secret(ix, "password_file", "password_env")
+            key = "token" if ix["api"] == "v2" else "password"
+            secret = read_secret(f"influx.{key}", ix[f"{key}_file"], ix[f"{key}_env"])
         self._closed = False
         self.collectors = self._build_collectors(cfg)
         sinks = []
