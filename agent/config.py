@@ -120,6 +120,7 @@ SCHEMA: dict[str, dict[str, Spec]] = {
         "replay": Spec("bool", False),
         "max_events": Spec("int", 1000, 1, 1_000_000),
         "wait_ms": Spec("int", 500, 10, 60_000),
+        "state_dir": Spec("path", f"{STATE_DIR}/xid"),
     },
     "canary": {
         "engine": Spec("choice", "auto", choices=("auto", "backend", "torch", "cupy", "numpy")),
