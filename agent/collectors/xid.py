@@ -618,7 +618,7 @@ class XidCollector:
             raise ConfigError(f"xid.kmsg: {kmsg[8:]} is not a directory")
         if kmsg and kmsg != "journal" and not kmsg.startswith("journal:") and not os.path.exists(kmsg):
             raise ConfigError(f"xid.kmsg: {kmsg} does not exist")
-        if state_dir:
+        if state_dir and kmsg:  # only the kernel log has a position to keep
             try:
                 os.makedirs(state_dir, exist_ok=True)
             except OSError as exc:  # e.g. the packaged default outside the unit, unprivileged
