@@ -5,7 +5,8 @@ the others), add the agent's own rows (``gpufleet_collector``, ``gpufleet_agent`
 the pipeline in one observation pass and collect OpenTelemetry once (exporters: ``file``,
 ``influx`` through the disk spool, ``otlp``). systemd: ``READY=1`` after the first successful
 poll, ``WATCHDOG=1`` after every completed tick, ``STATUS=`` a summary, ``STOPPING=1``.
-Signals: SIGHUP reloads the config (an invalid one is rejected, the old keeps running);
+Signals: SIGHUP reloads the config (an invalid one is rejected, the old keeps running;
+``RELOADING=1`` + ``MONOTONIC_USEC`` before, ``READY=1`` after either way);
 SIGTERM/SIGINT stop, flushing the spool as far as the backend allows within ``flush_timeout``
 (5 s), exit 0.
 """
@@ -303,27 +304,33 @@ class Daemon:
         self.wake.set()
 
     def reload(self) -> bool:
+        """SIGHUP: ``RELOADING=1`` (with ``MONOTONIC_USEC``, as systemd's ``Type=notify-reload``
+        protocol asks), the new config, then ``READY=1`` whether it was taken or rejected: the
+        unit never stays "reloading"."""
         self.notifier.reloading()
+        outcome = "configuration reloaded"
         try:
-            new_cfg = self.load_config()
-        except GpufleetError as exc:
-            log.error("reload rejected, the running configuration stays: %s", exc)
-            self.notifier.status(f"reload rejected: {exc}")
-            return False
-        old_cfg = self.cfg
-        self.agent.close(flush_timeout=1.0)
-        try:
-            self.agent = Agent(new_cfg)
-            self.cfg = new_cfg
-            _setup_logging(new_cfg["agent"]["log_level"])
-            log.info("configuration reloaded")
-            return True
-        except GpufleetError as exc:
-            log.error("reload rejected, the running configuration stays: %s", exc)
-            self.agent = Agent(old_cfg)
-            return False
+            try:
+                new_cfg = self.load_config()
+            except GpufleetError as exc:
+                log.error("reload rejected, the running configuration stays: %s", exc)
+                outcome = f"reload rejected: {exc}"
+                return False
+            old_cfg = self.cfg
+            self.agent.close(flush_timeout=1.0)
+            try:
+                self.agent = Agent(new_cfg)
+                self.cfg = new_cfg
+                _setup_logging(new_cfg["agent"]["log_level"])
+                log.info("configuration reloaded")
+                return True
+            except GpufleetError as exc:
+                log.error("reload rejected, the running configuration stays: %s", exc)
+                outcome = f"reload rejected: {exc}"
+                self.agent = Agent(old_cfg)
+                return False
         finally:
-            self.notifier.send("READY=1")
+            self.notifier.send("READY=1", f"STATUS={outcome}")
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_stop)
