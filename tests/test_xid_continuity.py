@@ -275,3 +275,39 @@ def test_without_a_kernel_log_nvml_xids_go_out_at_once():
         col.close()
 
 
+
+
+@needs_journal
+def test_the_agent_delivers_xids_logged_while_it_was_stopped_once(tmp_path):
+    """The real ``gpufleet agent run`` process, stopped and started again: the XID logged in
+    between reaches its output once, at the kernel's time; the one before is not repeated."""
+    from tests.test_agent_support import read_lp_dir, start_agent, stop_agent, wait_for
+
+    j = Journal(tmp_path / "journal")
+    cfg = tmp_path / "agent.toml"
+    cfg.write_text(f'[agent]\nbackend = "sim"\ninterval = 1\nhost = "n1"\ncollectors = ["xid"]\n'
+                   f'[xid]\nkmsg = "journal:{j.dir}"\nnvml_events = false\n'
+                   f'state_dir = "{tmp_path / "state"}"\n'
+                   f'[file]\ndir = "{tmp_path / "lp"}"\n')
+
+    def xids():
+        if not (tmp_path / "lp").is_dir():
+            return []
+        return [(p.fields["message"].split()[-1], p.time) for p in read_lp_dir(tmp_path / "lp")
+                if p.measurement == "gpu_event"]
+
+    t_a = j.kernel(xid("A"))
+    proc = start_agent(tmp_path, "--config", str(cfg))
+    try:
+        assert wait_for(lambda: xids(), 20), (tmp_path / "agent.log").read_text()[-2000:]
+        time.sleep(1.5)  # a tick or two more: nothing repeats
+        assert stop_agent(proc) == 0
+        t_b = j.kernel(xid("B", 48))  # while the agent is stopped
+        proc = start_agent(tmp_path, "--config", str(cfg))
+        assert wait_for(lambda: len(xids()) >= 2, 20), (tmp_path / "agent.log").read_text()[-2000:]
+        time.sleep(1.5)
+        assert stop_agent(proc) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert sorted(xids()) == [("A", t_a), ("B", t_b)]
