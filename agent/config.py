@@ -10,7 +10,6 @@ The reference is ``docs/agent.md``; ``packaging/config/agent.toml`` holds every 
 from __future__ import annotations
 
 import math
-import os
 import re
 import socket
 import tomllib
@@ -127,6 +126,7 @@ SCHEMA: dict[str, dict[str, Spec]] = {
         "replay": Spec("bool", False),
         "max_events": Spec("int", 1000, 1, 1_000_000),
         "wait_ms": Spec("int", 500, 10, 60_000),
+        "state_dir": Spec("path", f"{STATE_DIR}/xid"),
     },
     "canary": {
         "engine": Spec("choice", "auto", choices=("auto", "backend", "torch", "cupy", "numpy")),
@@ -391,26 +391,6 @@ def apply_overrides(cfg: dict, *, exporters: tuple[str, ...] = (), labels: tuple
         k, v = lab.split("=", 1)
         doc["labels"][k] = v
     return validate(doc)
-
-
-def read_secret(cfg_section: dict, file_key: str, env_key: str) -> str | None:
-    """The secret named by ``<x>_file`` (first line, stripped) or ``<x>_env``; None when neither."""
-    f, e = cfg_section.get(file_key) or "", cfg_section.get(env_key) or ""
-    if f:
-        try:
-            val = Path(f).read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"config key 'influx.{file_key}': cannot read {f}: "
-                              f"{exc.strerror or exc.__class__.__name__}") from None
-        if not val:
-            raise ConfigError(f"config key 'influx.{file_key}': {f} is empty")
-        return val
-    if e:
-        val = os.environ.get(e)
-        if not val:
-            raise ConfigError(f"config key 'influx.{env_key}': environment variable {e} is not set")
-        return val
-    return None
 
 
 def hostname(cfg: dict) -> str:

@@ -9,7 +9,8 @@ Degraded (the spool cannot be written: disk full, directory unusable): STATUS sa
 points are counted as dropped; past ``degraded_restart`` the pings stop, so systemd restarts the
 unit (without a watchdog the agent exits 1). The spool is owned by one agent (a lock taken first
 thing: a second agent on the same directory exits 2 at once).
-Signals: SIGHUP reloads the config (an invalid one is rejected, the old keeps running);
+Signals: SIGHUP reloads the config (an invalid one is rejected, the old keeps running;
+``RELOADING=1`` + ``MONOTONIC_USEC`` before, ``READY=1`` after either way);
 SIGTERM/SIGINT stop, flushing the spool as far as the backend allows within ``flush_timeout``
 (5 s), exit 0.
 """
@@ -28,6 +29,7 @@ import click
 from agent import config as agent_config
 from agent.model import Sample
 from gpufleet.errors import ConfigError, GpufleetError
+from gpufleet.secrets import read_secret
 
 log = logging.getLogger("gpufleet.agent")
 
@@ -95,10 +97,8 @@ class Agent:
         secret = None
         ix = cfg["influx"]
         if "influx" in exporters:
-            if ix["api"] == "v2":
-                secret = agent_config.read_secret(ix, "token_file", "token_env")
-            else:
-                secret = agent_config.read_secret(ix, "password_file", "password_env")
+            key = "token" if ix["api"] == "v2" else "password"
+            secret = read_secret(f"influx.{key}", ix[f"{key}_file"], ix[f"{key}_env"])
         self._closed = False
         self.collectors = self._build_collectors(cfg)
         sinks = []
@@ -320,27 +320,33 @@ class Daemon:
         self.wake.set()
 
     def reload(self) -> bool:
+        """SIGHUP: ``RELOADING=1`` (with ``MONOTONIC_USEC``, as systemd's ``Type=notify-reload``
+        protocol asks), the new config, then ``READY=1`` whether it was taken or rejected: the
+        unit never stays "reloading"."""
         self.notifier.reloading()
+        outcome = "configuration reloaded"
         try:
-            new_cfg = self.load_config()
-        except GpufleetError as exc:
-            log.error("reload rejected, the running configuration stays: %s", exc)
-            self.notifier.status(f"reload rejected: {exc}")
-            return False
-        old_cfg = self.cfg
-        self.agent.close(flush_timeout=1.0)
-        try:
-            self.agent = Agent(new_cfg)
-            self.cfg = new_cfg
-            _setup_logging(new_cfg["agent"]["log_level"])
-            log.info("configuration reloaded")
-            return True
-        except GpufleetError as exc:
-            log.error("reload rejected, the running configuration stays: %s", exc)
-            self.agent = Agent(old_cfg)
-            return False
+            try:
+                new_cfg = self.load_config()
+            except GpufleetError as exc:
+                log.error("reload rejected, the running configuration stays: %s", exc)
+                outcome = f"reload rejected: {exc}"
+                return False
+            old_cfg = self.cfg
+            self.agent.close(flush_timeout=1.0)
+            try:
+                self.agent = Agent(new_cfg)
+                self.cfg = new_cfg
+                _setup_logging(new_cfg["agent"]["log_level"])
+                log.info("configuration reloaded")
+                return True
+            except GpufleetError as exc:
+                log.error("reload rejected, the running configuration stays: %s", exc)
+                outcome = f"reload rejected: {exc}"
+                self.agent = Agent(old_cfg)
+                return False
         finally:
-            self.notifier.send("READY=1")
+            self.notifier.send("READY=1", f"STATUS={outcome}")
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_stop)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 
 log = logging.getLogger("gpufleet.agent.notify")
 
@@ -53,7 +54,10 @@ class Notifier:
         return self.send(f"STATUS={text}")
 
     def reloading(self) -> bool:
-        return self.send("RELOADING=1")
+        """``RELOADING=1`` with ``MONOTONIC_USEC`` (CLOCK_MONOTONIC, µs): systemd matches the
+        reload to the request by it; a ``READY=1`` must follow when the reload is done."""
+        usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+        return self.send("RELOADING=1", f"MONOTONIC_USEC={usec}")
 
     def stopping(self, status: str = "") -> bool:
         return self.send("STOPPING=1", *([f"STATUS={status}"] if status else []))

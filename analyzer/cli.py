@@ -26,16 +26,12 @@ def _shard(value: str | None):
 
 
 def _time(value: str, what: str) -> int:
-    """RFC 3339 or epoch seconds -> ns."""
-    from gpufleet.records import from_rfc3339
+    """RFC 3339 (no zone: UTC) or epoch seconds -> ns."""
+    from gpufleet.times import parse_time
 
     try:
-        return int(float(value) * 1e9)
-    except (ValueError, OverflowError):
-        pass
-    try:
-        return int(from_rfc3339(value) * 1e9)
-    except (ValueError, TypeError):
+        return int(parse_time(value, what) * 1e9)
+    except GpufleetError:
         raise ConfigError(
             f"{what} {value!r}: expected RFC 3339 (2026-11-26T03:00:00Z) or epoch seconds"
         ) from None

@@ -24,6 +24,7 @@ from pathlib import Path
 import click
 
 from gpufleet.errors import GpufleetError
+from gpufleet.times import parse_time
 
 SIM_ENV = ("GPUFLEET_SIM_SEED", "GPUFLEET_SIM_SCENARIO", "GPUFLEET_SIM_NODES", "GPUFLEET_SIM_GPUS_PER_NODE",
            "GPUFLEET_SIM_DURATION", "GPUFLEET_SIM_STEP", "GPUFLEET_SIM_T0")
@@ -184,7 +185,7 @@ def demo(nodes, gpus_per_node, duration, step, scenario, seed, out_dir, influx_u
     say(f"gpufleet demo: {nodes} nodes x {gpus_per_node} GPUs, scenario {scenario}, {duration} at {step} "
         f"(seed {seed}) -> {out}/")
     manifest, labels = _generate(out, nodes, gpus_per_node, duration, step, seed, scenario)
-    t0 = records.from_rfc3339(manifest["start"])
+    t0 = parse_time(manifest["start"])
     steps = int(manifest["steps"])
     hosts = manifest["fleet"]["hosts"]
     truth_path = out / "fleet" / "truth.jsonl"

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 
 from gpufleet.errors import GpufleetError
+from gpufleet.times import parse_time, to_rfc3339  # noqa: F401 (to_rfc3339: re-exported)
 
 KINDS = (
     "thermal_throttle",
@@ -27,20 +27,9 @@ KINDS = (
 SEVERITIES = ("critical", "warning")
 
 
-def to_rfc3339(t: float | None) -> str | None:
-    """Seconds since the epoch -> RFC 3339 UTC ('2026-11-26T03:00:00Z'); None stays None."""
-    if t is None:
-        return None
-    dt = datetime.fromtimestamp(t, UTC)
-    if dt.microsecond:
-        return dt.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    return dt.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def from_rfc3339(s: str | None) -> float | None:
-    if s is None:
-        return None
-    return datetime.fromisoformat(s.replace("Z", "+00:00")).astimezone(UTC).timestamp()
+    """:func:`gpufleet.times.parse_time` that lets None through (a record's open end)."""
+    return None if s is None else parse_time(s)
 
 
 @dataclass

@@ -5,10 +5,17 @@
 # service users and enable nothing.
 #
 #   packaging/build-deb.sh [--extras agent|all|agent,otlp] [--out DIR] [--python PYTHON]
-#                          [--compress xz|gzip|zstd|none] [--revision N]
+#                          [--compress xz|gzip|zstd|none] [--revision N] [--wheels DIR]
 #
 # Prints the path of the .deb on the last line of stdout. Runs as any user (fakeroot is used
 # when not root); needs python3-venv and dpkg-deb.
+#
+# The third-party packages come from the hashed lock file of the extras
+# (packaging/locks/<extras, sorted, joined by +>.txt, refreshed by packaging/lock.sh): downloaded
+# with pip --require-hashes, then installed from that directory alone, so two builds of one
+# commit ship the same files. --wheels DIR only downloads the locked set into DIR and prints
+# "sha256  file" for each (what a build would install); the package lists the same in
+# /usr/share/doc/gpufleet/wheels.sha256.
 set -euo pipefail
 
 SRC=$(cd "$(dirname "$0")/.." && pwd)
@@ -17,6 +24,7 @@ OUT="$SRC/dist"
 PYTHON=/usr/bin/python3
 COMPRESS=xz
 REVISION=1
+WHEELS_ONLY=""
 PREFIX=/opt/gpufleet
 UNITDIR=/lib/systemd/system   # Debian 12 ships units below /lib (usrmerge moratorium)
 
@@ -29,12 +37,13 @@ while [ $# -gt 0 ]; do
         --python) PYTHON=${2:?}; shift 2 ;;
         --compress) COMPRESS=${2:?}; shift 2 ;;
         --revision) REVISION=${2:?}; shift 2 ;;
+        --wheels) WHEELS_ONLY=${2:?}; shift 2 ;;
         -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         *) die "unknown argument: $1" ;;
     esac
 done
 
-case "$EXTRAS" in *[!a-z,]*|"") die "--extras must be a comma-separated list such as agent or all" ;; esac
+case "$EXTRAS" in *[!a-z,-]*|"") die "--extras must be a comma-separated list such as agent or all" ;; esac
 case "$COMPRESS" in xz|gzip|zstd|none) ;; *) die "--compress must be xz, gzip, zstd or none" ;; esac
 command -v dpkg-deb >/dev/null || die "dpkg-deb not found (apt-get install dpkg)"
 [ -x "$PYTHON" ] || die "python not found: $PYTHON"
@@ -42,6 +51,10 @@ command -v dpkg-deb >/dev/null || die "dpkg-deb not found (apt-get install dpkg)
 "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null || die "$PYTHON has no venv/ensurepip (apt-get install python3-venv)"
 
 PYVER=$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+LOCK="$SRC/packaging/locks/$(printf '%s\n' ${EXTRAS//,/ } | sort -u | paste -sd+ -).txt"
+[ -f "$LOCK" ] || die "no lock file for extras $EXTRAS ($LOCK); locked: $(cd "$SRC/packaging/locks" && ls -- *.txt | sed 's/\.txt$//; s/+/,/g' | paste -sd' ' -)"
+LOCKPY=$(sed -n 's/^#.*(python \([0-9][0-9.]*\),.*/\1/p' "$LOCK" | head -n 1)
+[ "$LOCKPY" = "$PYVER" ] || die "$LOCK is resolved for python ${LOCKPY:-?}, $PYTHON is $PYVER (PYVER=$PYVER packaging/lock.sh)"
 VERSION=$("$PYTHON" -c "import re,sys; print(re.search(r'__version__ = \"([^\"]+)\"', open(sys.argv[1]).read())[1])" \
     "$SRC/gpufleet/__init__.py")
 ARCH=$(dpkg --print-architecture)
@@ -62,9 +75,27 @@ if git -C "$SRC" rev-parse --git-dir >/dev/null 2>&1; then
 else
     tar -C "$SRC" --exclude=./.venv --exclude=./dist --exclude=./build -cf - . | tar -C "$WORK/src" -xf -
 fi
+# The locked third-party set: downloaded with every file's hash checked, then installed from that
+# directory alone (no index), then gpufleet itself without dependencies.
+WHEELS="$WORK/wheels"
+download_locked() {  # $1: a python with pip, $2: directory
+    "$1" -m pip download --quiet --require-hashes --no-deps --dest "$2" -r "$LOCK" >&2 \
+        || die "downloading the locked packages failed ($LOCK)"
+}
+if [ -n "$WHEELS_ONLY" ]; then
+    "$(readlink -f "$PYTHON")" -m venv "$WORK/dl"
+    mkdir -p "$WHEELS_ONLY"
+    download_locked "$WORK/dl/bin/python" "$WHEELS_ONLY"
+    (cd "$WHEELS_ONLY" && sha256sum -- * | sort -k 2)
+    exit 0
+fi
 # The venv links to the versioned interpreter (python3.11), which is what the package depends on.
 "$(readlink -f "$PYTHON")" -m venv "$VENV"
-"$VENV/bin/python" -m pip install --quiet --no-compile --no-warn-script-location "$WORK/src[$EXTRAS]" >&2
+download_locked "$VENV/bin/python" "$WHEELS"
+"$VENV/bin/python" -m pip install --quiet --no-compile --no-warn-script-location --no-index \
+    --find-links "$WHEELS" --require-hashes --no-deps -r "$LOCK" >&2
+"$VENV/bin/python" -m pip install --quiet --no-compile --no-warn-script-location --no-deps "$WORK/src" >&2
+"$VENV/bin/python" -m pip check >&2 || die "the locked set does not satisfy gpufleet[$EXTRAS] (packaging/lock.sh)"
 "$VENV/bin/python" -m pip uninstall --quiet --yes pip setuptools >&2 2>/dev/null || true
 rm -f "$VENV"/bin/pip "$VENV"/bin/pip3* "$VENV"/bin/Activate.ps1
 # Scripts carry the staging path in their shebang, the activate scripts in VIRTUAL_ENV.
@@ -108,6 +139,7 @@ done
 for rb in "$SRC"/docs/runbooks/*.md; do
     [ -e "$rb" ] && install -D -m 0644 "$rb" "$DOC/runbooks/$(basename "$rb")"
 done
+(cd "$WHEELS" && sha256sum -- * | sort -k 2) > "$DOC/wheels.sha256"  # what the venv was built from
 cat > "$DOC/copyright" <<COPY
 Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/
 Upstream-Name: gpufleet

@@ -62,14 +62,15 @@ def test_bad_values_name_the_key(text, key):
 
 
 def test_secret_from_file_and_env(tmp_path, monkeypatch):
+    from gpufleet.secrets import read_secret
+
     f = tmp_path / "tok"
     f.write_text("t0k\n")
-    keys = ("token_file", "token_env")
-    assert config.read_secret({"token_file": str(f), "token_env": ""}, *keys) == "t0k"
+    assert read_secret("influx.token", str(f), "") == "t0k"
     monkeypatch.setenv("GF_TOKEN", "envtok")
-    assert config.read_secret({"token_file": "", "token_env": "GF_TOKEN"}, *keys) == "envtok"
-    with pytest.raises(ConfigError, match="token_file"):
-        config.read_secret({"token_file": str(tmp_path / "missing"), "token_env": ""}, *keys)
+    assert read_secret("influx.token", "", "GF_TOKEN") == "envtok"
+    with pytest.raises(ConfigError, match="influx.token_file"):
+        read_secret("influx.token", str(tmp_path / "missing"), "")
 
 
 _scalar = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12),

@@ -32,7 +32,8 @@ def test_bad_sinks_are_config_errors_naming_them(tmp_path, monkeypatch):
         match="--sink pagerduty: missing routing_key")
     err([{"type": "pagerduty", "routing_key": "abc"}],
         match="'routing_key' must not be written in the config")
-    err([{"type": "pagerduty", "routing_key_env": "NOPE_UNSET"}], match="NOPE_UNSET (routing_key) is not set")
+    err([{"type": "pagerduty", "routing_key_env": "NOPE_UNSET"}],
+        match="routing_key_env: environment variable NOPE_UNSET is not set")
     err([{"type": "webhook", "url": "http://h", "secret_file": str(tmp_path / "none")}], match="cannot read")
     (tmp_path / "empty").write_text("\n")
     err([{"type": "webhook", "url": "http://h", "secret_file": str(tmp_path / "empty")}], match="is empty")

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from agent.model import Sample, register
 from gpufleet.errors import ConfigError, GpufleetError
+from gpufleet.secrets import read_secret
 
 
 class IpmiError(GpufleetError):
@@ -117,20 +118,6 @@ def _sensor_type_tag(t: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", t.strip().lower()).strip("_") or "other"
 
 
-def _read_secret(password, password_file, password_env) -> str | None:
-    if password_file:
-        try:
-            return Path(password_file).read_text().strip()
-        except OSError as exc:
-            raise ConfigError(f"ipmi.password_file: cannot read {password_file}: {exc.strerror}") from None
-    if password_env:
-        v = os.environ.get(password_env)
-        if v is None:
-            raise ConfigError(f"ipmi.password_env: environment variable {password_env} is not set")
-        return v
-    return password
-
-
 def section_options(config, name: str, func, given: dict, aliases: dict | None = None) -> dict:
     """Options from the agent config's ``[name]`` section for the constructor ``func``.
 
@@ -182,7 +169,7 @@ class IpmiCollector:
         self._clock = clock
         self._own_dir = tempfile.mkdtemp(prefix="gpufleet-ipmi-")
         self.cache_dir = cache_dir or self._own_dir
-        secret = _read_secret(password, password_file, password_env)
+        secret = read_secret("ipmi.password", password_file, password_env) or password
         self._secret = secret or ""
         conf = Path(self._own_dir) / "freeipmi.conf"
         lines = []

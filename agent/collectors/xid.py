@@ -7,8 +7,13 @@
    up until the next ``collect``.
 2. **Kernel log** (``source=kmsg``): ``NVRM: Xid (PCI:0000:xx:00): N, ...`` lines read without
    blocking from ``/dev/kmsg`` (kernel timestamps kept), a file that is appended to (``tail -f``
-   semantics, rotation and truncation followed), a FIFO, or ``journalctl -k -f -o cat``. This
-   path needs no NVML at all, so XIDs are still caught when NVML is wedged.
+   semantics, rotation and truncation followed), a FIFO, or the journal
+   (``journalctl _TRANSPORT=kernel -f -o json``, kernel timestamps kept). This path needs no
+   NVML at all, so XIDs are still caught when NVML is wedged. With a ``state_dir`` the journal
+   cursor / ``/dev/kmsg`` sequence number is kept across restarts: XIDs logged while the agent
+   was stopped are delivered at its next start, once.
+
+An XID seen by both paths is one row (the kernel log's); see :class:`XidCollector`.
 
 Each event becomes one row: tags gpu/uuid/model (mapped from the PCI bus id through the
 backend's ``nvmlDeviceGetPciInfo``; left out when the address is not one of this node's GPUs),
@@ -131,30 +136,196 @@ def normalise_pci(bus_id: str | bytes) -> str:
 
 
 # ------------------------------------------------------------------------------- log sources
-class LogSource:
-    """Non-blocking reader of kernel log lines from a path or ``journal``.
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+JOURNAL_FIELDS = "MESSAGE,_SOURCE_MONOTONIC_TIMESTAMP"  # __CURSOR and the timestamps always come
 
-    ``/dev/kmsg`` (or any character device): records, starting at the end unless ``replay``.
-    A regular file: appended lines, from its end unless ``replay``; a rotated (new inode) or
-    truncated file is reopened from its start. A FIFO: whatever writers send.
-    ``journal``: ``journalctl -k -f -o cat -n 0`` as a child process, restarted if it dies.
+
+def boot_id() -> str:
+    try:
+        return Path(BOOT_ID).read_text().strip().replace("-", "")
+    except OSError:
+        return ""
+
+
+def machine_id() -> str:
+    try:
+        return Path("/etc/machine-id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def kmsg_seq(line: str) -> int | None:
+    """The sequence number of a ``/dev/kmsg`` record ``prio,seq,usec,flags;text``."""
+    head, sep, _ = line.partition(";")
+    parts = head.split(",", 2)
+    if sep and len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit():
+        return int(parts[1])
+    return None
+
+
+def journal_entry(line: bytes | str) -> tuple[str, int | None, str | None] | None:
+    """One ``journalctl -o json`` line -> (MESSAGE, the kernel's time in ns, ``__CURSOR``).
+
+    The kernel's time is its own stamp (``_SOURCE_MONOTONIC_TIMESTAMP``, µs since that entry's
+    boot) placed on the wall clock through the entry's own realtime/monotonic pair, which holds
+    for entries of an earlier boot too; without it, journald's receive time.
+    """
+    import json
+
+    try:
+        e = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(e, dict):
+        return None
+    msg = e.get("MESSAGE")
+    if isinstance(msg, list):  # journald's JSON for binary data (bytes) or a repeated field
+        msg = bytes(msg).decode("utf-8", "replace") if all(isinstance(b, int) for b in msg) \
+            else str(msg[0]) if msg else ""
+    if not isinstance(msg, str):
+        return None
+
+    def num(key):
+        v = e.get(key)
+        return int(v) if isinstance(v, str) and v.isdigit() else None
+
+    rt, mono = num("__REALTIME_TIMESTAMP"), num("__MONOTONIC_TIMESTAMP")
+    src = num("_SOURCE_MONOTONIC_TIMESTAMP")
+    t_us = rt - mono + src if None not in (rt, mono, src) else rt
+    cursor = e.get("__CURSOR")
+    return msg, (t_us * 1000 if t_us is not None else None), cursor if isinstance(cursor, str) else None
+
+
+class _Position:
+    """Where a kernel-log source got to, kept in ``state_dir`` across restarts.
+
+    One small JSON file per source (``journal.json``, ``kmsg.json``, ``journal-<hash>.json`` for
+    another directory), replaced atomically. It is written for the records whose rows the agent
+    has handed on (the next collect, or close), so a crash in between re-reads a few records
+    (same rows, same kernel timestamps: the store keeps one) and never skips one.
     """
 
-    def __init__(self, path: str, replay: bool = False):
+    def __init__(self, state_dir: str | os.PathLike, kind: str, path: str):
+        import hashlib
+
+        default = {"journal": "journal", "kmsg": "/dev/kmsg"}.get(kind)
+        name = kind if path == default else f"{kind}-{hashlib.sha1(path.encode()).hexdigest()[:10]}"
+        self.file = Path(state_dir) / f"{name}.json"
+        self.saved: dict | None = None
+
+    def load(self) -> dict | None:
+        import json
+
+        try:
+            doc = json.loads(self.file.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            log.warning("xid: %s unreadable (%s); the kernel log is read from this boot's start",
+                        self.file, getattr(exc, "strerror", None) or exc)
+            return None
+        self.saved = doc if isinstance(doc, dict) else None
+        return self.saved
+
+    def save(self, doc: dict) -> None:
+        import json
+
+        if doc == self.saved:
+            return
+        tmp = self.file.with_name(f".{self.file.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(json.dumps(doc))
+            os.replace(tmp, self.file)
+            self.saved = doc
+        except OSError as exc:
+            log.warning("xid: cannot save the kernel-log position to %s: %s", self.file, exc.strerror or exc)
+
+
+class LogSource:
+    """Non-blocking reader of kernel log records from a path or the journal.
+
+    :meth:`poll` returns ``(text, time_ns or None, position or None)`` tuples.
+
+    ``/dev/kmsg`` (or any character device): records; with a ``state_dir`` it resumes after the
+    last sequence number handed on (same boot), or reads the ring buffer from its start (another
+    boot, or no position yet); without one it starts at the end unless ``replay``.
+    A regular file: appended lines, from its end unless ``replay``; a rotated (new inode) or
+    truncated file is reopened from its start. A FIFO: whatever writers send.
+    ``journal`` (``journal:DIR`` for the journal files in DIR, e.g. the host's /var/log/journal
+    mounted into a container): ``journalctl _TRANSPORT=kernel -f -o json`` as a child process,
+    restarted if it dies; with a ``state_dir`` it resumes after the saved ``__CURSOR`` (also
+    across a reboot) or reads this boot from its start; without one it starts now unless ``replay``.
+    """
+
+    def __init__(self, path: str, replay: bool = False, state_dir: str | os.PathLike | None = None):
         self.path = path
         self.replay = replay
         self._fd: int | None = None
         self._ino: tuple | None = None
         self._buf = b""
         self._proc: subprocess.Popen | None = None
-        self.kind = "journal" if path == "journal" else None
-        self.dropped = 0  # kmsg records lost to ring-buffer overrun
+        self.kind = "journal" if path == "journal" or path.startswith("journal:") else None
+        self.journal_dir = path.partition(":")[2] if self.kind == "journal" else ""
+        self.dropped = 0  # kmsg records lost to ring-buffer overrun (or overwritten while stopped)
+        self.state_dir = state_dir or None
+        self._pos: _Position | None = None
+        self._boot = ""
+        self._after_seq: int | None = None  # kmsg: records up to this one were handed on
+        self._cursor: str | None = None  # journal: resume after this cursor
+        self._started_cursor: str | None = None
+        self._got_since_start = 0
+        self._tail: list = []
+
+    # -- position ---------------------------------------------------------------------------
+    def _position(self, kind: str) -> _Position | None:
+        if self.state_dir is None:
+            return None
+        if self._pos is None:
+            self._pos = _Position(self.state_dir, kind, self.path)
+            doc = self._pos.load() or {}
+            self._boot = boot_id()
+            if kind == "journal" and isinstance(doc.get("cursor"), str):
+                self._cursor = doc["cursor"]
+            elif kind == "kmsg" and doc.get("boot_id") == self._boot and isinstance(doc.get("seq"), int):
+                self._after_seq = doc["seq"]
+        return self._pos
+
+    def commit(self, position) -> None:
+        """Keep ``position`` (a record's cursor or sequence number) as handed on."""
+        if position is None or self._pos is None:
+            return
+        if self.kind == "journal":
+            self._cursor = position
+            self._pos.save({"cursor": position})
+        elif self.kind == "kmsg":
+            self._after_seq = position
+            self._pos.save({"boot_id": self._boot, "seq": position})
+
+    def _journal_cmd(self) -> list[str]:
+        cmd = ["journalctl", "-q", "_TRANSPORT=kernel", "-f", "-o", "json",
+               f"--output-fields={JOURNAL_FIELDS}"]
+        if self.journal_dir:
+            cmd += ["-D", self.journal_dir]
+        pos = self._position("journal")
+        if self._cursor:
+            # -f alone follows this boot only: -m (--merge) lifts that, so the entries of the boot
+            # before a reboot that came after the cursor are read too; on the local journal,
+            # this machine's entries only (-m also opens journals received from other hosts)
+            cmd += ["-m", "--after-cursor", self._cursor]
+            mid = machine_id() if not self.journal_dir else ""
+            if mid:
+                cmd.append(f"_MACHINE_ID={mid}")
+        elif pos is not None or self.replay:
+            cmd += ["-b", "--no-tail"]  # nothing handed on yet: this boot from its start
+        else:
+            cmd += ["-n", "0"]
+        return cmd
 
     def _open(self) -> None:
         if self.kind == "journal":
-            self._proc = subprocess.Popen(["journalctl", "-k", "-f", "-o", "cat", "-n", "0"],
-                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                          stdin=subprocess.DEVNULL)
+            self._proc = subprocess.Popen(self._journal_cmd(), stdout=subprocess.PIPE,
+                                          stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+            self._started_cursor, self._got_since_start = self._cursor, 0
             self._fd = self._proc.stdout.fileno()
             os.set_blocking(self._fd, False)
             return
@@ -162,7 +333,8 @@ class LogSource:
         fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
         if stat.S_ISCHR(st.st_mode):
             self.kind = "kmsg"
-            if not self.replay:
+            pos = self._position("kmsg")
+            if not self.replay and pos is None:
                 os.lseek(fd, 0, os.SEEK_END)
         elif stat.S_ISFIFO(st.st_mode):
             self.kind = "fifo"
@@ -181,7 +353,7 @@ class LogSource:
             return  # rotated away, the new one not there yet: keep reading the old one
         pos = os.lseek(self._fd, 0, os.SEEK_CUR)
         if (st.st_dev, st.st_ino) != self._ino or st.st_size < pos:
-            self.read_available()  # finish the old file first
+            self._tail = self.read_available()  # finish the old file first
             os.close(self._fd)
             self._fd = None
             self._buf = b""
@@ -192,15 +364,24 @@ class LogSource:
         self._fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
         self._ino = (st.st_dev, st.st_ino)
 
-    def read_available(self, limit: int = 1 << 20) -> list[str]:
-        """Every complete line available now (never blocks)."""
+    def _journal_exited(self) -> None:
+        rc = self._proc.returncode
+        if rc and self._started_cursor and not self._got_since_start:
+            log.warning("xid: journalctl refused the saved cursor (exit %s); reading this boot's kernel "
+                        "log from its start", rc)
+            self._cursor = None
+        self.close()
+        self._open()
+
+    def read_available(self, limit: int = 1 << 20) -> list[tuple[str, int | None, object]]:
+        """Every complete record available now (never blocks)."""
         if self._fd is None:
             self._open()
         if self.kind == "journal" and self._proc is not None and self._proc.poll() is not None:
-            self.close()
-            self._open()
-        lines: list[str] = []
+            self._journal_exited()
+        out: list[tuple[str, int | None, object]] = []
         got = 0
+        boot_ns = None
         while got < limit:
             try:
                 chunk = os.read(self._fd, 8192)
@@ -215,19 +396,40 @@ class LogSource:
                 break
             got += len(chunk)
             if self.kind == "kmsg":  # one record per read
-                lines.append(chunk.decode("utf-8", "replace").split("\n", 1)[0])
+                line = chunk.decode("utf-8", "replace").split("\n", 1)[0]
+                seq = kmsg_seq(line)
+                if seq is not None and self._after_seq is not None:
+                    if seq <= self._after_seq:
+                        continue  # handed on before a restart
+                    if seq > self._after_seq + 1:
+                        self.dropped += seq - self._after_seq - 1
+                        log.warning("xid: %d kernel log records were overwritten in the ring buffer "
+                                    "before they could be read", seq - self._after_seq - 1)
+                    self._after_seq = None  # resumed: from here on every record is new
+                usec, _ = split_kmsg_record(line)
+                if usec is not None and boot_ns is None:
+                    boot_ns = time.time_ns() - time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+                out.append((line, boot_ns + usec * 1000 if usec is not None else None, seq))
                 continue
             self._buf += chunk
             *complete, self._buf = self._buf.split(b"\n")
-            lines.extend(c.decode("utf-8", "replace") for c in complete)
-            if len(self._buf) > 65536:  # a runaway line: keep its start, drop the rest
-                lines.append(self._buf[:4096].decode("utf-8", "replace"))
+            if self.kind == "journal":
+                for c in complete:
+                    e = journal_entry(c)
+                    if e is not None:
+                        out.append(e)
+                        self._got_since_start += 1
+            else:
+                out.extend((c.decode("utf-8", "replace"), None, None) for c in complete)
+            if len(self._buf) > 65536 and self.kind != "journal":  # a runaway line: keep its start
+                out.append((self._buf[:4096].decode("utf-8", "replace"), None, None))
                 self._buf = b""
-        return lines
+        return out
 
-    def poll(self) -> list[str]:
+    def poll(self) -> list[tuple[str, int | None, object]]:
+        self._tail = []
         self._reopen_if_rotated()
-        return self.read_available()
+        return self._tail + self.read_available()
 
     def close(self) -> None:
         if self._proc is not None:
@@ -237,18 +439,19 @@ class LogSource:
         elif self._fd is not None:
             os.close(self._fd)
         self._fd = None
+        self._buf = b""
 
 
-def open_kernel_log(path: str, replay: bool = False) -> LogSource | None:
-    """The kernel-log source for ``path``, tail started now.
+def open_kernel_log(path: str, replay: bool = False, state_dir: str | None = None) -> LogSource | None:
+    """The kernel-log source for ``path``.
 
     ``/dev/kmsg`` (or any path) that cannot be opened for want of permission (EPERM/EACCES: no
     ``CAP_SYSLOG`` with ``kernel.dmesg_restrict = 1``, or a sandboxing systemd unit) falls back to
-    the journal (``journalctl -k -f``) with a one-line warning, and to None (no kernel-log path; the
-    NVML events go on) when ``journalctl`` is not there either. Any other error is left to the
-    first ``collect``, where it fails the collector with one line.
+    the journal (``journalctl _TRANSPORT=kernel``) with a one-line warning, and to None (no
+    kernel-log path; the NVML events go on) when ``journalctl`` is not there either. Any other
+    error is left to the first ``collect``, where it fails the collector with one line.
     """
-    src = LogSource(path, replay=replay)
+    src = LogSource(path, replay=replay, state_dir=state_dir)
     try:
         src.read_available(limit=0)
         return src
@@ -257,12 +460,12 @@ def open_kernel_log(path: str, replay: bool = False) -> LogSource | None:
         why = exc.strerror or "permission denied"
     except OSError:
         return src
-    if path != "journal" and shutil.which("journalctl"):
-        j = LogSource("journal")
+    if src.kind != "journal" and shutil.which("journalctl"):
+        j = LogSource("journal", replay=replay, state_dir=state_dir)
         try:
             j.read_available(limit=0)
             log.warning("xid: cannot read %s (%s); reading the kernel log from the journal "
-                        "(journalctl -k -f)", path, why)
+                        "(journalctl _TRANSPORT=kernel)", path, why)
             return j
         except OSError:
             j.close()
@@ -379,19 +582,31 @@ class NvmlEventThread(threading.Thread):
 
 
 # --------------------------------------------------------------------------------- collector
+PAIR_WINDOW_NS = 5_000_000_000  # an NVML XID and a kernel-log XID this close (same GPU, code) are one
+NVML_HOLD_S = 2.0  # an NVML XID waits this long for its kernel-log twin before it goes out alone
+
+
 @register("xid")
 class XidCollector:
     """XID/ECC events from NVML's event set and the kernel log (either may be turned off).
 
     Options: ``backend`` (the NVML backend object; None: kernel log only), ``nvml_events``
-    (default True), ``kmsg`` (``/dev/kmsg`` default, a file or FIFO path, ``journal``, or "" for
-    none), ``replay`` (read the log from its start: False), ``max_events`` per collect (1000;
-    the rest wait for the next one), ``wait_ms`` (NVML wait slice, 500).
+    (default True), ``kmsg`` (``/dev/kmsg`` default, a file or FIFO path, ``journal`` or
+    ``journal:DIR``, or "" for none), ``replay`` (read the log from its start: False),
+    ``state_dir`` (where the kernel-log position is kept across restarts; "" for none),
+    ``max_events`` per collect (1000; the rest wait for the next one), ``wait_ms`` (NVML wait
+    slice, 500).
+
+    An XID seen by both paths is one row: the kernel log's (it has the process, the message and
+    the kernel's time); NVML's own row is dropped when the kernel log shows the same GPU and code
+    within ``PAIR_WINDOW_NS``, one for one (a storm of N XIDs stays N rows). An NVML XID whose
+    twin has not appeared yet waits ``NVML_HOLD_S`` (to the next collect) before it goes out
+    alone; without a kernel-log path it goes out at once.
     """
 
     def __init__(self, backend=None, nvml_events: bool = True, kmsg: str = "/dev/kmsg",
                  replay: bool = False, max_events: int = 1000, wait_ms: int = 500,
-                 config: dict | None = None):
+                 state_dir: str = "", config: dict | None = None):
         from agent.collectors.ipmi import section_options
 
         o = section_options(config, "xid", XidCollector.__init__, locals())
@@ -399,13 +614,26 @@ class XidCollector:
             return self.__init__(**o)
         if not kmsg and not (nvml_events and backend is not None):
             raise ConfigError("xid: needs kmsg (a path or 'journal') or nvml_events with a backend")
-        if kmsg and kmsg != "journal" and not os.path.exists(kmsg):
+        if kmsg.startswith("journal:") and not os.path.isdir(kmsg[8:]):
+            raise ConfigError(f"xid.kmsg: {kmsg[8:]} is not a directory")
+        if kmsg and kmsg != "journal" and not kmsg.startswith("journal:") and not os.path.exists(kmsg):
             raise ConfigError(f"xid.kmsg: {kmsg} does not exist")
+        if state_dir and kmsg:  # only the kernel log has a position to keep
+            try:
+                os.makedirs(state_dir, exist_ok=True)
+            except OSError as exc:  # e.g. the packaged default outside the unit, unprivileged
+                log.warning("xid.state_dir %s: %s; the kernel log is read from now at each start",
+                            state_dir, exc.strerror or exc)
+                state_dir = ""
         self.backend = backend
         self.max_events = int(max_events)
-        self.source = open_kernel_log(kmsg, replay) if kmsg else None
+        self.source = open_kernel_log(kmsg, replay, state_dir or None) if kmsg else None
         self._queue: queue.Queue = queue.Queue()
         self._pending: collections.deque = collections.deque()
+        self._handed: object = None  # position of the last record whose rows went out
+        self._held: list = []  # NVML XIDs waiting for their kernel-log twin: (t, idx, code, since)
+        self._recent: collections.deque = collections.deque()  # kernel-log XIDs: [t, idx, code, paired]
+        self.paired = 0  # NVML XIDs folded into their kernel-log row
         self._gpus: dict[str, dict] = {}  # pci -> {gpu, uuid, model}
         self._by_index: dict[int, dict] = {}
         self._handles: dict[int, object] = {}
@@ -481,12 +709,17 @@ class XidCollector:
         if self.source is None and (self.thread is None or not self.thread.registered):
             raise GpufleetError(f"xid: no event source (kernel log {self._kmsg or 'off'}: unavailable; "
                                 f"NVML events: {self.nvml_status})")
+        if self.source is not None:  # what the last collect returned has been handed on by now
+            self.source.commit(self._handed)
         out: list[Sample] = []
         while True:
             try:
                 t, idx, etype, data = self._queue.get_nowait()
             except queue.Empty:
                 break
+            if etype == "xid" and self.source is not None and idx is not None:
+                self._held.append((t, idx, int(data), time.monotonic()))
+                continue
             ident = self._by_index.get(idx) if idx is not None else None
             code = data if etype == "xid" else (data or None)
             out.append(self._row(t, ident, etype, "nvml", code,
@@ -495,12 +728,14 @@ class XidCollector:
             try:
                 self._pending.extend(self.source.poll())
             except OSError as exc:  # e.g. /dev/kmsg without CAP_SYSLOG, journalctl missing
-                if not out and not self._pending:
+                if not out and not self._pending and not self._held:
                     raise GpufleetError(f"xid: cannot read {self.source.path}: "
                                         f"{exc.strerror or exc}") from None
             boot_ns = None
             while self._pending and len(out) < self.max_events:
-                line = self._pending.popleft()
+                line, t, position = self._pending.popleft()
+                if position is not None:
+                    self._handed = position
                 if "Xid" not in line:
                     continue
                 ev = parse_xid_line(line)
@@ -508,13 +743,39 @@ class XidCollector:
                     if "NVRM: Xid" in line:
                         self.malformed += 1
                     continue
-                t = now_ns
-                if "usec" in ev:
-                    if boot_ns is None:
-                        boot_ns = time.time_ns() - time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-                    t = boot_ns + ev["usec"] * 1000
-                out.append(self._row(t, self._gpus.get(ev["pci"]), "xid", "kmsg", ev["code"], ev["pci"],
+                if t is None:
+                    t = now_ns
+                    if "usec" in ev:
+                        if boot_ns is None:
+                            boot_ns = time.time_ns() - time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+                        t = boot_ns + ev["usec"] * 1000
+                ident = self._gpus.get(ev["pci"])
+                if ident is not None:
+                    self._recent.append([t, int(ident["gpu"]), ev["code"], False])
+                out.append(self._row(t, ident, "xid", "kmsg", ev["code"], ev["pci"],
                                      ev.get("pid"), ev.get("process"), ev.get("message")))
+        out.extend(self._release_held())
+        return out
+
+    def _release_held(self) -> list[Sample]:
+        """NVML XIDs: folded into a kernel-log twin, held a little longer, or sent alone."""
+        out = []
+        keep = []
+        now = time.monotonic()
+        for t, idx, code, since in self._held:
+            twin = next((r for r in self._recent if not r[3] and r[1] == idx and r[2] == code
+                         and abs(r[0] - t) <= PAIR_WINDOW_NS), None)
+            if twin is not None:
+                twin[3] = True
+                self.paired += 1
+            elif now - since < NVML_HOLD_S and self.source is not None:
+                keep.append((t, idx, code, since))
+            else:
+                out.append(self._row(t, self._by_index.get(idx), "xid", "nvml", code))
+        self._held = keep
+        horizon = time.time_ns() - 2 * PAIR_WINDOW_NS - int(NVML_HOLD_S * 1e9)
+        while self._recent and (self._recent[0][0] < horizon or len(self._recent) > 10_000):
+            self._recent.popleft()
         return out
 
     @property
@@ -526,4 +787,5 @@ class XidCollector:
             self.thread.stop_event.set()
             self.thread.join(timeout=2)
         if self.source is not None:
+            self.source.commit(self._handed)  # the last collect's rows went out before close
             self.source.close()

@@ -9,10 +9,10 @@ Per tick: :meth:`Pipeline.observe` takes every collector's samples in one pass a
 value under its instrument; the SDK then calls each observable instrument's single callback,
 which hands back the observations filed for it (sources are polled once per tick, never once
 per instrument). ``info`` and ``event`` entries are recorded on synchronous gauges with delta
-temporality, whose attribute sets the SDK releases at every collection: a job id or an event
-seen once is exported once and never again. Observable instruments are cumulative; the SDK
-exports an attribute set only when its callback observed it in this collection, so a GPU that
-disappears leaves no stale points behind.
+temporality: a job id or an event seen once is exported once and never again. Observable
+instruments are cumulative; the SDK exports an attribute set only when its callback observed it
+in this collection, so a GPU that disappears leaves no stale points behind. The attribute sets
+the SDK keeps are bounded by rebuilding the provider (see :class:`Pipeline`).
 """
 
 from __future__ import annotations
@@ -103,8 +103,24 @@ class TickReader(MetricReader):
                 log.exception("exporter shutdown failed")
 
 
+MAX_ATTRIBUTE_SETS = 1000  # per instrument between two rebuilds: half the SDK's cardinality limit
+
+
 class Pipeline:
-    """Samples in, one OpenTelemetry collection per tick out to the exporters."""
+    """Samples in, one OpenTelemetry collection per tick out to the exporters.
+
+    **Bounded state.** The SDK keeps every attribute set an observable instrument has reported
+    for the life of its ``MeterProvider`` (before opentelemetry-sdk 1.45.2 it does so for every
+    instrument), and past its cardinality limit (2,000 per instrument) reports new sets only as
+    ``{otel.metric.overflow: true}``, without GPU identity. Attribute sets that change with jobs
+    (``gpu.job_tags``, the job id info point) and events would reach it on a long-running agent.
+    The pipeline counts the distinct attribute sets it hands each instrument; when one reaches
+    ``MAX_ATTRIBUTE_SETS`` it builds a fresh provider (same resource, instruments and exporters)
+    before the next collection and shuts the old one down, so stale sets are dropped and no
+    instrument comes near the limit. Nothing is lost: every tick observes every current value
+    again (counters as their cumulative totals); an OTLP receiver sees the cumulative streams
+    restart with a new start time, as after an agent restart. ``rebuilds`` counts them.
+    """
 
     def __init__(self, host: str, labels: dict[str, str] | None = None,
                  exporters: Sequence[MetricExporter] = (), catalogue: Catalogue | None = None):
@@ -114,12 +130,25 @@ class Pipeline:
         attrs = {"host.name": host, "service.name": SERVICE_NAME, "service.version": __version__}
         attrs.update(self.labels)
         self.resource = Resource.create(attrs)
-        self.reader = TickReader(exporters)
+        self.exporters = list(exporters)
+        self._obs: list[list[Observation]] = [[] for _ in self.cat.instruments]
+        # per measurement: the instrument slots its fields feed (a new tag set is a new attribute
+        # set on each of them)
+        self._meas_slots = {meas: sorted({e.slot for e in entries.values()})
+                            for meas, entries in self.cat.forward.items()}
+        self.unknown: set[tuple[str, str]] = set()
+        self.points = 0
+        self.rebuilds = 0
+        self._build()
+
+    def _build(self) -> None:
+        """The provider, its reader and one instrument per catalogue name; counts start at 0."""
+        self.reader = TickReader(self.exporters)
         views = [View(instrument_name="*", exemplar_reservoir_factory=_no_exemplars)]
         self.provider = MeterProvider(resource=self.resource, metric_readers=[self.reader],
-                                      exemplar_filter=AlwaysOffExemplarFilter(), views=views)
+                                      exemplar_filter=AlwaysOffExemplarFilter(), views=views,
+                                      shutdown_on_exit=False)
         meter = self.provider.get_meter(SCOPE, __version__)
-        self._obs: list[list[Observation]] = [[] for _ in self.cat.instruments]
         self._sync: dict[int, object] = {}
         for slot, inst in enumerate(self.cat.instruments):
             kw = {"unit": inst.unit, "description": inst.description}
@@ -133,9 +162,20 @@ class Pipeline:
                 meter.create_observable_up_down_counter(inst.name, callbacks=[cb], **kw)
             else:
                 meter.create_observable_gauge(inst.name, callbacks=[cb], **kw)
-        self.unknown: set[tuple[str, str]] = set()
-        self.points = 0
         self._attrs: dict[tuple, tuple[dict, dict]] = {}
+        self._sets = [0] * len(self.cat.instruments)  # distinct attribute sets handed to each
+        self._info_seen: set[tuple] = set()
+
+    def _rebuild(self) -> None:
+        old_reader, old_provider = self.reader, self.provider
+        old_reader.exporters = []  # the exporters carry over to the new provider, open
+        self._build()
+        self.rebuilds += 1
+        try:
+            old_provider.shutdown()
+        except Exception as exc:  # noqa: BLE001 - the old provider is dropped either way
+            log.debug("old meter provider shutdown: %s", exc)
+        log.debug("pipeline: fresh meter provider (%d so far), stale attribute sets dropped", self.rebuilds)
 
     def _callback(self, slot: int):
         obs = self._obs
@@ -151,12 +191,14 @@ class Pipeline:
         A sample's attribute dict is built once per distinct tag set and kept (with one variant
         per set of fixed attributes), so a GPU seen every tick hands the SDK the same dicts.
         """
+        if max(self._sets, default=0) >= MAX_ATTRIBUTE_SETS:
+            self._rebuild()
         obs = [[] for _ in self.cat.instruments]
         forward = self.cat.forward
         sync = self._sync
         attrs_cache = self._attrs
-        if len(attrs_cache) > 20_000:  # tag sets come and go (jobs, GPUs): keep the cache bounded
-            attrs_cache.clear()
+        sets = self._sets
+        info_seen = self._info_seen
         n = 0
         for s in samples:
             entries = forward.get(s.measurement)
@@ -168,6 +210,8 @@ class Pipeline:
             if cached is None:
                 tags = {k: v for k, v in s.tags.items() if k != "host" and v is not None and v != ""}
                 cached = attrs_cache[tkey] = (tags, {})
+                for slot in self._meas_slots[s.measurement]:
+                    sets[slot] += 1
             tags, variants = cached
             has_event = False
             for fname, value in s.fields.items():
@@ -186,6 +230,10 @@ class Pipeline:
                     if e.fixed:
                         a.update(e.fixed)
                     a[e.info_key] = str(value)
+                    ikey = (tkey, e.slot, a[e.info_key])
+                    if ikey not in info_seen:
+                        info_seen.add(ikey)
+                        sets[e.slot] += 1
                     sync[e.slot].set(1, a)
                     n += 1
                     continue
@@ -220,6 +268,7 @@ class Pipeline:
             ev[e.event_key] = int(value) if isinstance(value, bool) else value
         if ev is None:
             return 0
+        self._sets[slot] += 1  # every event is an attribute set of its own
         self._sync[slot].set(1, ev)
         return 1
 

@@ -25,6 +25,7 @@ from gpufleet.lineprotocol import escape_key, escape_measurement, format_value
 log = logging.getLogger("gpufleet.agent.lineprotocol")
 
 _RESOURCE_SKIP = ("service.", "telemetry.")
+MAX_PLANS = 20_000  # cached point plans (a node's steady state is a few thousand): then start over
 _STR_ESC = str.maketrans({'"': r"\"", "\\": r"\\", "\n": r"\n", "\r": r"\r"})
 
 
@@ -104,7 +105,7 @@ class LineProtocolExporter(MetricExporter):
         time, its fields in instrument order."""
         rows: dict[tuple[str, int], list[str]] = {}
         by_name = self.cat.by_name
-        if sum(len(p) for p in self._plans.values()) > 100_000:  # tag sets and info strings come
+        if sum(len(p) for p in self._plans.values()) > MAX_PLANS:  # tag sets and info strings come
             self._plans.clear()  # and go (jobs, GPUs): keep the caches bounded
             self._heads.clear()
         for rm in metrics_data.resource_metrics:

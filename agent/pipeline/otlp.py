@@ -1,8 +1,9 @@
 """The ``otlp`` exporter: the stock OpenTelemetry OTLP metric exporters (optional extra).
 
-``protocol = "http/protobuf"`` uses ``opentelemetry-exporter-otlp-proto-http``, ``"grpc"`` the
-gRPC one; both receive the same metric data as the line-protocol exporter, with their own retry.
-Not spooled: a site that runs an OpenTelemetry Collector relies on the collector's queue.
+``protocol = "http/protobuf"`` uses ``opentelemetry-exporter-otlp-proto-http`` (extra ``otlp``,
+no grpcio), ``"grpc"`` the gRPC one (extra ``otlp-grpc``); both receive the same metric data
+as the line-protocol exporter, with their own retry. Not spooled: a site that runs an
+OpenTelemetry Collector relies on the collector's queue.
 """
 
 from __future__ import annotations
@@ -21,5 +22,6 @@ def make_exporter(cfg: dict):
 
         return OTLPMetricExporter(endpoint=cfg["endpoint"], timeout=cfg["timeout"])
     except ImportError as exc:
-        raise ConfigError(f"exporter 'otlp' needs the otlp extra (pip install 'gpufleet[otlp]'): {exc}") \
-            from None
+        extra = "otlp-grpc" if cfg["protocol"] == "grpc" else "otlp"
+        raise ConfigError(f"exporter 'otlp' ({cfg['protocol']}) needs the {extra} extra "
+                          f"(pip install 'gpufleet[{extra}]'): {exc}") from None

@@ -9,12 +9,12 @@ never printed: messages name the sink and the key, never the value.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from urllib.parse import urlsplit
 
 from analyzer.alerting import action, alertmanager, console, pagerduty, slack, webhook  # noqa: F401 (register)
 from analyzer.alerting.base import REGISTRY, Delivery, Sink, redact_url
 from gpufleet.errors import ConfigError
+from gpufleet.secrets import read_secret
 
 # Environment variables that --sink TYPE=URL options read their secret from.
 CLI_SECRET_ENV = {
@@ -31,27 +31,12 @@ DEFAULT_RATE = {"alertmanager": 600.0, "console": None, "action": None}
 NO_URL = ("console", "action")
 
 
-def _read_secret(label: str, key: str, spec: dict) -> str | None:
-    """The value of secret ``key`` from ``key_file`` or ``key_env``; None when neither is given."""
+def _sink_secret(label: str, key: str, spec: dict) -> str | None:
+    """Secret ``key`` of a sink from ``key_file`` or ``key_env`` (:func:`gpufleet.secrets.read_secret`)."""
     if key in spec and key != "url":
         raise ConfigError(f"{label}: '{key}' must not be written in the config; "
                           f"use '{key}_file' or '{key}_env'")
-    if f"{key}_file" in spec:
-        path = Path(str(spec[f"{key}_file"]))
-        try:
-            value = path.read_text().strip()
-        except OSError as exc:
-            raise ConfigError(f"{label}: cannot read {key}_file {path}: {exc.strerror}") from None
-        if not value:
-            raise ConfigError(f"{label}: {key}_file {path} is empty")
-        return value
-    if f"{key}_env" in spec:
-        var = str(spec[f"{key}_env"])
-        value = os.environ.get(var, "").strip()
-        if not value:
-            raise ConfigError(f"{label}: environment variable {var} ({key}) is not set or empty")
-        return value
-    return None
+    return read_secret(f"{label}: {key}", spec.get(f"{key}_file"), spec.get(f"{key}_env"))
 
 
 def check_url(label: str, url: str) -> str:
@@ -90,7 +75,7 @@ def build_sink(spec: dict, label: str, name: str) -> Sink:
     # url: inline, or from a file/env (a Slack webhook URL is itself the credential)
     url = spec.get("url")
     if url is None and ("url_file" in spec or "url_env" in spec):
-        url = _read_secret(label, "url", {k: v for k, v in spec.items() if k != "url"})
+        url = _sink_secret(label, "url", {k: v for k, v in spec.items() if k != "url"})
     if typ == "pagerduty" and not url:
         url = pagerduty.DEFAULT_URL
     if typ not in NO_URL:
@@ -99,7 +84,7 @@ def build_sink(spec: dict, label: str, name: str) -> Sink:
         check_url(label, str(url))
     secrets = {}
     for key in SECRET_KEYS[typ]:
-        value = _read_secret(label, key, spec)
+        value = _sink_secret(label, key, spec)
         if value is None and key in REQUIRED_SECRETS.get(typ, ()):
             raise ConfigError(f"{label}: missing {key} (set {key}_file or {key}_env)")
         if value is not None:

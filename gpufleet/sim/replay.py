@@ -59,12 +59,9 @@ class Replayer:
         elif api == "v2":
             if not bucket or not org or not token_file:
                 raise GpufleetError("--bucket, --org and --token-file are required with --influx-api v2")
-            try:
-                self.token = Path(token_file).read_text().strip()
-            except OSError as exc:
-                raise GpufleetError(f"--token-file {token_file}: {exc.strerror}") from None
-            if not self.token:
-                raise GpufleetError(f"--token-file {token_file}: empty")
+            from gpufleet.secrets import read_secret
+
+            self.token = read_secret("--token", token_file)
             self.bucket, self.org = bucket, org
             self.target = f"bucket {bucket}"
         else:

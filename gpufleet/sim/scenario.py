@@ -13,7 +13,8 @@ from pathlib import Path
 
 from gpufleet.errors import GpufleetError
 from gpufleet.records import KINDS
-from gpufleet.sim.units import parse_duration, parse_time
+from gpufleet.sim.units import parse_duration
+from gpufleet.times import parse_time
 
 BUILTIN = ("healthy", "thermal", "link", "memory", "sdc", "mixed", "chaos", "straggler")
 

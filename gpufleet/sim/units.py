@@ -1,9 +1,8 @@
-"""Durations and times in scenario files and on the command line."""
+"""Durations in scenario files and on the command line (times: :mod:`gpufleet.times`)."""
 
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
 
 from gpufleet.errors import GpufleetError
 
@@ -32,18 +31,3 @@ def parse_duration(value, what: str = "duration") -> float:
     if not text or pos != len(text):
         raise GpufleetError(f"bad {what}: {value!r} (expected e.g. 10s, 30m, 6h, 1d)")
     return total
-
-
-def parse_time(value, what: str = "time") -> float:
-    """RFC 3339 ('2026-01-01T00:00:00Z') or epoch seconds -> epoch seconds."""
-    if isinstance(value, datetime):
-        return (value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp()
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            dt = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-        except ValueError:
-            raise GpufleetError(f"bad {what}: {value!r} (expected RFC 3339)") from None
-        return (dt if dt.tzinfo else dt.replace(tzinfo=UTC)).timestamp()
-    raise GpufleetError(f"bad {what}: {value!r}")
