@@ -25,6 +25,7 @@ import math
 import tomllib
 from pathlib import Path
 
+from gpufleet import units
 from gpufleet.errors import ConfigError
 
 ANALYZER = {
@@ -176,35 +177,14 @@ ENGINE = {
 }
 
 
-def _duration(v, where: str) -> float:
-    if isinstance(v, bool):
-        raise ConfigError(f"{where}: expected a duration, got {v!r}")
-    if isinstance(v, int | float):
-        if not math.isfinite(v):
-            raise ConfigError(f"{where}: bad duration {v!r} (e.g. 30s, 5m, 6h)")
-        return float(v)
-    if isinstance(v, str):
-        s = v.strip()
-        units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
-        for u in ("ms", "s", "m", "h", "d"):
-            if s.endswith(u):
-                try:
-                    d = float(s[: -len(u)]) * units[u]
-                except ValueError:
-                    break
-                if math.isfinite(d):
-                    return d
-                break
-        try:
-            d = float(s)
-        except ValueError:
-            d = math.nan
-        if math.isfinite(d):
-            return d
-    raise ConfigError(f"{where}: bad duration {v!r} (e.g. 30s, 5m, 6h)")
+def parse_duration(v, where: str) -> float:
+    """Seconds of a duration (:func:`gpufleet.units.parse_duration`); ConfigError naming ``where``."""
+    return units.parse_duration(v, where, ConfigError)
 
 
-parse_duration = _duration
+_duration = parse_duration
+
+
 
 
 class Config:
