@@ -10,6 +10,8 @@ from pathlib import Path
 
 import click
 
+from analyzer.store import incident_lines
+from analyzer.store import pull as _pull
 from gpufleet.errors import ConfigError, GpufleetError
 
 
@@ -211,19 +213,6 @@ def _notify_once(sinks, state_path, out_path, page_base_url, an) -> None:
         notifier.close()
 
 
-def _pull(an, influx, s_ns: int, e_ns: int) -> int:
-    """Query [s, e) of every measurement into the analyzer; returns the rows pulled."""
-    from analyzer.pipeline import MEASUREMENTS
-
-    rows = {}
-    for m in MEASUREMENTS:
-        r = influx.query_rows(m, s_ns, e_ns, an.parser.series)
-        if len(r):
-            rows[m] = r
-    an.feed_rows(rows)
-    return sum(len(r) for r in rows.values())
-
-
 def _write(out_path, incidents) -> None:
     from gpufleet import records
 
@@ -248,31 +237,6 @@ def _report(an, stats: bool, seconds: float) -> None:
         gpu_samples_per_s=round(an.gpu_samples / seconds) if seconds > 0 else None,
     )
     click.echo(json.dumps(d), err=True)
-
-
-def incident_lines(recs, now_ns: int | None = None) -> list[str]:
-    """The ``incident`` measurement for Grafana annotations: one point per incident at its start."""
-    from gpufleet.lineprotocol import encode
-
-    out = []
-    for r in recs:
-        tags = {"kind": r.kind, "severity": r.severity, "host": r.host, "cluster": r.cluster, "rack": r.rack}
-        fields = {
-            "id": r.id,
-            "summary": r.summary or "",
-            "state": "resolved" if r.end is not None else "firing",
-        }
-        if r.gpu is not None:
-            fields["gpu"] = int(r.gpu)
-        if r.link is not None:
-            fields["link"] = int(r.link)
-        if r.end is not None:
-            fields["end_ns"] = int(r.end * 1e9)
-            fields["duration_seconds"] = float(r.end - r.start)
-        line = encode("incident", tags, fields, int(r.start * 1e9))
-        if line:
-            out.append(line)
-    return out
 
 
 def _follow(

@@ -57,7 +57,7 @@ def fleet(tmp_path_factory):
         for i, r in enumerate(truth):
             r.id = f"sim-{i:04d}"
             r.summary = f"{r.kind} on {r.host} GPU {r.gpu}: {r.detail}"
-        from analyzer.cli import incident_lines
+        from analyzer.store import incident_lines
 
         server.write(DB, "\n".join(incident_lines(truth)))
         manifest = json.loads((out / "manifest.json").read_text())
