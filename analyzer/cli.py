@@ -13,6 +13,7 @@ import click
 from analyzer.store import incident_lines
 from analyzer.store import pull as _pull
 from gpufleet.errors import ConfigError, GpufleetError
+from gpufleet.flags import Renamed
 
 
 def _shard(value: str | None):
@@ -58,7 +59,8 @@ def _sinks(cfg, specs):
 @click.command("analyze")
 @click.option("--input", "input_path", help="a .lp/.lp.gz file or a directory of them")
 @click.option("--influx-url", help="InfluxDB base URL (InfluxQL over /query)")
-@click.option("--db", help="InfluxDB database (or DBRP-mapped bucket)")
+@click.option("--influx-db", "db", cls=Renamed, old=["--db"],
+              help="InfluxDB database (or DBRP-mapped bucket)")
 @click.option("--since", help="with --influx-url: analyse the last DURATION (e.g. 6h)")
 @click.option("--start", help="with --influx-url: start time (RFC 3339 or epoch seconds)")
 @click.option("--end", help="with --influx-url: end time")
@@ -101,7 +103,7 @@ def analyze(
     shard_t = _shard(shard)
     sinks = _sinks(cfg, sink_specs)  # a bad sink is a ConfigError before any work
     if bool(input_path) == bool(influx_url):
-        raise ConfigError("give exactly one of --input PATH or --influx-url URL --db NAME")
+        raise ConfigError("give exactly one of --input PATH or --influx-url URL --influx-db NAME")
     if follow and not influx_url:
         raise ConfigError("--follow needs --influx-url")
     if out_path:
@@ -127,7 +129,7 @@ def analyze(
         _report(an, stats, time.perf_counter() - t0)
         return
     if not db:
-        raise ConfigError("--influx-url needs --db NAME")
+        raise ConfigError("--influx-url needs --influx-db NAME")
     from analyzer.sources import Influx
 
     influx = Influx(influx_url, db, **cfg.influx_auth())

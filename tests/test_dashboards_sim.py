@@ -52,7 +52,7 @@ def fleet(tmp_path_factory):
         == 0
     )
     with InfluxDB1(d / "influx") as server:
-        assert main(["replay", str(out), "--influx-url", server.url, "--db", DB, "--no-progress"]) == 0
+        assert main(["replay", str(out), "--influx-url", server.url, "--influx-db", DB, "--no-progress"]) == 0
         truth = records.read(out / "truth.jsonl")
         for i, r in enumerate(truth):
             r.id = f"sim-{i:04d}"

@@ -53,18 +53,19 @@ class Replayer:
         self.create_db = create_db
         if api == "v1":
             if not db:
-                raise GpufleetError("--db is required with --influx-api v1")
+                raise GpufleetError("--influx-db is required with --influx-api v1")
             self.db = db
             self.target = f"database {db}"
         elif api == "v2":
             if not bucket or not org or not token_file:
-                raise GpufleetError("--bucket, --org and --token-file are required with --influx-api v2")
+                raise GpufleetError("--influx-bucket, --influx-org and --influx-token-file are required "
+                                    "with --influx-api v2")
             try:
                 self.token = Path(token_file).read_text().strip()
             except OSError as exc:
-                raise GpufleetError(f"--token-file {token_file}: {exc.strerror}") from None
+                raise GpufleetError(f"--influx-token-file {token_file}: {exc.strerror}") from None
             if not self.token:
-                raise GpufleetError(f"--token-file {token_file}: empty")
+                raise GpufleetError(f"--influx-token-file {token_file}: empty")
             self.bucket, self.org = bucket, org
             self.target = f"bucket {bucket}"
         else:
