@@ -41,6 +41,20 @@ def redact_url(url: str, keep_path: bool = True) -> str:
     return urlunsplit((p.scheme, netloc, p.path, _SECRET_QUERY.sub(r"\1***", p.query), p.fragment))
 
 
+def url_secrets(url: str) -> list[str]:
+    """The credentials a URL carries: its password and the values of secret query parameters."""
+    try:
+        p = urlsplit(url)
+        out = [p.password] if p.password else []
+    except (ValueError, TypeError, AttributeError):
+        return []
+    for m in _SECRET_QUERY.finditer(p.query):
+        value = p.query[m.end(1):m.end()]
+        if value:
+            out.append(value)
+    return out
+
+
 def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
     """Parse a ``Retry-After`` header: delta-seconds or an HTTP date; None when absent/garbage."""
     if not value:

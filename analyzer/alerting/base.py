@@ -147,7 +147,8 @@ class Sink:
         return f"<{type(self).__name__} {self.name} {redact_url(self.url)}>"
 
     def redact(self, text: str) -> str:
-        for s in sorted(self.secrets(), key=len, reverse=True):
+        """``text`` without the sink's secrets, nor its URL's credentials (whatever secrets() says)."""
+        for s in sorted([*self.secrets(), *net.url_secrets(self.url or "")], key=len, reverse=True):
             if s and len(s) >= 4:
                 text = text.replace(s, "***")
         return text
