@@ -22,7 +22,7 @@ import numpy as np
 
 from gpufleet import __version__, catalogue
 from gpufleet.errors import GpufleetError
-from gpufleet.lineprotocol import encode, escape_key, escape_measurement, format_value
+from gpufleet.lineprotocol import encode, escape_key, format_value, head
 from gpufleet.records import Record, to_rfc3339
 from gpufleet.sim.fleet import Fleet
 from gpufleet.sim.physics import (
@@ -66,16 +66,6 @@ SENSOR_KEYS = (
     "clock_sm",
     "reasons",
 )
-
-
-def head(measurement: str, tags: dict) -> str:
-    out = escape_measurement(measurement)
-    for k in sorted(tags):
-        v = tags[k]
-        if v is None or v == "":
-            continue
-        out += f",{escape_key(str(k))}={escape_key(str(v))}"
-    return out
 
 
 def template(fields: list[tuple[str, str]]) -> str:
