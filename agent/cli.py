@@ -69,8 +69,7 @@ def resend_rejected_command(config_path, spool_dir, influx_url, influx_db):
     cfg = agent_config.apply_overrides(cfg, influx_url=influx_url, influx_db=influx_db, spool_dir=spool_dir,
                                        exporters=("influx",))
     ix = cfg["influx"]
-    key = ("token_file", "token_env") if ix["api"] == "v2" else ("password_file", "password_env")
-    secret = agent_config.read_secret(ix, *key)
+    secret = agent_config.influx_secret(ix)
     rdir = Path(cfg["spool"]["dir"]) / "rejected"
     if not rdir.is_dir():
         raise GpufleetError(f"{rdir}: no such directory (nothing was rejected?)")

@@ -3,7 +3,7 @@
 Every key is declared in ``SCHEMA`` (section -> key -> spec); an unknown key or a bad value is a
 :class:`gpufleet.errors.ConfigError` naming the key (the CLI prints one line, exit 2). Secrets
 (InfluxDB token and password) are read from a file or an environment variable, never from the
-TOML itself, and never logged: :func:`redact_url` strips credentials from URLs before logging.
+TOML itself, and never logged: :func:`gpufleet.net.redact_url` strips credentials from URLs before logging.
 The reference is ``docs/agent.md``; ``packaging/config/agent.toml`` holds every key.
 """
 
@@ -15,15 +15,15 @@ import socket
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from gpufleet.errors import ConfigError
+from gpufleet.units import parse_duration
 
 EXPORTERS = ("file", "influx", "otlp")
 STATE_DIR = "/var/lib/gpufleet-agent"  # the systemd unit's StateDirectory: the one place it may write
 COLLECTOR_SECTIONS = ("ipmi", "xid", "canary")
 JOB_TAG_KEYS = ("scheduler", "namespace", "partition", "user")  # agent.jobs.TAG_KEYS
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|KB|MB|GB)?\s*$")
 _SIZE_UNITS = {None: 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "KB": 10**3, "MB": 10**6,
                "GB": 10**9}
@@ -162,16 +162,7 @@ def _bad(key: str, why: str) -> ConfigError:
 
 
 def _duration(key: str, v: object) -> float:
-    if isinstance(v, bool):
-        raise _bad(key, f"expected a duration like 10 or \"10s\", got {v!r}")
-    if isinstance(v, (int, float)):
-        return float(v)
-    if isinstance(v, str):
-        m = _DURATION.match(v)
-        if m:
-            mult = {"ms": 0.001, None: 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}[m.group(2)]
-            return float(m.group(1)) * mult
-    raise _bad(key, f"expected a duration like 10 or \"10s\", got {v!r}")
+    return parse_duration(v, f"config key '{key}'", ConfigError)
 
 
 def _size(key: str, v: object) -> int:
@@ -397,14 +388,9 @@ def hostname(cfg: dict) -> str:
     return cfg["agent"]["host"] or socket.gethostname()
 
 
-def redact_url(url: str) -> str:
-    """``http://user:secret@h:8086/x?token=t`` -> ``http://***@h:8086/x?token=***``."""
-    try:
-        p = urlsplit(url)
-    except ValueError:
-        return "<unparseable url>"
-    netloc = p.netloc
-    if "@" in netloc:
-        netloc = "***@" + netloc.rsplit("@", 1)[1]
-    query = re.sub(r"(?i)((?:^|&)(?:token|password|p|u|auth)[^=&]*=)[^&]*", r"\1***", p.query)
-    return urlunsplit((p.scheme, netloc, p.path, query, p.fragment))
+def influx_secret(ix: dict) -> str | None:
+    """The ``[influx]`` table's secret: the v2 token or the v1 password, from its file or env key."""
+    from gpufleet.secrets import read_secret
+
+    key = "token" if ix["api"] == "v2" else "password"
+    return read_secret(f"influx.{key}", ix.get(f"{key}_file"), ix.get(f"{key}_env"))

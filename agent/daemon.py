@@ -29,7 +29,6 @@ import click
 from agent import config as agent_config
 from agent.model import Sample
 from gpufleet.errors import ConfigError, GpufleetError
-from gpufleet.secrets import read_secret
 
 log = logging.getLogger("gpufleet.agent")
 
@@ -97,8 +96,7 @@ class Agent:
         secret = None
         ix = cfg["influx"]
         if "influx" in exporters:
-            key = "token" if ix["api"] == "v2" else "password"
-            secret = read_secret(f"influx.{key}", ix[f"{key}_file"], ix[f"{key}_env"])
+            secret = agent_config.influx_secret(ix)
         self._closed = False
         self.collectors = self._build_collectors(cfg)
         sinks = []

@@ -10,7 +10,10 @@ from pathlib import Path
 
 import click
 
+from analyzer.store import incident_lines
+from analyzer.store import pull as _pull
 from gpufleet.errors import ConfigError, GpufleetError
+from gpufleet.flags import Renamed
 
 
 def _shard(value: str | None):
@@ -52,7 +55,8 @@ def _sinks(cfg, specs):
 @click.command("analyze")
 @click.option("--input", "input_path", help="a .lp/.lp.gz file or a directory of them")
 @click.option("--influx-url", help="InfluxDB base URL (InfluxQL over /query)")
-@click.option("--db", help="InfluxDB database (or DBRP-mapped bucket)")
+@click.option("--influx-db", "db", cls=Renamed, old=["--db"],
+              help="InfluxDB database (or DBRP-mapped bucket)")
 @click.option("--since", help="with --influx-url: analyse the last DURATION (e.g. 6h)")
 @click.option("--start", help="with --influx-url: start time (RFC 3339 or epoch seconds)")
 @click.option("--end", help="with --influx-url: end time")
@@ -95,7 +99,7 @@ def analyze(
     shard_t = _shard(shard)
     sinks = _sinks(cfg, sink_specs)  # a bad sink is a ConfigError before any work
     if bool(input_path) == bool(influx_url):
-        raise ConfigError("give exactly one of --input PATH or --influx-url URL --db NAME")
+        raise ConfigError("give exactly one of --input PATH or --influx-url URL --influx-db NAME")
     if follow and not influx_url:
         raise ConfigError("--follow needs --influx-url")
     if out_path:
@@ -121,7 +125,7 @@ def analyze(
         _report(an, stats, time.perf_counter() - t0)
         return
     if not db:
-        raise ConfigError("--influx-url needs --db NAME")
+        raise ConfigError("--influx-url needs --influx-db NAME")
     from analyzer.sources import Influx
 
     influx = Influx(influx_url, db, **cfg.influx_auth())
@@ -207,19 +211,6 @@ def _notify_once(sinks, state_path, out_path, page_base_url, an) -> None:
         notifier.close()
 
 
-def _pull(an, influx, s_ns: int, e_ns: int) -> int:
-    """Query [s, e) of every measurement into the analyzer; returns the rows pulled."""
-    from analyzer.pipeline import MEASUREMENTS
-
-    rows = {}
-    for m in MEASUREMENTS:
-        r = influx.query_rows(m, s_ns, e_ns, an.parser.series)
-        if len(r):
-            rows[m] = r
-    an.feed_rows(rows)
-    return sum(len(r) for r in rows.values())
-
-
 def _write(out_path, incidents) -> None:
     from gpufleet import records
 
@@ -244,31 +235,6 @@ def _report(an, stats: bool, seconds: float) -> None:
         gpu_samples_per_s=round(an.gpu_samples / seconds) if seconds > 0 else None,
     )
     click.echo(json.dumps(d), err=True)
-
-
-def incident_lines(recs, now_ns: int | None = None) -> list[str]:
-    """The ``incident`` measurement for Grafana annotations: one point per incident at its start."""
-    from gpufleet.lineprotocol import encode
-
-    out = []
-    for r in recs:
-        tags = {"kind": r.kind, "severity": r.severity, "host": r.host, "cluster": r.cluster, "rack": r.rack}
-        fields = {
-            "id": r.id,
-            "summary": r.summary or "",
-            "state": "resolved" if r.end is not None else "firing",
-        }
-        if r.gpu is not None:
-            fields["gpu"] = int(r.gpu)
-        if r.link is not None:
-            fields["link"] = int(r.link)
-        if r.end is not None:
-            fields["end_ns"] = int(r.end * 1e9)
-            fields["duration_seconds"] = float(r.end - r.start)
-        line = encode("incident", tags, fields, int(r.start * 1e9))
-        if line:
-            out.append(line)
-    return out
 
 
 def _follow(

@@ -15,7 +15,7 @@ Every threshold lives here (defaults) and can be overridden in ``analyzer.toml``
 
 Every value is checked like the agent's: an unknown key or a value out of its range (``RANGES``,
 non-finite numbers never pass) is a :class:`ConfigError` naming the key (exit 2). Secrets come
-only from ``*_file`` / ``*_env`` keys (``agent.config.read_secret``), never from the TOML.
+only from ``*_file`` / ``*_env`` keys (``gpufleet.secrets.read_secret``), never from the TOML.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import math
 import tomllib
 from pathlib import Path
 
+from gpufleet import units
 from gpufleet.errors import ConfigError
 
 ANALYZER = {
@@ -180,35 +181,14 @@ ENGINE = {
 }
 
 
-def _duration(v, where: str) -> float:
-    if isinstance(v, bool):
-        raise ConfigError(f"{where}: expected a duration, got {v!r}")
-    if isinstance(v, int | float):
-        if not math.isfinite(v):
-            raise ConfigError(f"{where}: bad duration {v!r} (e.g. 30s, 5m, 6h)")
-        return float(v)
-    if isinstance(v, str):
-        s = v.strip()
-        units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
-        for u in ("ms", "s", "m", "h", "d"):
-            if s.endswith(u):
-                try:
-                    d = float(s[: -len(u)]) * units[u]
-                except ValueError:
-                    break
-                if math.isfinite(d):
-                    return d
-                break
-        try:
-            d = float(s)
-        except ValueError:
-            d = math.nan
-        if math.isfinite(d):
-            return d
-    raise ConfigError(f"{where}: bad duration {v!r} (e.g. 30s, 5m, 6h)")
+def parse_duration(v, where: str) -> float:
+    """Seconds of a duration (:func:`gpufleet.units.parse_duration`); ConfigError naming ``where``."""
+    return units.parse_duration(v, where, ConfigError)
 
 
-parse_duration = _duration
+_duration = parse_duration
+
+
 
 
 class Config:
@@ -300,16 +280,16 @@ class Config:
 
     def influx_auth(self) -> dict:
         """``username``, ``password`` and ``token`` for the InfluxDB client, secrets read from their
-        ``*_file`` / ``*_env`` keys (the agent's reader); only the keys that are set."""
-        from agent.config import read_secret
+        ``*_file`` / ``*_env`` keys (the one secret reader); only the keys that are set."""
+        from gpufleet.secrets import read_secret
 
         out = {}
         if self.influx.get("username"):
             out["username"] = self.influx["username"]
-        pw = read_secret(self.influx, "password_file", "password_env")
+        pw = read_secret("influx.password", self.influx.get("password_file"), self.influx.get("password_env"))
         if pw is not None:
             out["password"] = pw
-        tok = read_secret(self.influx, "token_file", "token_env")
+        tok = read_secret("influx.token", self.influx.get("token_file"), self.influx.get("token_env"))
         if tok is not None:
             out["token"] = tok
         return out

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from gpufleet.errors import GpufleetError
+from gpufleet.flags import Renamed
 
 
 @click.group()
@@ -33,15 +34,20 @@ def dashboards():
 @click.option("--datasource", default="gpufleet-influxdb", show_default=True, help="Data source name.")
 @click.option("--datasource-uid", default="gpufleet-influxdb", show_default=True, help="Data source uid.")
 @click.option(
-    "--url", default="http://localhost:8086", show_default=True, help="InfluxDB URL as Grafana sees it."
+    "--influx-url", "url", cls=Renamed, old=["--url"], default="http://localhost:8086", show_default=True,
+    help="InfluxDB URL as Grafana sees it.",
 )
 @click.option(
-    "--db",
+    "--influx-db",
+    "db",
+    cls=Renamed,
+    old=["--db"],
     default="gpufleet",
     show_default=True,
     help="Database (1.x), DBRP-mapped database (2.x) or database (3.x).",
 )
-@click.option("--user", default="grafana", show_default=True, help="InfluxDB 1.x user.")
+@click.option("--influx-user", "user", cls=Renamed, old=["--user"], default="grafana", show_default=True,
+              help="InfluxDB 1.x user.")
 @click.option("--org-id", type=int, default=1, show_default=True, help="Grafana organisation id.")
 @click.option("--folder", default="gpufleet", show_default=True, help="Grafana folder for the dashboards.")
 @click.option(
@@ -110,7 +116,7 @@ def generate_cmd(check):
 
 @dashboards.command("preview")
 @click.option("--influx-url", required=True, help="InfluxDB URL holding a fleet's telemetry.")
-@click.option("--db", default="gpufleet", show_default=True)
+@click.option("--influx-db", "db", cls=Renamed, old=["--db"], default="gpufleet", show_default=True)
 @click.option("--from-ms", type=int, required=True, help="Range start (epoch ms).")
 @click.option("--to-ms", type=int, required=True, help="Range end (epoch ms).")
 @click.option("--node", default=None, help="Host for the Node dashboard (default: the first).")

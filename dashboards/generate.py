@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 from gpufleet import catalogue
-from gpufleet.schema_doc import INCIDENT
 
 SCHEMA_VERSION = 39
 GRAFANA_DIR = Path(__file__).resolve().parent / "grafana"
@@ -93,8 +92,8 @@ LAST_2M = "time >= ${__to}ms - 2m AND time <= ${__to}ms"
 THROTTLE_BITS = ("clock_event_sw_thermal", "clock_event_hw_thermal", "clock_event_hw_power_brake")
 
 # The analyzer's incident measurement (documented with the catalogue in docs/schema.md).
-INCIDENT_TAGS = tuple(INCIDENT["tags"])
-INCIDENT_FIELDS = tuple(x[0] for x in INCIDENT["fields"])
+INCIDENT_TAGS = catalogue.incident().tags
+INCIDENT_FIELDS = tuple(x[0] for x in catalogue.incident().fields)
 
 
 def fi(name: str) -> str:

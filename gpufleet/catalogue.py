@@ -15,19 +15,40 @@ KINDS = {"gauge", "counter", "updowncounter", "info", "event"}
 TYPES = {"float", "int", "string"}
 TIERS = {"fast", "slow", "event"}
 
-# Tags every measurement carries (operator labels such as cluster/rack come on top).
-IDENTITY_TAGS = {
-    "gpu": ("host", "gpu", "uuid", "model"),
-    "gpu_nvlink": ("host", "gpu", "uuid", "model", "link"),
-    "gpu_event": ("host", "gpu", "uuid", "model", "type", "source"),
-    "gpu_canary": ("host", "gpu", "uuid", "model"),
-    "bmc_sensor": ("host", "sensor", "sensor_type", "unit"),
-    "bmc": ("host",),
-    "host": ("host",),
-    "gpufleet_collector": ("host", "collector"),
-    "gpufleet_agent": ("host", "exporter"),
-}
 OPERATOR_TAGS = ("cluster", "rack")
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One ``[measurement.NAME]`` table: identity tags, what a row is, who writes it.
+
+    ``fields`` (``(name, type, unit, description)``) is given only for measurements written
+    by the analyzer; the agent's fields are its ``[[metric]]`` entries.
+    """
+
+    name: str
+    tags: tuple[str, ...]
+    rows: str
+    writer: str = "agent"
+    fields: tuple[tuple[str, str, str, str], ...] = ()
+
+
+def _document() -> dict:
+    return tomllib.loads(resources.files("gpufleet").joinpath("catalogue.toml").read_text())
+
+
+def _measurements(doc: dict) -> dict[str, Measurement]:
+    out = {}
+    for name, raw in doc.get("measurement", {}).items():
+        fields = tuple((f["name"], f["type"], f["unit"], f["description"]) for f in raw.get("fields", ()))
+        out[name] = Measurement(name, tuple(raw["tags"]), raw.get("rows", ""), raw.get("writer", "agent"),
+                                fields)
+    return out
+
+
+MEASUREMENTS: dict[str, Measurement] = _measurements(_document())
+# Tags every row of an agent measurement carries (operator labels such as cluster/rack come on top).
+IDENTITY_TAGS = {m.name: m.tags for m in MEASUREMENTS.values() if m.writer == "agent"}
 
 
 @dataclass(frozen=True)
@@ -83,8 +104,7 @@ def parse(data: dict) -> list[Metric]:
 
 @cache
 def load() -> tuple[Metric, ...]:
-    text = resources.files("gpufleet").joinpath("catalogue.toml").read_text()
-    return tuple(parse(tomllib.loads(text)))
+    return tuple(parse(_document()))
 
 
 @cache
@@ -104,3 +124,8 @@ def measurements() -> tuple[str, ...]:
 
 def tags(measurement: str) -> tuple[str, ...]:
     return IDENTITY_TAGS[measurement] + OPERATOR_TAGS
+
+
+def incident() -> Measurement:
+    """The ``incident`` measurement the analyzer writes back (its tags and fields)."""
+    return MEASUREMENTS["incident"]

@@ -122,15 +122,15 @@ def _analyze(store: Path, influx: dict, start_ns: int, end_ns: int):
     cfg = Config.load(None)
     an = Analyzer(cfg)
     if influx.get("influx_url"):
-        from analyzer.cli import _pull
         from analyzer.sources import Influx
+        from analyzer.store import pull
 
         src = Influx(influx["influx_url"], influx["influx_db"])
         src.check()
         window = int(cfg.analyzer["window_seconds"] * 1e9)
         t = start_ns
         while t < end_ns:
-            _pull(an, src, t, min(t + window, end_ns))
+            pull(an, src, t, min(t + window, end_ns))
             t += window
     else:
         from analyzer.sources import read_chunks

@@ -50,6 +50,18 @@ def format_value(v: object) -> str | None:
     return '"' + str(v).translate(_STR) + '"'
 
 
+def head(measurement: str, tags: Mapping[str, object]) -> str:
+    """A row's series head: the escaped measurement and its tags sorted by key; a tag whose
+    value is None or empty is left out (the one encoder of heads: agent, simulator, analyzer)."""
+    out = escape_measurement(measurement)
+    for k in sorted(tags):
+        v = tags[k]
+        if v is None or v == "":
+            continue
+        out += f",{escape_key(str(k))}={escape_key(str(v))}"
+    return out
+
+
 def encode(measurement: str, tags: Mapping[str, object], fields: Mapping[str, object],
            time_ns: int | None = None) -> str | None:
     """One line of line protocol, tags sorted; None when no field has a value."""
@@ -60,13 +72,7 @@ def encode(measurement: str, tags: Mapping[str, object], fields: Mapping[str, ob
             parts.append(f"{escape_key(k)}={fv}")
     if not parts:
         return None
-    head = escape_measurement(measurement)
-    for k in sorted(tags):
-        v = tags[k]
-        if v is None or v == "":
-            continue
-        head += f",{escape_key(str(k))}={escape_key(str(v))}"
-    line = head + " " + ",".join(parts)
+    line = head(measurement, tags) + " " + ",".join(parts)
     if time_ns is not None:
         line += f" {int(time_ns)}"
     return line

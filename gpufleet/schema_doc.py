@@ -12,17 +12,6 @@ from pathlib import Path
 
 from gpufleet import catalogue
 
-ROWS = {
-    "gpu": "one row per GPU per poll",
-    "gpu_nvlink": "one row per NVLink link per poll",
-    "gpu_event": "one row per XID or ECC event, when it happens",
-    "gpu_canary": "one row per silent-data-corruption known-answer check",
-    "bmc_sensor": "one row per BMC sensor per poll",
-    "bmc": "one row per node per poll (BMC readings)",
-    "host": "one row per node per poll",
-    "gpufleet_collector": "one row per agent collector per poll",
-    "gpufleet_agent": "one row per agent exporter per poll",
-}
 TAG_DOC = {
     "host": "node name",
     "gpu": "GPU index on the node (NVML order)",
@@ -42,22 +31,9 @@ TAG_DOC = {
     "severity": "`critical` or `warning`",
 }
 
-# Written by the analyzer, not by the agent: documented here so the schema is whole.
-INCIDENT = {
-    "measurement": "incident",
-    "rows": "one point per incident, time = incident start (written when it fires, rewritten with "
-            "state `resolved` when it ends)",
-    "tags": ("kind", "severity", "host", "cluster", "rack"),
-    "fields": (
-        ("id", "string", "", "stable incident id"),
-        ("summary", "string", "", "one-line human summary"),
-        ("gpu", "int", "1", "GPU index the incident concerns, when it concerns one"),
-        ("link", "int", "1", "NVLink link the incident concerns, when it concerns one"),
-        ("state", "string", "", "`firing` or `resolved`"),
-        ("end_ns", "int", "ns", "end of the incident (ns since the epoch), on resolved rows"),
-        ("duration_seconds", "float", "s", "incident duration so far (firing) or in all (resolved)"),
-    ),
-}
+def _rows(measurement: str) -> str:
+    m = catalogue.MEASUREMENTS.get(measurement)
+    return m.rows if m else ""
 
 
 def _sentence(s: str) -> str:
@@ -104,11 +80,12 @@ def render() -> str:
     meas = catalogue.measurements()
     for m in meas:
         tags = ", ".join(f"`{t}`" for t in catalogue.tags(m))
-        out.append(f"| [`{m}`](#{m}) | {ROWS.get(m, '')} | {tags} | {len(catalogue.fields(m))} |")
-    tags = ", ".join(f"`{t}`" for t in INCIDENT["tags"])
-    out.append(f"| [`incident`](#incident) | {INCIDENT['rows']} | {tags} | {len(INCIDENT['fields'])} |")
+        out.append(f"| [`{m}`](#{m}) | {_rows(m)} | {tags} | {len(catalogue.fields(m))} |")
+    inc = catalogue.incident()
+    tags = ", ".join(f"`{t}`" for t in inc.tags)
+    out.append(f"| [`incident`](#incident) | {inc.rows} | {tags} | {len(inc.fields)} |")
     for m in meas:
-        out += ["", f"## {m}", "", _sentence(ROWS.get(m, "")), "", "Tags: "
+        out += ["", f"## {m}", "", _sentence(_rows(m)), "", "Tags: "
                 + ", ".join(f"`{t}` ({TAG_DOC.get(t, '')})" for t in catalogue.tags(m)) + ".", "",
                 "| field | type | unit | kind | tier | OpenTelemetry instrument | source | description |",
                 "|---|---|---|---|---|---|---|---|"]
@@ -117,10 +94,10 @@ def render() -> str:
                        f"{_cell(x.source)} | {_cell(x.description)} |")
     out += ["", "## incident", "",
             "Written back to InfluxDB by the analyzer (not by the agent): "
-            f"{INCIDENT['rows']}. The `id` field ties the two writes to one incident.", "",
-            "Tags: " + ", ".join(f"`{t}` ({TAG_DOC.get(t, '')})" for t in INCIDENT["tags"]) + ".", "",
+            f"{inc.rows}. The `id` field ties the two writes to one incident.", "",
+            "Tags: " + ", ".join(f"`{t}` ({TAG_DOC.get(t, '')})" for t in inc.tags) + ".", "",
             "| field | type | unit | description |", "|---|---|---|---|"]
-    for name, typ, unit, desc in INCIDENT["fields"]:
+    for name, typ, unit, desc in inc.fields:
         out.append(f"| `{name}` | {typ} | {f'`{unit}`' if unit else ''} | {_cell(desc)} |")
     return "\n".join(out) + "\n"
 

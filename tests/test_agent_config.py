@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from agent import config
 from gpufleet.errors import ConfigError
+from gpufleet.net import redact_url
 from tests.test_agent_support import ROOT, agent_cmd
 
 EXAMPLE = ROOT / "packaging" / "config" / "agent.toml"
@@ -38,7 +39,7 @@ def test_values_and_overrides():
                                  exporters=("file,influx",))
     assert cfg["agent"]["interval"] == 1.0 and cfg["influx"]["api"] == "v2"
     assert cfg["labels"] == {"rack": "r1"} and cfg["agent"]["exporters"] == ["file", "influx"]
-    assert config.redact_url("http://u:pw@h:8086/write?db=x&p=secret") == "http://***@h:8086/write?db=x&p=***"
+    assert redact_url("http://u:pw@h:8086/write?db=x&p=secret") == "http://***@h:8086/write?db=x&p=***"
 
 
 @pytest.mark.parametrize("text, key", [

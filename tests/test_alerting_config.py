@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from analyzer.alerting import load_sinks
-from analyzer.alerting.base import redact_url, retry_after_seconds
+from analyzer.alerting.base import redact_url
 from gpufleet.cli import main
 from gpufleet.errors import ConfigError
+from gpufleet.net import retry_after_seconds
 
 
 def err(config, cli=(), match=None) -> str:

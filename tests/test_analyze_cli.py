@@ -77,7 +77,8 @@ def test_shards_cover_every_host_once_and_find_the_same(tmp_path):
         (["analyze", "--input", "/nonexistent/telemetry.lp.gz"], "no such file"),
         (["analyze"], "exactly one of"),
         (["analyze", "--input", "x", "--shard", "3/2"], "--shard"),
-        (["analyze", "--influx-url", "http://127.0.0.1:9", "--db", "x", "--since", "1h"], "unreachable"),
+        (["analyze", "--influx-url", "http://127.0.0.1:9", "--influx-db", "x", "--since", "1h"],
+         "unreachable"),
         (["analyze", "--input", "x", "--config", "/nonexistent.toml"], "no such config"),
     ],
 )
@@ -112,7 +113,7 @@ def test_influxdb_batch_matches_files_and_bad_database(tmp_path, capsys):
                     "analyze",
                     "--influx-url",
                     db.url,
-                    "--db",
+                    "--influx-db",
                     "fleet",
                     "--start",
                     start,
@@ -129,7 +130,7 @@ def test_influxdb_batch_matches_files_and_bad_database(tmp_path, capsys):
         an.feed_bytes(data)
         an.finish()
         assert got == [(i.kind, i.host, i.gpu, i.start) for i in an.incidents()] and got
-        assert main(["analyze", "--influx-url", db.url, "--db", "nope", "--since", "1h"]) == 2
+        assert main(["analyze", "--influx-url", db.url, "--influx-db", "nope", "--since", "1h"]) == 2
         err = capsys.readouterr().err.strip()
         assert "does not exist" in err and len(err.splitlines()) == 1
 
@@ -151,7 +152,7 @@ def test_follow_writes_incidents_and_survives_a_restart(tmp_path):
                 "--follow",
                 "--influx-url",
                 db.url,
-                "--db",
+                "--influx-db",
                 "fleet",
                 "--since",
                 "45m",
@@ -244,6 +245,6 @@ def test_example_config_is_the_defaults():
 
 def test_credentials_never_reach_messages(capsys):
     url = f"http://bob:s3cret@127.0.0.1:{free_port()}"
-    assert main(["analyze", "--influx-url", url, "--db", "x", "--since", "1h"]) == 2
+    assert main(["analyze", "--influx-url", url, "--influx-db", "x", "--since", "1h"]) == 2
     err = capsys.readouterr().err
     assert "unreachable" in err and "s3cret" not in err and "bob" not in err

@@ -88,7 +88,7 @@ def test_a_config_bounds_the_future(tmp_path):
 def test_an_influx_range_from_timestamp_1_skips_empty_time(tmp_path, influxdb):
     influxdb.create_db("fleet")
     influxdb.write("fleet", DATA.decode())
-    base = ("analyze", "--influx-url", influxdb.url, "--db", "fleet", "--stats")
+    base = ("analyze", "--influx-url", influxdb.url, "--influx-db", "fleet", "--stats")
     r = _cli(*base, "--start", str(T0), "--end", str(T0 + 4800))
     assert r.returncode == 0, r.stderr
     want = r.stdout
@@ -145,7 +145,7 @@ def test_config_values_are_range_checked_naming_the_key(tmp_path):
 def test_poll_must_be_at_least_a_second(tmp_path):
     url = f"http://127.0.0.1:{free_port()}"
     for poll in ("0s", "-5s", "0.5s", "nan"):
-        r = _cli("analyze", "--follow", "--influx-url", url, "--db", "x", "--poll", poll, timeout=20)
+        r = _cli("analyze", "--follow", "--influx-url", url, "--influx-db", "x", "--poll", poll, timeout=20)
         _one_line_exit_2(r, "--poll")
 
 
@@ -167,7 +167,7 @@ def test_influx_secrets_only_from_file_or_env(tmp_path):
         server.write("fleet", DATA.decode())
         pw = tmp_path / "pw"
         pw.write_text("right\n")
-        base = ("analyze", "--influx-url", server.url, "--db", "fleet", "--start", str(T0), "--end",
+        base = ("analyze", "--influx-url", server.url, "--influx-db", "fleet", "--start", str(T0), "--end",
                 str(T0 + 4800))
         cfg = tmp_path / "a.toml"
         cfg.write_text(f'[influx]\nusername = "admin"\npassword_file = "{pw}"\n')
@@ -259,7 +259,7 @@ _arg_values = st.sampled_from(["0s", "-5s", "nan", "inf", "1s", "5m", "abc", "",
 def _argvs(draw):
     argv = ["analyze"]
     for opt in draw(st.lists(st.sampled_from(["--poll", "--shard", "--since", "--start", "--end", "--out",
-                                              "--sink", "--db", "--state", "--page-base-url"]),
+                                              "--sink", "--influx-db", "--state", "--page-base-url"]),
                              max_size=4, unique=True)):
         argv += [opt, draw(_arg_values)]
     if draw(st.booleans()):

@@ -227,11 +227,11 @@ def test_export_writes_provisioning_with_names(tmp_path):
             "Fleet Influx",
             "--datasource-uid",
             "fleet-influx",
-            "--url",
+            "--influx-url",
             "http://influx.internal:8086",
-            "--db",
+            "--influx-db",
             "telemetry",
-            "--user",
+            "--influx-user",
             "grafana_ro",
             "--org-id",
             "3",
@@ -258,7 +258,8 @@ def test_export_writes_provisioning_with_names(tmp_path):
 
 
 def test_export_influx2_uses_token_header(tmp_path):
-    assert main(["dashboards", "export", "--out", str(tmp_path), "--influx", "2", "--db", "fleet"]) == 0
+    assert main(["dashboards", "export", "--out", str(tmp_path), "--influx", "2",
+                 "--influx-db", "fleet"]) == 0
     text = (tmp_path / "provisioning/datasources/gpufleet.yaml").read_text()
     d = yaml.safe_load(text)["datasources"][0]
     assert d["jsonData"]["version"] == "InfluxQL" and d["jsonData"]["dbName"] == "fleet"
@@ -270,9 +271,9 @@ def test_export_influx2_uses_token_header(tmp_path):
 @pytest.mark.parametrize(
     "args",
     [
-        ["--db", "bad name!"],
+        ["--influx-db", "bad name!"],
         ["--datasource", "x\ny"],
-        ["--url", "ftp://x"],
+        ["--influx-url", "ftp://x"],
         ["--datasource-uid", "a" * 41],
         ["--folder", "../etc"],
         ["--min-interval", "0s"],

@@ -52,12 +52,12 @@ def fleet(tmp_path_factory):
         == 0
     )
     with InfluxDB1(d / "influx") as server:
-        assert main(["replay", str(out), "--influx-url", server.url, "--db", DB, "--no-progress"]) == 0
+        assert main(["replay", str(out), "--influx-url", server.url, "--influx-db", DB, "--no-progress"]) == 0
         truth = records.read(out / "truth.jsonl")
         for i, r in enumerate(truth):
             r.id = f"sim-{i:04d}"
             r.summary = f"{r.kind} on {r.host} GPU {r.gpu}: {r.detail}"
-        from analyzer.cli import incident_lines
+        from analyzer.store import incident_lines
 
         server.write(DB, "\n".join(incident_lines(truth)))
         manifest = json.loads((out / "manifest.json").read_text())

@@ -55,7 +55,7 @@ def test_replay_v1_returns_every_point_and_resumes(influxdb, fleet_dir, capsys):
                 str(fleet_dir),
                 "--influx-url",
                 influxdb.url,
-                "--db",
+                "--influx-db",
                 "fleet",
                 "--batch",
                 "700",
@@ -71,13 +71,15 @@ def test_replay_v1_returns_every_point_and_resumes(influxdb, fleet_dir, capsys):
     assert json.loads(state[0].read_text())["lines_done"] == total
     # a second run has nothing left to write; --restart writes everything again (idempotent points)
     assert (
-        main(["replay", str(fleet_dir), "--influx-url", influxdb.url, "--db", "fleet", "--no-progress"]) == 0
+        main(["replay", str(fleet_dir), "--influx-url", influxdb.url, "--influx-db", "fleet",
+              "--no-progress"]) == 0
     )
     assert "0 lines written" in capsys.readouterr().out
     # an interrupted replay resumes from the stored position
     state[0].write_text(json.dumps({"lines_done": total - 1234}))
     assert (
-        main(["replay", str(fleet_dir), "--influx-url", influxdb.url, "--db", "fleet", "--no-progress"]) == 0
+        main(["replay", str(fleet_dir), "--influx-url", influxdb.url, "--influx-db", "fleet",
+              "--no-progress"]) == 0
     )
     assert "1234 lines written" in capsys.readouterr().out
     assert counts(influxdb, "fleet") == {m: want.get(m, 0) for m in ONE_FIELD}
@@ -88,14 +90,15 @@ def test_replay_v1_returns_every_point_and_resumes(influxdb, fleet_dir, capsys):
 
 @skip_unless("influxd")
 def test_replay_bad_input(influxdb, fleet_dir, tmp_path, capsys):
-    assert main(["replay", str(tmp_path), "--influx-url", influxdb.url, "--db", "x"]) == 2
+    assert main(["replay", str(tmp_path), "--influx-url", influxdb.url, "--influx-db", "x"]) == 2
     assert "not a simulator output" in capsys.readouterr().err
-    assert main(["replay", str(fleet_dir), "--influx-url", "http://127.0.0.1:9", "--db", "x"]) == 2
+    assert main(["replay", str(fleet_dir), "--influx-url", "http://127.0.0.1:9", "--influx-db", "x"]) == 2
     assert "cannot reach" in capsys.readouterr().err
     assert main(["replay", str(fleet_dir), "--influx-url", influxdb.url]) == 2
-    assert "--db" in capsys.readouterr().err
+    assert "--influx-db" in capsys.readouterr().err
     assert (
-        main(["replay", str(fleet_dir), "--influx-url", influxdb.url, "--db", "nodb", "--no-create-db"]) == 2
+        main(["replay", str(fleet_dir), "--influx-url", influxdb.url, "--influx-db", "nodb",
+              "--no-create-db"]) == 2
     )
     assert "does not exist" in capsys.readouterr().err
     assert (
@@ -107,11 +110,11 @@ def test_replay_bad_input(influxdb, fleet_dir, tmp_path, capsys):
                 influxdb.url,
                 "--influx-api",
                 "v2",
-                "--bucket",
+                "--influx-bucket",
                 "b",
-                "--org",
+                "--influx-org",
                 "o",
-                "--token-file",
+                "--influx-token-file",
                 str(tmp_path / "missing"),
             ]
         )
@@ -133,11 +136,11 @@ def test_replay_v2_write_api(victoria, fleet_dir, tmp_path):
                 victoria.url,
                 "--influx-api",
                 "v2",
-                "--bucket",
+                "--influx-bucket",
                 "b",
-                "--org",
+                "--influx-org",
                 "o",
-                "--token-file",
+                "--influx-token-file",
                 str(token),
                 "--no-progress",
                 "--restart",
@@ -169,7 +172,7 @@ def test_replay_speed_paces_by_data_time(influxdb, fleet_dir, tmp_path):
                 str(copy),
                 "--influx-url",
                 influxdb.url,
-                "--db",
+                "--influx-db",
                 "paced",
                 "--speed",
                 "3600",
@@ -181,4 +184,5 @@ def test_replay_speed_paces_by_data_time(influxdb, fleet_dir, tmp_path):
         == 0
     )
     assert time.monotonic() - t0 >= 0.4
-    assert main(["replay", str(copy), "--influx-url", influxdb.url, "--db", "paced", "--speed", "0"]) == 2
+    assert main(["replay", str(copy), "--influx-url", influxdb.url, "--influx-db", "paced",
+                 "--speed", "0"]) == 2

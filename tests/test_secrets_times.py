@@ -103,7 +103,7 @@ def test_every_caller_applies_the_same_rule(tmp_path, monkeypatch):
         load_sinks([{"type": "pagerduty", "routing_key_file": str(two)}], [])
     (tmp_path / "telemetry.lp.gz").write_bytes(b"")
     (tmp_path / "manifest.json").write_text("{}")
-    with pytest.raises(ConfigError, match="--token-file: .* more than one line"):
+    with pytest.raises(ConfigError, match="--influx-token-file: .* more than one line"):
         Replayer(str(tmp_path), "http://127.0.0.1:9", api="v2", bucket="b", org="o", token_file=str(two))
     from agent import config as agent_config
 

@@ -31,8 +31,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from agent.config import redact_url
 from agent.spool import Spool
+from gpufleet.net import classify, redact_url
 
 log = logging.getLogger("gpufleet.agent.influx")
 
@@ -140,14 +140,10 @@ HINTS = {401: "check username and password_file/password_env (or token)",
 
 
 def _classify(status: int, text: str, retry_after: str | None) -> Answer:
-    if 200 <= status < 300:
+    """Any refusal but a malformed-lines 400 is retried: the batch waits in the spool for a fix."""
+    disposition, ra = classify(status, retry_after)
+    if disposition == "ok":
         return Answer(True, False, status, "")
-    ra = None
-    if retry_after:
-        try:
-            ra = max(0.0, float(retry_after))
-        except ValueError:
-            ra = None
     retry = not (status == 400 and _MALFORMED.search(text or ""))
     return Answer(False, retry, status, text.strip()[:500], ra)
 

@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
 
 from agent.pipeline.mapping import EVENT_TIME, Catalogue
-from gpufleet.lineprotocol import escape_key, escape_measurement, format_value
+from gpufleet.lineprotocol import escape_key, format_value
+from gpufleet.lineprotocol import head as lp_head
 
 log = logging.getLogger("gpufleet.agent.lineprotocol")
 
@@ -91,13 +92,7 @@ class LineProtocolExporter(MetricExporter):
         hk = (meas, tags)
         head = self._heads.get(hk)
         if head is None:
-            head = escape_measurement(meas)
-            for k, v in sorted(tags):
-                v = str(v)
-                if v == "":
-                    continue
-                head += f",{escape_key(str(k))}={escape_key(_tag_value(v))}"
-            self._heads[hk] = head
+            head = self._heads[hk] = lp_head(meas, {k: _tag_value(str(v)) for k, v in tags})
         return head
 
     def rows(self, metrics_data: MetricsData, tick_ns: int) -> dict[tuple[str, int], list[str]]:

@@ -8,13 +8,14 @@ give up and log the response). Sinks register by name in :data:`REGISTRY`.
 
 from __future__ import annotations
 
-import email.utils
 import json
 import logging
-import time
 from dataclasses import asdict, dataclass, field
 from typing import ClassVar
 from urllib.parse import urlsplit
+
+from gpufleet import net
+from gpufleet.net import classify
 
 log = logging.getLogger("gpufleet.alerting")
 
@@ -79,33 +80,9 @@ class Outcome:
     record: dict | None = None  # what an action sink did, kept in the notifier's state
 
 
-def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
-    """Parse a ``Retry-After`` header: delta-seconds or an HTTP date; None when absent/garbage."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value).timestamp()
-    except (TypeError, ValueError, IndexError):
-        return None
-    return max(0.0, when - (time.time() if now is None else now))
-
-
 def redact_url(url: str) -> str:
     """Scheme and host only: paths and queries of webhook URLs carry tokens."""
-    try:
-        parts = urlsplit(url)
-        port = f":{parts.port}" if parts.port else ""
-    except ValueError:
-        return "<invalid URL>"
-    if not parts.scheme or not parts.hostname:
-        return "<invalid URL>"
-    rest = "/***" if (parts.path not in ("", "/") or parts.query) else ""
-    return f"{parts.scheme}://{parts.hostname}{port}{rest}"
+    return net.redact_url(url, keep_path=False)
 
 
 @dataclass
@@ -170,7 +147,8 @@ class Sink:
         return f"<{type(self).__name__} {self.name} {redact_url(self.url)}>"
 
     def redact(self, text: str) -> str:
-        for s in sorted(self.secrets(), key=len, reverse=True):
+        """``text`` without the sink's secrets, nor its URL's credentials (whatever secrets() says)."""
+        for s in sorted([*self.secrets(), *net.url_secrets(self.url or "")], key=len, reverse=True):
             if s and len(s) >= 4:
                 text = text.replace(s, "***")
         return text
@@ -194,11 +172,11 @@ class Sink:
         except requests.RequestException as exc:
             return Outcome("retry", self.redact(f"{type(exc).__name__}: {exc}"))
         text = self.redact(r.text[:500])
-        if 200 <= r.status_code < 300:
+        disposition, ra = classify(r.status_code, r.headers.get("Retry-After"))
+        if disposition == "ok":
             return Outcome("sent", code=r.status_code)
-        if r.status_code == 429 or r.status_code >= 500:
-            return Outcome("retry", f"HTTP {r.status_code}: {text}",
-                           retry_after_seconds(r.headers.get("Retry-After")), r.status_code)
+        if disposition == "retry":
+            return Outcome("retry", f"HTTP {r.status_code}: {text}", ra, r.status_code)
         return Outcome("failed", f"HTTP {r.status_code}: {text}", code=r.status_code)
 
     def close(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from gpufleet.errors import GpufleetError
+from gpufleet.flags import Renamed
 
 
 @click.command()
@@ -59,10 +60,11 @@ def sim(nodes, gpus_per_node, duration, step, seed, scenario, out, progress, com
 @click.argument("directory", type=click.Path())
 @click.option("--influx-url", required=True, help="InfluxDB base URL, e.g. http://localhost:8086")
 @click.option("--influx-api", type=click.Choice(["v1", "v2"]), default="v1", show_default=True)
-@click.option("--db", help="Database (v1).")
-@click.option("--bucket", help="Bucket (v2).")
-@click.option("--org", help="Organisation (v2).")
-@click.option("--token-file", type=click.Path(dir_okay=False), help="File holding the API token (v2).")
+@click.option("--influx-db", "db", cls=Renamed, old=["--db"], help="Database (v1).")
+@click.option("--influx-bucket", "bucket", cls=Renamed, old=["--bucket"], help="Bucket (v2).")
+@click.option("--influx-org", "org", cls=Renamed, old=["--org"], help="Organisation (v2).")
+@click.option("--influx-token-file", "token_file", cls=Renamed, old=["--token-file"],
+              type=click.Path(dir_okay=False), help="File holding the API token (v2).")
 @click.option(
     "--speed", type=float, default=None, help="Replay at X times real time (default: as fast as possible)."
 )

@@ -22,7 +22,7 @@ import numpy as np
 
 from gpufleet import __version__, catalogue
 from gpufleet.errors import GpufleetError
-from gpufleet.lineprotocol import encode, escape_key, escape_measurement, format_value
+from gpufleet.lineprotocol import encode, escape_key, format_value, head
 from gpufleet.records import Record, to_rfc3339
 from gpufleet.sim import activity
 from gpufleet.sim.activity import FIELDS as ACTIVITY_FIELDS
@@ -70,16 +70,6 @@ SENSOR_KEYS = (
     "phase",
     "strag",
 )
-
-
-def head(measurement: str, tags: dict) -> str:
-    out = escape_measurement(measurement)
-    for k in sorted(tags):
-        v = tags[k]
-        if v is None or v == "":
-            continue
-        out += f",{escape_key(str(k))}={escape_key(str(v))}"
-    return out
 
 
 def template(fields: list[tuple[str, str]]) -> str:
@@ -152,15 +142,20 @@ def gpu_fields(tier: set[str]) -> list[tuple[str, str]]:
 
 
 def xid_catalogue() -> dict[int, dict]:
-    """The agent's XID catalogue (severity, action per code), read as data; {} when absent."""
-    try:
-        import tomllib
-        from importlib import resources
+    """The agent's XID catalogue (severity, action per code), read as data.
 
+    A catalogue that is missing or unreadable is an error (an incomplete installation), never
+    an empty table: the simulated XIDs would lose their severities without a word.
+    """
+    import tomllib
+    from importlib import resources
+
+    try:
         doc = tomllib.loads(resources.files("agent").joinpath("xid_catalogue.toml").read_text())
         return {int(k): v for k, v in doc.get("xid", {}).items()}
-    except (ImportError, OSError, ValueError):
-        return {}
+    except (ImportError, OSError, ValueError) as exc:
+        raise GpufleetError(f"XID catalogue agent/xid_catalogue.toml: cannot read it ({exc}); "
+                            "the installation is incomplete") from None
 
 
 class Writer:

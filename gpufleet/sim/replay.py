@@ -53,15 +53,16 @@ class Replayer:
         self.create_db = create_db
         if api == "v1":
             if not db:
-                raise GpufleetError("--db is required with --influx-api v1")
+                raise GpufleetError("--influx-db is required with --influx-api v1")
             self.db = db
             self.target = f"database {db}"
         elif api == "v2":
             if not bucket or not org or not token_file:
-                raise GpufleetError("--bucket, --org and --token-file are required with --influx-api v2")
+                raise GpufleetError("--influx-bucket, --influx-org and --influx-token-file are required "
+                                    "with --influx-api v2")
             from gpufleet.secrets import read_secret
 
-            self.token = read_secret("--token", token_file)
+            self.token = read_secret("--influx-token", token_file)
             self.bucket, self.org = bucket, org
             self.target = f"bucket {bucket}"
         else:

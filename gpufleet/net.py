@@ -1,0 +1,88 @@
+"""HTTP helpers every sender shares: URL redaction for logs and the answer classification.
+
+:func:`redact_url` is the one way a URL reaches a log line or a ``repr``: credentials
+(``user:pass@``) and secret query values (``token``, ``password``, ``p``, ``u``, ``auth``...) are
+masked; with ``keep_path=False`` (webhook URLs, whose path is the secret) the path and query
+become ``/***``. :func:`classify` turns an HTTP status and its ``Retry-After`` header into
+``ok`` / ``retry`` / ``refused``; :func:`retry_after_seconds` reads the header as delta-seconds
+or as an HTTP date.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import re
+import time
+from urllib.parse import urlsplit, urlunsplit
+
+INVALID = "<invalid URL>"
+_SECRET_QUERY = re.compile(r"(?i)((?:^|&)(?:token|password|p|u|auth)[^=&]*=)[^&]*")
+
+
+def redact_url(url: str, keep_path: bool = True) -> str:
+    """``http://user:secret@h:8086/write?db=x&p=pw`` -> ``http://***@h:8086/write?db=x&p=***``.
+
+    ``keep_path=False``: ``https://hooks.example/services/T/B/x`` -> ``https://hooks.example/***``.
+    A URL without a scheme and host (or one that does not parse) is ``<invalid URL>``.
+    """
+    try:
+        p = urlsplit(url)
+        p.port  # noqa: B018 - raises ValueError on a bad port
+    except (ValueError, TypeError, AttributeError):
+        return INVALID
+    if not p.scheme or not p.hostname:
+        return INVALID
+    netloc = p.netloc
+    if "@" in netloc:
+        netloc = "***@" + netloc.rsplit("@", 1)[1]
+    if not keep_path:
+        rest = "/***" if (p.path not in ("", "/") or p.query) else ""
+        return f"{p.scheme}://{netloc}{rest}"
+    return urlunsplit((p.scheme, netloc, p.path, _SECRET_QUERY.sub(r"\1***", p.query), p.fragment))
+
+
+def url_secrets(url: str) -> list[str]:
+    """The credentials a URL carries: its password and the values of secret query parameters."""
+    try:
+        p = urlsplit(url)
+        out = [p.password] if p.password else []
+    except (ValueError, TypeError, AttributeError):
+        return []
+    for m in _SECRET_QUERY.finditer(p.query):
+        value = p.query[m.end(1):m.end()]
+        if value:
+            out.append(value)
+    return out
+
+
+def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
+    """Parse a ``Retry-After`` header: delta-seconds or an HTTP date; None when absent/garbage."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    return max(0.0, when - (time.time() if now is None else now))
+
+
+def classify(status: int | None, retry_after: str | None = None,
+             now: float | None = None) -> tuple[str, float | None]:
+    """``(disposition, retry_after seconds)`` of one HTTP answer.
+
+    ``ok``: 2xx. ``retry``: no answer (``status`` None or 0), 429 or 5xx: the same request may
+    succeed later (after ``Retry-After`` when given). ``refused``: any other status: this request
+    will not succeed as it is (a sink gives up and logs it; the agent keeps the batch spooled
+    until an operator fixes the cause, or sets a malformed one aside).
+    """
+    if status and 200 <= status < 300:
+        return "ok", None
+    ra = retry_after_seconds(retry_after, now)
+    if not status or status == 429 or status >= 500:
+        return "retry", ra
+    return "refused", ra
