@@ -26,6 +26,7 @@ IDENTITY_TAGS = {
     "host": ("host",),
     "gpufleet_collector": ("host", "collector"),
     "gpufleet_agent": ("host", "exporter"),
+    "gpufleet_canary": ("host", "gpu", "uuid", "model"),
 }
 OPERATOR_TAGS = ("cluster", "rack")
 

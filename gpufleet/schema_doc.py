@@ -22,6 +22,8 @@ ROWS = {
     "host": "one row per node per poll",
     "gpufleet_collector": "one row per agent collector per poll",
     "gpufleet_agent": "one row per agent exporter per poll",
+    "gpufleet_canary": "one row per GPU every canary.status_every (60 s) with the canary's state; "
+                       "one node row (no gpu tag) with the drop-directory counts",
 }
 TAG_DOC = {
     "host": "node name",
