@@ -54,6 +54,7 @@ def run_canary(gpu: str, engine: str = "auto", backend_spec: str = "nvml", size:
             have = ", ".join(g.label for g in col.gpus) or "none"
             raise ConfigError(f"--gpu {gpu}: no such device here (devices: {have})")
         col.gpus = chosen
+    col.parallel = max(1, len(col.gpus))  # one child per GPU at once: a job boundary is short
     if force:
         col._busy = lambda g: None  # the caller knows the GPU is free (a job boundary)
     try:
