@@ -62,6 +62,10 @@ PANELS: dict[str, list[tuple[str, str, str, str]]] = {
         ("gpu_canary", "mismatches", "Canary mismatching elements", "value"),
         ("gpu", "temperature_gpu_celsius", "GPU temperature (°C)", "value"),
     ],
+    "canary_unchecked": [
+        ("gpu_canary", "passed", "Canary passed (1) / failed (0)", "value"),
+        ("gpu", "utilization_gpu_ratio", "GPU utilization", "value"),
+    ],
     "gpu_lost": [
         ("gpu", "up", "GPU answered the poll", "value"),
         ("gpu", "power_watts", "Power (W)", "value"),
@@ -90,6 +94,9 @@ CHECKS = {
                       "A failed remap or repeated uncorrectable errors mean the GPU should be replaced."],
     "sdc": ["Drain the GPU now: it returned a wrong answer without any error.",
             "Rerun the canary after a reset; replace the GPU if it fails again."],
+    "canary_unchecked": ["Check that the agent's canary runs (gpufleet_canary.errors_total, its log) "
+                         "and that the Slurm Epilog / Kubernetes hook calls gpufleet canary on this node.",
+                         "A GPU busy around the clock is checked only at job boundaries."],
     "gpu_lost": ["Look for XID 79 (fallen off the bus) in the events; check dmesg on the node.",
                  "A reset or a reboot brings it back; repeated losses call for a swap."],
     "straggler": ["Compare clocks, power and temperature with its peers: a slow GPU slows its whole job.",
