@@ -101,6 +101,10 @@ for d in operations.md scale.md schema.md architecture.md; do
     [ -e "$SRC/docs/$d" ] && install -m 0644 "$SRC/docs/$d" "$DOC/$d"
 done
 install -D -m 0644 "$SRC/packaging/deb/60-gpufleet-ipmi.rules" "$DOC/examples/60-gpufleet-ipmi.rules"
+# the canary's job-boundary hooks (slurm.conf Epilog= / Prolog=; docs/sources.md)
+for hook in epilog.sh prolog.sh; do
+    install -D -m 0755 "$SRC/packaging/slurm/$hook" "$STAGE/usr/share/gpufleet/slurm/$hook"
+done
 cat > "$DOC/copyright" <<COPY
 Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/
 Upstream-Name: gpufleet

@@ -221,3 +221,25 @@ def test_canary_cli_json_and_drop(tmp_path):
     r = subprocess.run([sys.executable, "-m", "gpufleet", "canary", "--gpu", "7", "--engine", "numpy"],
                        capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no such device" in r.stderr
+
+
+def test_a_gpu_childs_resident_memory_is_bounded():
+    """A CUDA child cannot have RLIMIT_AS: its resident set is watched and it is killed past the bound."""
+    from agent.collectors.canary import Child
+
+    grow = "import time; b = bytearray(300 << 20); b[::4096] = b'x' * len(b[::4096]); time.sleep(60)"
+    c = Child([sys.executable, "-c", grow], dict(os.environ), timeout=60, max_rss=100 << 20, cpu_only=False)
+    res = c.wait(30)
+    assert res is not None and res["ok"] is False and res["reason"] == "killed"
+    assert "resident memory" in res["error"] and c.proc.returncode is not None
+
+
+def test_gpu_check_without_a_gpu_is_one_json_saying_so(tmp_path):
+    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path)}
+    r = subprocess.run([str(ROOT / "bench" / "gpu_check.sh")], capture_output=True, text=True, env=env,
+                       timeout=120, cwd=tmp_path)
+    if r.returncode == 0:
+        pytest.skip("this machine has a GPU: bench/gpu_check.sh ran for real")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 1 and doc["ok"] is False and doc["error"].startswith("no NVML here")
+    assert json.loads((tmp_path / "gpu_check.json").read_text()) == doc

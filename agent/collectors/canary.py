@@ -330,6 +330,11 @@ class CanaryCollector:
         self._refs = load_reference(reference)
         self._refs_at = self._now
         self.drop_dir = Path(drop_dir) if drop_dir else None
+        if self.drop_dir is not None:
+            try:  # the agent's own directory: it must be able to remove what hooks leave there
+                self.drop_dir.mkdir(parents=True, exist_ok=True)
+            except OSError:
+                pass  # not there and not creatable: nothing to pick up until a hook creates it
         self.drop_files = self.drop_errors = 0
         self._tmp_state: str | None = None
         self.state_dir = self._state_dir(state_dir)
