@@ -243,3 +243,16 @@ def test_gpu_check_without_a_gpu_is_one_json_saying_so(tmp_path):
     doc = json.loads(r.stdout)
     assert r.returncode == 1 and doc["ok"] is False and doc["error"].startswith("no NVML here")
     assert json.loads((tmp_path / "gpu_check.json").read_text()) == doc
+
+
+def test_one_row_per_gpu_per_tick_so_the_pipeline_loses_none(tmp_path):
+    drop = tmp_path / "drop"
+    probe = CanaryCollector(engine="numpy", size=64, interval=0, wait=60)
+    rows = [canary_rows(probe.collect(t))[0] for t in (10**18, 10**18 + 1)]
+    for r, src in zip(rows, ("slurm-prolog", "slurm-epilog"), strict=True):
+        write_drop(drop, r, src)
+    agent = CanaryCollector(engine="numpy", size=64, interval=3600, wait=60, drop_dir=str(drop))
+    ticks = [canary_rows(agent.collect(10**18 + k * 10**9)) for k in range(1, 5)]
+    assert [len(t) for t in ticks] == [1, 1, 1, 0]  # its own check and the two drops, one per tick
+    assert sorted(r.extra.get("source", "own") for t in ticks for r in t) == ["own", "slurm-epilog",
+                                                                             "slurm-prolog"]

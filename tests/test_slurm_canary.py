@@ -62,7 +62,8 @@ def test_epilog_delivers_a_canary_result_through_a_real_slurm_job(tmp_path):
                                   timeout=60), slurm.logs()
             assert ran.read_text().splitlines() == [f"prolog {job} 0", f"epilog {job} 0"]
             # the results reach the agent's output: two more gpu_canary rows, the drop dir emptied
-            assert slurm.wait_for(lambda: len(canary_lines(out)) >= 3, timeout=30)
+            assert slurm.wait_for(lambda: len(canary_lines(out)) >= 3, timeout=30), (
+                canary_lines(out), list(drop.iterdir()), (tmp_path / "agent.log").read_text()[-3000:])
         lines = canary_lines(out)
         assert len(lines) == 3 and all("passed=1i" in ln and "checks=1i" in ln for ln in lines)
         assert all("host=slurmnode" in ln and "gpu=cpu" in ln for ln in lines)

@@ -326,6 +326,7 @@ class CanaryCollector:
         self._cost: dict[int, float] = {}
         self._inject: tuple[int, int] | None = None
         self._status_at = -float("inf")
+        self._backlog: list[Sample] = []  # gpu_canary rows waiting for their tick
         self.reference_src, self.reference_refresh = reference, float(reference_refresh)
         self._refs = load_reference(reference)
         self._refs_at = self._now
@@ -637,7 +638,21 @@ class CanaryCollector:
                 progress = True
             if not progress or (self.wait <= 0 and self.verdict is None):
                 break
-        out += self._status(now_ns)
+        return self._one_per_gpu(out) + self._status(now_ns)
+
+    def _one_per_gpu(self, rows: list[Sample]) -> list[Sample]:
+        """At most one ``gpu_canary`` row per GPU per tick; the rest wait for the next ticks.
+
+        The export pipeline keeps one value per instrument and attribute set per collection:
+        two results for one GPU in one tick (a drop file beside the agent's own check, a Slurm
+        prolog's and epilog's) would otherwise lose one."""
+        self._backlog.extend(rows)
+        out, later, seen = [], [], set()
+        for s in self._backlog:
+            g = s.tags.get("gpu")
+            (later if g in seen else out).append(s)
+            seen.add(g)
+        self._backlog = later
         return out
 
     # ----------------------------------------------------------------------- self rows
