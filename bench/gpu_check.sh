@@ -11,12 +11,27 @@ set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-python3}
 SITE="$ROOT/.gpucheck/site"
+# one pip call (the opentelemetry wheels share a namespace package: installed one by one into a
+# --target, each would replace the last), with the wheels this Python can take (isal is cp312)
+PYTAG=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+WHEELS=()
 for whl in "$ROOT"/.gpucheck/wheels/*.whl; do
     [ -e "$whl" ] || continue
-    # one at a time: a wheel for another Python (isal is cp312) is skipped, not fatal
-    "$PY" -m pip install -q --no-index --no-deps --disable-pip-version-check --upgrade --target "$SITE" \
-        "$whl" >/dev/null 2>&1 || echo "gpu_check: wheel not installed: $(basename "$whl")" >&2
+    case "$(basename "$whl")" in
+        *-py3-none-any.whl|*-py2.py3-none-any.whl|*-"$PYTAG"-*) WHEELS+=("$whl") ;;
+        *) echo "gpu_check: wheel not for this Python ($PYTAG): $(basename "$whl")" >&2 ;;
+    esac
 done
+# wheels in fallback/ only where the machine's own copy is missing or too old (typing_extensions:
+# torch brings its own, which must not be shadowed)
+if ! "$PY" -c 'from typing_extensions import deprecated' 2>/dev/null; then
+    for whl in "$ROOT"/.gpucheck/wheels/fallback/*.whl; do [ -e "$whl" ] && WHEELS+=("$whl"); done
+fi
+if [ ${#WHEELS[@]} -gt 0 ]; then
+    rm -rf "$SITE"
+    "$PY" -m pip install -q --no-index --no-deps --disable-pip-version-check --target "$SITE" \
+        "${WHEELS[@]}" >&2 || echo "gpu_check: installing the carried wheels failed" >&2
+fi
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 [ -d "$SITE" ] && export PYTHONPATH="$PYTHONPATH:$SITE"
 exec timeout 450 "$PY" "$ROOT/bench/gpu_check.py" "$@"
