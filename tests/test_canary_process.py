@@ -256,3 +256,21 @@ def test_one_row_per_gpu_per_tick_so_the_pipeline_loses_none(tmp_path):
     assert [len(t) for t in ticks] == [1, 1, 1, 0]  # its own check and the two drops, one per tick
     assert sorted(r.extra.get("source", "own") for t in ticks for r in t) == ["own", "slurm-epilog",
                                                                              "slurm-prolog"]
+
+
+def test_a_recheck_that_crashes_ends_the_round_with_the_failure_it_has():
+    col = CanaryCollector(engine="numpy", size=64, interval=3600, status_every=0)
+    col.collect(1)
+    col.gpus[0].child.wait(30)  # the first answer
+    assert canary_rows(col.collect(2))[0].fields["passed"] == 1
+    col.inject_bitflips(count=3, bit=4)
+    col.gpus[0].next_due = 0  # due again now
+    col.collect(3)  # started, with the flipped bits
+    col.gpus[0].child.wait(30)
+    col.max_rss = 1 << 20  # the recheck's child cannot even start (RLIMIT_AS 1 MiB)
+    assert canary_rows(col.collect(4)) == [] and col.gpus[0].child is not None  # recheck running
+    col.gpus[0].child.wait(30)
+    got = col.collect(5)
+    (row,) = canary_rows(got)
+    assert row.fields["checks"] == 1 and row.fields["checks_failed"] == 1 and row.fields["mismatches"] == 3
+    assert status(got)["cpu"]["errors_total"] == 1 and col.skipped["cpu"].startswith("check failed")

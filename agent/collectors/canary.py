@@ -151,6 +151,7 @@ class Child:
                                      env=env, start_new_session=True, close_fds=True)
         self.peak_rss = 0
         self.killed: str | None = None
+        self.result: dict | None = None  # once done: what poll() returns from then on
         if cpu_only and max_rss > 0:
             try:
                 import resource
@@ -165,6 +166,8 @@ class Child:
 
     def poll(self) -> dict | None:
         """The child's result once it is done (or killed), else None. Enforces deadline and RSS."""
+        if self.result is not None:
+            return self.result
         rc = self.proc.poll()
         if rc is None:
             rss = _rss_bytes(self.proc.pid) or 0
@@ -176,7 +179,8 @@ class Child:
             else:
                 return None
             rc = self.proc.returncode
-        return self._result(rc)
+        self.result = self._result(rc)
+        return self.result
 
     def wait(self, seconds: float) -> dict | None:
         end = time.monotonic() + seconds
@@ -523,16 +527,20 @@ class CanaryCollector:
     def _finish(self, g: _Gpu, res: dict, now_ns: int) -> list[Sample]:
         """Take one check's answer; returns the round's row when the round is complete."""
         if not res.get("ok"):
+            done = g.round  # a recheck that gave no answer ends its round with what it has
             self._error(g, res)
-            return []
-        g.logged = ""
-        fields = self._fields(res)
-        self._spent += float(fields.get("duration_seconds", 0.0))
-        self._cost[int(res.get("size", self.size))] = float(fields.get("duration_seconds", 0.0))
-        g.round.append((fields, res))
-        own_fail = fields.get("mismatches", 0) != 0 or fields.get("memory_mismatches", 0) != 0
-        if own_fail and len(g.round) <= self.confirm:
-            return []  # a round in progress: the GPU is rechecked at once (see _due)
+            if not done:
+                return []
+            g.round = done
+        else:
+            g.logged = ""
+            fields = self._fields(res)
+            self._spent += float(fields.get("duration_seconds", 0.0))
+            self._cost[int(res.get("size", self.size))] = float(fields.get("duration_seconds", 0.0))
+            g.round.append((fields, res))
+            own_fail = fields.get("mismatches", 0) != 0 or fields.get("memory_mismatches", 0) != 0
+            if own_fail and len(g.round) <= self.confirm:
+                return []  # a round in progress: the GPU is rechecked at once (see _due)
         rows = [f for f, _ in g.round]
         failed = [f for f in rows if not f.get("passed", 1)]
         out = dict(failed[0] if failed else rows[-1])
@@ -541,7 +549,8 @@ class CanaryCollector:
         g.checks += len(rows)
         g.failed += len(failed)
         g.last_check = self._now
-        self.skipped.pop(g.label, None)
+        if res.get("ok"):
+            self.skipped.pop(g.label, None)
         sample = Sample("gpu_canary", g.tags(), out, g.round_t,
                         extra={"size": int(first_res.get("size", self.size)),
                                "engine": first_res.get("engine", self.engine_name),
