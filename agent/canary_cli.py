@@ -17,7 +17,7 @@ import time
 
 import click
 
-from gpufleet.errors import ConfigError
+from gpufleet.errors import ConfigError, GpufleetError
 
 
 def _backend(spec: str):
@@ -126,7 +126,8 @@ def canary(gpu, as_json, engine, backend_spec, size, dtype, memory_bytes, state_
                        f"{r['engine']}, {r['wall_s']:.2f} s)")
         for k, v in skipped.items():
             click.echo(f"gpu {k}: not checked: {v}")
-    for p in problems:
-        click.echo(f"gpufleet: error: {p}", err=True)
-    if not ok:
-        click.get_current_context().exit(1)
+    if not ok:  # one line on stderr, exit 1
+        failed = [r["gpu"] for r in results if r["fields"].get("passed") != 1]
+        why = problems + [f"gpu {g}: check failed" for g in failed]
+        why += [f"gpu {g}: not checked ({v})" for g, v in skipped.items()]
+        raise GpufleetError("; ".join(why) or "nothing was checked", exit_code=1)

@@ -218,6 +218,13 @@ def test_canary_cli_json_and_drop(tmp_path):
     assert out["ok"] and out["results"][0]["gpu"] == "cpu" and out["results"][0]["fields"]["passed"] == 1
     assert out["results"][0]["wall_s"] > out["results"][0]["fields"]["duration_seconds"]
     assert [os.path.basename(p) for p in out["drop_files"]] == [p.name for p in drop.iterdir()]
+    # a full drop directory: the result is still printed, one line says why it was not handed over
+    r = subprocess.run([sys.executable, "-m", "gpufleet", "canary", "--engine", "numpy", "--json",
+                        "--drop-dir", str(drop), "--max-files", "1", "--state-dir", str(tmp_path / "st")],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 1 and json.loads(r.stdout)["results"][0]["fields"]["passed"] == 1
+    assert r.stderr.count("\n") == 1 and "drop directory full" in r.stderr
+    assert len(list(drop.iterdir())) == 1
     r = subprocess.run([sys.executable, "-m", "gpufleet", "canary", "--gpu", "7", "--engine", "numpy"],
                        capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no such device" in r.stderr

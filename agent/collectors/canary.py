@@ -341,6 +341,8 @@ class CanaryCollector:
             except OSError:
                 pass  # not there and not creatable: nothing to pick up until a hook creates it
         self.drop_files = self.drop_errors = 0
+        self._drop_skip: set[str] = set()  # files that could not be removed or set aside
+        self._drop_logged = ""
         self._tmp_state: str | None = None
         self.state_dir = self._state_dir(state_dir)
         gpus, self.devices_source = self._devices(engine)
@@ -693,13 +695,17 @@ class CanaryCollector:
         if d is None:
             return []
         try:
-            names = sorted(n for n in os.listdir(d) if n.endswith(DROP_SUFFIX))[:limit]
+            names = sorted(n for n in os.listdir(d) if n.endswith(DROP_SUFFIX) and n not in self._drop_skip)
         except FileNotFoundError:
             return []
         except OSError as exc:
             self.drop_errors += 1
-            log.warning("canary drop_dir %s: %s", d, exc.strerror or exc)
+            why = str(exc.strerror or exc)
+            if why != self._drop_logged:  # one line per distinct problem, not one per tick
+                self._drop_logged = why
+                log.warning("canary drop_dir %s: %s", d, why)
             return []
+        names = names[:limit]
         out = []
         by_label = {g.label: g for g in self.gpus}
         by_uuid = {g.uuid: g for g in self.gpus if g.uuid}
@@ -714,15 +720,14 @@ class CanaryCollector:
                 try:
                     p.rename(p.with_name(name + ".bad"))
                 except OSError:
-                    pass
+                    self._drop_skip.add(name)  # never read twice
                 continue
             try:
                 p.unlink()
             except OSError as exc:
                 self.drop_errors += 1
+                self._drop_skip.add(name)  # read once: never again
                 log.warning("canary drop file %s: cannot remove (%s); left alone", p, exc.strerror or exc)
-                if self.drop_dir is not None:
-                    self.drop_dir = None  # read-only drop dir: stop before a file is read twice
             self.drop_files += 1
             g = by_uuid.get(s.tags.get("uuid")) or by_label.get(s.tags.get("gpu"))
             if g is not None:
