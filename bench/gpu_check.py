@@ -126,6 +126,18 @@ class Nvml:
             pass
         return s
 
+    def compute_pids(self) -> list[int]:
+        out = []
+        for h in self.handles:
+            try:
+                out += [
+                    int(getattr(x, "pid", None) or x["pid"])
+                    for x in self.n.nvmlDeviceGetComputeRunningProcesses(h)
+                ]
+            except Exception:  # noqa: BLE001 - unknown
+                pass
+        return out
+
     def window(self, i: int, seconds: float, hz: float = 5.0) -> dict:
         rows = []
         end = time.monotonic() + seconds
@@ -316,7 +328,8 @@ def _lp_rows(d: Path, measurement: str) -> list[tuple[dict, dict, int]]:
 
 
 @stage
-def daemon(backend: str, seconds: float, canary: bool, n_gpus: int, interval: str = "30s") -> dict:
+def daemon(backend: str, seconds: float, canary: bool, nv: Nvml, interval: str = "30s") -> dict:
+    n_gpus = nv.count
     tmp = Path(tempfile.mkdtemp(prefix="gpucheck-agent-"))
     out_dir = tmp / "out"
     collectors = '["gpu", "host", "canary"]' if canary else '["gpu", "host"]'
@@ -350,9 +363,15 @@ def daemon(backend: str, seconds: float, canary: bool, n_gpus: int, interval: st
         own0, kids0 = _cpu(p.pid)
         t0 = time.monotonic()
         rss_max = 0
+        agent_on_gpu = others_on_gpu = 0  # seconds the agent's own pid / another pid held a context
         while time.monotonic() - t0 < seconds - 3.0:
             time.sleep(1.0)
             rss_max = max(rss_max, _proc_status(p.pid).get("VmRSS", 0))
+            for pid in nv.compute_pids():
+                if pid == p.pid:
+                    agent_on_gpu += 1
+                else:
+                    others_on_gpu += 1
         own1, kids1 = _cpu(p.pid)
         st = _proc_status(p.pid)
         dt = time.monotonic() - t0
@@ -364,6 +383,8 @@ def daemon(backend: str, seconds: float, canary: bool, n_gpus: int, interval: st
             rss_mb=round(st.get("VmRSS", 0) / 2**20, 1),
             rss_max_sampled_mb=round(rss_max / 2**20, 1),
             rss_peak_mb=round(st.get("VmHWM", 0) / 2**20, 1),
+            agent_pid_on_gpu_s=agent_on_gpu,
+            other_pids_on_gpu_s=others_on_gpu,
         )
     finally:
         if p.poll() is None:
@@ -395,8 +416,9 @@ def daemon(backend: str, seconds: float, canary: bool, n_gpus: int, interval: st
             g["wall_s"].append(round(f.get("duration_seconds", 0) + f.get("startup_seconds", 0), 3))
             g["startup_s"].append(round(f.get("startup_seconds", 0), 3))
         errors = {tags.get("gpu", ""): f.get("errors_total") for tags, f, _ in status if "errors_total" in f}
-        busy = {tags.get("gpu", ""): f.get("busy_skips_total") for tags, f, _ in status
-                if "busy_skips_total" in f}
+        busy = {
+            tags.get("gpu", ""): f.get("busy_skips_total") for tags, f, _ in status if "busy_skips_total" in f
+        }
         res["canary"] = {
             "interval_s": step,
             "scheduled_per_gpu": scheduled,
@@ -497,15 +519,16 @@ def main() -> int:
         return emit(res, 1)
     res["agent_once"] = agent_once(a.backend, nv.count)
     res["poll_cost"] = poll_cost(a.backend)
-    res["daemon_plain"] = daemon(a.backend, a.plain, False, nv.count)
+    res["daemon_plain"] = daemon(a.backend, a.plain, False, nv)
     res["idle_after_check"] = idle_after_check(nv, a.backend)
-    res["daemon_canary"] = daemon(a.backend, a.window, True, nv.count)
+    res["daemon_canary"] = daemon(a.backend, a.window, True, nv)
     dc = res["daemon_canary"]
     res["summary"] = {
         "agent_once_valid": res["agent_once"].get("valid"),
         "agent_rss_mb_with_canary": dc.get("rss_peak_mb"),
         "agent_rss_mb_without_canary": res["daemon_plain"].get("rss_peak_mb"),
         "agent_rss_with_canary_le_60mb": (dc.get("rss_peak_mb") or 1e9) <= 60,
+        "agent_never_on_gpu": dc.get("agent_pid_on_gpu_s") == 0,
         "gpu_idle_before_check": res["idle_after_check"].get("idle_before"),
         "idle_power_within_5w_10s_after_check": res["idle_after_check"].get("power_within_5w"),
         "sm_clock_back_to_idle": res["idle_after_check"].get("sm_clock_back_to_idle"),
