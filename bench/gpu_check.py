@@ -250,12 +250,15 @@ def bare():
 c, w = cost(bare, polls)
 res["bare_nvml_12_getters"] = {"cpu_ms_per_poll": c * 1e3, "cpu_ms_per_gpu": c * 1e3 / n,
                                "wall_ms_per_poll": w * 1e3}
-if backend == "nvml":
+import shutil
+if backend == "nvml" and shutil.which("nvidia-smi") is None:
+    res["nvidia_smi_q_x"] = {"error": "nvidia-smi not found"}
+elif backend == "nvml":
     runs = []
     for _ in range(3):
         r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         w0 = time.perf_counter()
-        p = subprocess.run(["nvidia-smi", "-q", "-x"], capture_output=True)
+        p = subprocess.run(["nvidia-smi", "-q", "-x"], capture_output=True, timeout=60)
         r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime
         runs.append((cpu, time.perf_counter() - w0, p.returncode))
