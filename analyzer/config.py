@@ -91,7 +91,14 @@ DETECTORS: dict[str, dict] = {
         "resolve_seconds": 3600.0,
         "clear_seconds": 600.0,  # under load at full speed this long before idle stops holding it
     },
-    "sdc": {"dwell_seconds": 0.0, "gap_seconds": 86400.0, "resolve_seconds": 86400.0},
+    "sdc": {"confirm_checks": 2, "dwell_seconds": 0.0, "gap_seconds": 86400.0, "resolve_seconds": 86400.0},
+    "canary_unchecked": {
+        "max_age_seconds": 21600.0,  # the agents' canary.max_age
+        "factor": 2.0,  # warn at factor x max_age without a check
+        "dwell_seconds": 0.0,
+        "gap_seconds": 3600.0,
+        "resolve_seconds": 3600.0,
+    },
     "memory_errors": {
         "xids": [48, 63, 64, 92, 94, 95],
         "sbe_count_min": 2,

@@ -28,6 +28,7 @@ SUMMARY = {
     "pcie_degradation": "PCIe link degraded",
     "memory_errors": "device memory errors",
     "sdc": "silent data corruption: canary result mismatch",
+    "canary_unchecked": "SDC canary has not checked this GPU for over twice its max_age",
     "gpu_lost": "GPU lost (fell off the bus or stopped reporting)",
     "straggler": "straggler: persistently slower than its job peers",
 }
@@ -234,7 +235,7 @@ class Engine:
             link=lno,
             start=min(st.run_start, st.began),
             end=None,
-            severity="critical" if st.critical or kind in ("sdc", "gpu_lost") else "warning",
+            severity="critical" if st.critical or kind == "gpu_lost" else "warning",
             cluster=cluster,
             rack=rname,
             summary=summary,

@@ -72,6 +72,9 @@ def _one(name: str, quick: bool) -> list[dict]:
         raise SystemExit(1) from None
 
 
+GPU_SECTION = "## On real GPUs: bench/gpu_check.sh"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--only", action="append", help="run only these benchmarks (module suffix)")
@@ -95,10 +98,14 @@ def main(argv=None) -> int:
     print(out)
     if args.md:
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-        Path(args.md).write_text(
+        md = Path(args.md)
+        # runs recorded by hand on real GPUs (bench/gpu_check.sh) are kept below the table
+        old = md.read_text() if md.is_file() else ""
+        kept = old[old.index(GPU_SECTION):] if GPU_SECTION in old else ""
+        md.write_text(
             "# Benchmarks\n\nProduced by `python -m bench.run --md docs/benchmarks.md`; "
             "numbers are from one run on one machine, compare ratios within a run.\n\n"
-            f"Machine: {machine()}. Run: {when}.\n\n{out}\n"
+            f"Machine: {machine()}. Run: {when}.\n\n{out}\n" + ("\n" + kept if kept else "")
         )
     return 1 if failed else 0
 

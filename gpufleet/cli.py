@@ -18,6 +18,7 @@ from gpufleet.errors import GpufleetError
 # name -> "module:attribute" of a click command or group
 SUBCOMMANDS = {
     "agent": ("agent.cli:agent", "Run the node agent or print one poll."),
+    "canary": ("agent.canary_cli:canary", "Run the SDC canary once (job boundaries, drills)."),
     "sim": ("gpufleet.sim.cli:sim", "Generate a synthetic fleet with injected faults."),
     "replay": ("gpufleet.sim.cli:replay", "Load a simulated fleet into InfluxDB."),
     "analyze": ("analyzer.cli:analyze", "Detect incidents in fleet telemetry."),

@@ -21,6 +21,7 @@ KINDS = (
     "pcie_degradation",
     "memory_errors",
     "sdc",
+    "canary_unchecked",
     "gpu_lost",
     "straggler",
 )

@@ -140,6 +140,10 @@ for rb in "$SRC"/docs/runbooks/*.md; do
     [ -e "$rb" ] && install -D -m 0644 "$rb" "$DOC/runbooks/$(basename "$rb")"
 done
 (cd "$WHEELS" && sha256sum -- * | sort -k 2) > "$DOC/wheels.sha256"  # what the venv was built from
+# the canary's job-boundary hooks (slurm.conf Epilog= / Prolog=; docs/sources.md)
+for hook in epilog.sh prolog.sh; do
+    install -D -m 0755 "$SRC/packaging/slurm/$hook" "$STAGE/usr/share/gpufleet/slurm/$hook"
+done
 cat > "$DOC/copyright" <<COPY
 Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/
 Upstream-Name: gpufleet

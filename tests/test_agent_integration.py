@@ -149,12 +149,12 @@ def test_canary_reports_the_nodes_verdicts_on_the_fleet_clock():
     b = SimBackend(node)
     b.nvmlInit()
     c = CanaryCollector(backend=b, interval=300, busy_size=256, busy_backoff=300)
-    assert c.engine.name == "sim" and [d["label"] for d in c.devices] == ["0", "1"]
+    assert c.engine_name == "sim" and [d["label"] for d in c.devices] == ["0", "1"]
     seen = {}
     for k in range(0, 70):  # 700 s of fleet time, polls 10 s apart
         t = T0 + 10 * k
         b.begin_poll(ns(t))
-        for s in c.collect(ns(t)):
+        for s in (s for s in c.collect(ns(t)) if s.measurement == "gpu_canary"):
             seen.setdefault(s.tags["gpu"], []).append((round(s.time_ns / 1e9 - T0), s.fields["passed"],
                                                        s.fields["mismatches"]))
     # every 300 s of fleet time (busy GPUs too, with busy_size); GPU 1 lost at T0+100..120 is skipped
@@ -164,7 +164,7 @@ def test_canary_reports_the_nodes_verdicts_on_the_fleet_clock():
     c.close()
     c = CanaryCollector(backend=b, interval=300, busy_size=256, busy_backoff=300)
     b.begin_poll(ns(T0 + 110))  # GPU 1 lost now: no check, no row, the other GPU checked
-    assert [s.tags["gpu"] for s in c.collect(ns(T0 + 110))] == ["0"]
+    assert [s.tags["gpu"] for s in c.collect(ns(T0 + 110)) if s.measurement == "gpu_canary"] == ["0"]
     assert c.skipped["1"] == "GPU lost"
 
 
@@ -209,7 +209,7 @@ def test_daemon_shares_one_backend_between_xid_and_canary(tmp_path, monkeypatch)
     try:
         xid, canary = a.collectors
         assert xid.backend is canary.backend is a.backend and a.backend.name == "sim"
-        assert xid.nvml_status == "registered" and canary.engine.name == "sim"
+        assert xid.nvml_status == "registered" and canary.engine_name == "sim"
         assert canary.interval == 300.0  # the section's interval, not the agent's poll interval
         for k in range(1, 4):
             assert a.tick(ns(T0 + 10 * k))

@@ -32,6 +32,7 @@ EVIDENCE = {
     "sdc": {"passed": 0, "mismatches": 17},
     "gpu_lost": {"xid": 79},
     "straggler": {"clock_vs_peers": 0.87, "power_vs_peers": 0.8},
+    "canary_unchecked": {"unchecked_hours": 13.5, "max_age_hours": 6.0},
 }
 
 

@@ -50,7 +50,8 @@ def test_all_sources_into_influxdb(tmp_path, influxdb):
     with IpmiSim(tmp_path / "bmc") as bmc:
         ipmi = IpmiCollector(**bmc.lan_args(), workarounds="opensesspriv", sel_every=1)
         xid = XidCollector(backend=backend, nvml_events=False, kmsg=str(log))
-        canary = CanaryCollector(backend=backend, engine="numpy", standin=True, size=64, clock=lambda: t)
+        canary = CanaryCollector(backend=backend, engine="numpy", standin=True, size=64, clock=lambda: t,
+                                 wait=60)
         try:
             time.sleep(0.5)
             with log.open("a") as f:  # GPU 1 of the sim node sits at PCI 00000000:28:00.0

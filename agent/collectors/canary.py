@@ -1,35 +1,45 @@
-"""Silent-data-corruption canary: a periodic known-answer test per GPU (``gpu_canary`` rows).
+"""Silent-data-corruption canary: a known-answer test per GPU (``gpu_canary`` rows), run out of
+the agent's process, on a schedule that bounds how long any GPU goes unchecked.
 
-Each check builds seeded inputs on the device, runs one GEMM and a small memory pattern check
-(write, read back: 0x55.., 0xAA.., the element's own index), and compares the GEMM result bit
-for bit with
+**Out of process.** Each check is a short-lived child, ``python -m agent.canary_worker``, that
+imports the engine (torch or cupy on the GPU; numpy on the CPU), runs the seeded GEMM and the
+memory pattern on ONE GPU (``CUDA_VISIBLE_DEVICES=<uuid>``), prints one JSON line and exits, so
+its CUDA context (the clocks it pins, ~0.8 GB of host memory torch takes) dies with it. This
+module never imports torch, cupy or any CUDA library. The child runs in its own session with a
+hard deadline (``timeout``; then SIGKILL to its process group) and a memory bound (``max_rss``:
+its resident set, read from ``/proc`` at every tick and while waiting, kills it beyond the bound;
+the CPU engine also gets ``RLIMIT_AS``, which a CUDA process cannot have: CUDA reserves tens of
+GB of address space). A child that hangs, crashes, is killed or finds no engine is one log line
+and a count in ``gpufleet_canary.errors_total``; the loop goes on. The agent does not wait for a
+child: ``collect`` starts it and a later tick reads its answer (``wait`` > 0: wait that long).
 
-- this GPU's first answer (kept in memory, and in ``state_dir`` across restarts), counting the
-  elements that differ (``mismatches``), and
-- a fleet-shared reference digest for the same model, driver, engine, dtype, size and seed
-  (``reference``: a JSON file or an http(s) URL mapping key -> sha256), when it has one
-  (``reference_match`` 1/0; absent when the fleet has no digest for the key).
+**Comparisons.** The result is compared bit for bit with this GPU's first answer (the child keeps
+it in ``state_dir``; ``mismatches`` = elements that differ) and, when the fleet has one, with the
+fleet reference digest for the same model, driver, engine, dtype, size and seed (``reference``:
+JSON file or http(s) URL mapping key -> sha256; ``reference_match``). ``passed`` is 1 only when
+every comparison agrees and the memory pattern read back intact (``memory_mismatches``).
 
-``passed`` is 1 only when every comparison made agrees and the memory check found nothing.
+**Confirmation.** A check that fails against the GPU's own answer or the memory pattern starts a
+round: the same GPU is rechecked at once, up to ``confirm`` more times; the round is ONE row
+(the first failing check's fields) with ``checks`` and ``checks_failed``. A digest that differs
+only from the fleet reference is deterministic (driver/engine mismatch): it is not rechecked.
 
-Engines, imported lazily and never required: ``torch`` (CUDA), ``cupy``, or ``numpy`` on the CPU
-(machines without a GPU run the same logic there; the rows carry ``gpu="cpu"``). ``standin``
-runs each NVML GPU's check on the CPU with numpy (simulated fleets, tests): gating, budgets and
-comparisons as for a real GPU. An NVML backend may bring its own engine (``backend.canary_engine()``,
-used by ``engine = "auto"`` before the others, or named with ``"backend"``): a *verdict engine*
-with ``devices()`` and ``check(dev, size, now_ns) -> fields`` (``passed``, ``mismatches``,
-``digest``, ``duration_seconds``) whose answer is the check; the simulated node's is one.
+**Policy.** Each GPU is due every ``interval`` (from the previous due time), checked only when
+NVML shows it idle: no compute process other than the agent's own pid and children, utilization
+<= ``idle_util``, for ``idle_for`` seconds; a busy GPU is looked at again after ``busy_backoff``.
+On a busy fleet the idle windows come at job boundaries: ``gpufleet canary`` run by a Slurm
+Epilog/Prolog (packaging/slurm) or a Kubernetes hook writes its result into ``drop_dir``, and
+the agent turns each file into a ``gpu_canary`` row like its own. ``max_age`` is the bound every
+GPU must be checked within (by either path): ``gpufleet_canary`` rows (every ``status_every``
+seconds) say when each GPU was last checked and set ``overdue`` beyond it; the analyzer warns at
+twice ``max_age``. ``busy_size`` > 0 runs a check of that size on a busy GPU within the
+duty-cycle budget ``duty`` (off by default: a check needs device memory and a context).
 
-Time: intervals, back-offs and the duty-cycle budget follow the ticks' ``now_ns`` (a simulated
-fleet's clock, too); an injected ``clock`` is used instead when given.
+Verdict engines (``backend.canary_engine()``, a simulated node's) answer in process (they touch
+no device); ``standin`` runs each NVML GPU's check on the CPU engine (simulated fleets, tests).
 
-It never disturbs real work: a GPU is checked only when NVML shows it idle (no compute process,
-utilization <= ``idle_util``); when busy, only a ``busy_size`` GEMM (default: none) runs, and only
-within a duty-cycle budget (``duty``: the share of wall time all checks may take). A GPU that was
-found busy is not tried again before ``busy_backoff`` seconds.
-
-Fault injection (tests, drills): :meth:`CanaryCollector.inject_bitflips` flips bits in the
-output buffer of the next check, on the device, after the GEMM and before the comparison.
+Fault injection (tests, drills): :meth:`CanaryCollector.inject_bitflips` flips bits in the output
+of the next check, after the GEMM and before the comparison.
 """
 
 from __future__ import annotations
@@ -38,195 +48,29 @@ import hashlib
 import json
 import logging
 import os
-import platform
+import shutil
+import sys
+import tempfile
 import time
 import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
+from agent.canary_worker import reference_key
 from agent.model import Sample, register
 from gpufleet.errors import ConfigError
 
-_PATTERNS = (0x55555555, 0xAAAAAAAA)
+log = logging.getLogger(__name__)
 
-
-# ------------------------------------------------------------------------------------ engines
-class NumpyEngine:
-    """The CPU: float32 GEMM through numpy's BLAS."""
-
-    name = "numpy"
-
-    def __init__(self):
-        self.version = f"numpy-{np.__version__}"
-
-    def devices(self) -> list[dict]:
-        return [{"index": None, "label": "cpu", "model": platform.processor() or platform.machine()}]
-
-    def gemm(self, dev, n: int, dtype: str, seed: int):
-        if dtype != "float32":
-            raise ConfigError(f"canary.dtype: the numpy engine runs float32, not {dtype}")
-        rng = np.random.Generator(np.random.PCG64(seed))
-        a = rng.standard_normal((n, n), dtype=np.float32)
-        b = rng.standard_normal((n, n), dtype=np.float32)
-        return a @ b
-
-    def flip_bits(self, out, count: int, bit: int) -> None:
-        raw = out.reshape(-1).view(np.uint32)
-        idx = np.linspace(0, raw.size - 1, num=count, dtype=np.int64)
-        raw[idx] ^= np.uint32(1 << bit)
-
-    def host(self, out) -> np.ndarray:
-        return np.ascontiguousarray(out)
-
-    def memcheck(self, dev, nbytes: int) -> int:
-        buf = np.empty(max(1, nbytes // 4), dtype=np.uint32)
-        bad = 0
-        for p in _PATTERNS:
-            buf.fill(p)
-            bad += int(np.count_nonzero(buf != np.uint32(p)))
-        buf[:] = np.arange(buf.size, dtype=np.uint32)
-        bad += int(np.count_nonzero(buf != np.arange(buf.size, dtype=np.uint32)))
-        return bad
-
-    def sync(self, dev) -> None:
-        pass
-
-
-class TorchEngine:
-    """CUDA through torch; inputs from torch's seeded device generator (Philox)."""
-
-    name = "torch"
-
-    def __init__(self):
-        os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # CUDA index = NVML index
-        import torch
-
-        if not torch.cuda.is_available():
-            raise RuntimeError("torch has no CUDA device")
-        self.torch = torch
-        self.version = f"torch-{torch.__version__}-cuda-{torch.version.cuda}"
-
-    def devices(self) -> list[dict]:
-        t = self.torch
-        out = []
-        for i in range(t.cuda.device_count()):
-            p = t.cuda.get_device_properties(i)
-            d = {"index": i, "label": str(i), "model": p.name}
-            if hasattr(p, "pci_bus_id"):
-                d["pci"] = (getattr(p, "pci_domain_id", 0), p.pci_bus_id, getattr(p, "pci_device_id", 0))
-            out.append(d)
-        return out
-
-    def gemm(self, dev, n: int, dtype: str, seed: int):
-        t = self.torch
-        device = f"cuda:{dev['index']}"
-        g = t.Generator(device=device).manual_seed(seed)
-        dt = getattr(t, dtype)
-        a = t.randn((n, n), generator=g, device=device, dtype=t.float32).to(dt)
-        b = t.randn((n, n), generator=g, device=device, dtype=t.float32).to(dt)
-        out = a @ b
-        del a, b
-        return out
-
-    def flip_bits(self, out, count: int, bit: int) -> None:
-        t = self.torch
-        width = 8 * out.element_size()
-        view = out.view(t.int16 if width == 16 else t.int32).reshape(-1)
-        idx = t.linspace(0, view.numel() - 1, steps=count, device=out.device).long()
-        bit = bit % width
-        mask = (1 << bit) if bit < width - 1 else -(1 << (width - 1))  # the sign bit, as a signed int
-        view[idx] = view[idx] ^ mask
-
-    def host(self, out) -> np.ndarray:
-        t = self.torch
-        raw = out.view(t.int16 if out.element_size() == 2 else t.int32)
-        return raw.cpu().numpy()
-
-    def memcheck(self, dev, nbytes: int) -> int:
-        t = self.torch
-        device = f"cuda:{dev['index']}"
-        n = max(1, nbytes // 4)
-        buf = t.empty(n, dtype=t.int32, device=device)
-        bad = 0
-        for p in _PATTERNS:
-            v = p - (1 << 32) if p >= 1 << 31 else p
-            buf.fill_(v)
-            bad += int((buf != v).sum().item())
-        ref = t.arange(n, dtype=t.int32, device=device)
-        buf.copy_(ref)
-        bad += int((buf != ref).sum().item())
-        del buf, ref
-        return bad
-
-    def sync(self, dev) -> None:
-        self.torch.cuda.synchronize(dev["index"])
-
-
-class CupyEngine(TorchEngine):
-    """CUDA through cupy; inputs from cupy's seeded generator."""
-
-    name = "cupy"
-
-    def __init__(self):  # noqa: D401 - not calling TorchEngine.__init__
-        os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-        import cupy
-
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            raise RuntimeError("cupy sees no CUDA device")
-        self.cp = cupy
-        self.version = f"cupy-{cupy.__version__}"
-
-    def devices(self) -> list[dict]:
-        cp = self.cp
-        out = []
-        for i in range(cp.cuda.runtime.getDeviceCount()):
-            props = cp.cuda.runtime.getDeviceProperties(i)
-            name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
-            pci = (props.get("pciDomainID", 0), props.get("pciBusID"), props.get("pciDeviceID"))
-            out.append({"index": i, "label": str(i), "model": name, "pci": pci})
-        return out
-
-    def gemm(self, dev, n: int, dtype: str, seed: int):
-        cp = self.cp
-        if dtype not in ("float32", "float16"):
-            raise ConfigError(f"canary.dtype: the cupy engine runs float32 or float16, not {dtype}")
-        with cp.cuda.Device(dev["index"]):
-            rng = cp.random.Generator(cp.random.XORWOW(seed))
-            a = rng.standard_normal((n, n), dtype=cp.float32).astype(dtype)
-            b = rng.standard_normal((n, n), dtype=cp.float32).astype(dtype)
-            return a @ b
-
-    def flip_bits(self, out, count: int, bit: int) -> None:
-        cp = self.cp
-        raw = out.reshape(-1).view(cp.uint16 if out.itemsize == 2 else cp.uint32)
-        idx = cp.linspace(0, raw.size - 1, num=count).astype(cp.int64)
-        raw[idx] ^= raw.dtype.type(1 << bit)
-
-    def host(self, out) -> np.ndarray:
-        return self.cp.asnumpy(out)
-
-    def memcheck(self, dev, nbytes: int) -> int:
-        cp = self.cp
-        with cp.cuda.Device(dev["index"]):
-            n = max(1, nbytes // 4)
-            buf = cp.empty(n, dtype=cp.uint32)
-            bad = 0
-            for p in _PATTERNS:
-                buf.fill(p)
-                bad += int(cp.count_nonzero(buf != cp.uint32(p)))
-            ref = cp.arange(n, dtype=cp.uint32)
-            buf[:] = ref
-            bad += int(cp.count_nonzero(buf != ref))
-            return bad
-
-    def sync(self, dev) -> None:
-        self.cp.cuda.Device(dev["index"]).synchronize()
-
-
-ENGINES = {"numpy": NumpyEngine, "torch": TorchEngine, "cupy": CupyEngine}
+CHILD_ENGINES = ("auto", "torch", "cupy", "numpy")
 LOST = "GPU lost"
 _GPU_IS_LOST = 15  # NVML_ERROR_GPU_IS_LOST
+DROP_SUFFIX = ".json"
+DROP_VERSION = 1
+# gpu_canary fields a result may carry, with their types (the catalogue's)
+_FIELD_TYPES = {"passed": int, "mismatches": int, "memory_mismatches": int, "duration_seconds": float,
+                "startup_seconds": float, "digest": str, "reference_match": int, "checks": int,
+                "checks_failed": int}
 
 
 def backend_engine(backend, name: str):
@@ -239,23 +83,6 @@ def backend_engine(backend, name: str):
     if eng is None and name == "backend":
         raise ConfigError("canary.engine: backend: the NVML backend has no canary engine")
     return eng
-
-
-def make_engine(name: str):
-    """``auto``: torch with CUDA, else cupy, else numpy (the CPU)."""
-    if name not in ("auto", *ENGINES):
-        raise ConfigError(f"canary.engine: {name!r} is not auto, backend, torch, cupy or numpy")
-    if name != "auto":
-        try:
-            return ENGINES[name]()
-        except (ImportError, RuntimeError) as exc:
-            raise ConfigError(f"canary.engine: {name} is not usable here: {exc}") from None
-    for cls in (TorchEngine, CupyEngine):
-        try:
-            return cls()
-        except (ImportError, RuntimeError, OSError):
-            continue
-    return NumpyEngine()
 
 
 def load_reference(where: str, timeout: float = 5.0) -> dict[str, str]:
@@ -276,126 +103,356 @@ def load_reference(where: str, timeout: float = 5.0) -> dict[str, str]:
     return {str(k): str(v) for k, v in refs.items()}
 
 
+# ------------------------------------------------------------------------------- the child
+def _rss_bytes(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return int(stat[stat.rindex(b")") + 2:].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def is_own_process(pid: int, own: int | None = None, depth: int = 16) -> bool:
+    """``pid`` is this process or one of its descendants (``/proc`` parent chain)."""
+    own = os.getpid() if own is None else own
+    for _ in range(depth):
+        if pid == own:
+            return True
+        if pid is None or pid <= 1:
+            return False
+        pid = _ppid(pid)
+    return False
+
+
+class Child:
+    """One running ``agent.canary_worker`` process: its own session, output in temp files."""
+
+    def __init__(self, argv: list[str], env: dict, timeout: float, max_rss: int, cpu_only: bool):
+        import subprocess
+
+        self.out = tempfile.TemporaryFile()
+        self.err = tempfile.TemporaryFile()
+        self.t0 = time.monotonic()
+        self.deadline = self.t0 + timeout
+        self.timeout, self.max_rss = timeout, max_rss
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self.out, stderr=self.err,
+                                     env=env, start_new_session=True, close_fds=True)
+        self.peak_rss = 0
+        self.killed: str | None = None
+        self.result: dict | None = None  # once done: what poll() returns from then on
+        if cpu_only and max_rss > 0:
+            try:
+                import resource
+
+                resource.prlimit(self.proc.pid, resource.RLIMIT_AS, (max_rss, max_rss))
+            except (OSError, ValueError, AttributeError):
+                pass  # the RSS watch still bounds it
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def poll(self) -> dict | None:
+        """The child's result once it is done (or killed), else None. Enforces deadline and RSS."""
+        if self.result is not None:
+            return self.result
+        rc = self.proc.poll()
+        if rc is None:
+            rss = _rss_bytes(self.proc.pid) or 0
+            self.peak_rss = max(self.peak_rss, rss)
+            if self.max_rss > 0 and rss > self.max_rss:
+                self.kill(f"resident memory {rss >> 20} MiB over the {self.max_rss >> 20} MiB bound")
+            elif time.monotonic() > self.deadline:
+                self.kill(f"no answer within the {self.timeout:g} s deadline")
+            else:
+                return None
+            rc = self.proc.returncode
+        self.result = self._result(rc)
+        return self.result
+
+    def wait(self, seconds: float) -> dict | None:
+        end = time.monotonic() + seconds
+        while True:
+            res = self.poll()
+            if res is not None or time.monotonic() >= end:
+                return res
+            time.sleep(min(0.02, max(0.0, end - time.monotonic())))
+
+    def kill(self, why: str) -> None:
+        import signal
+
+        self.killed = why
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(10)
+        except Exception:  # noqa: BLE001 - an unkillable child (D state): reported as killed
+            pass
+
+    def _result(self, rc) -> dict:
+        wall = time.monotonic() - self.t0
+        self.out.seek(0)
+        self.err.seek(0)
+        out = self.out.read().decode(errors="replace")
+        err = self.err.read().decode(errors="replace").strip()
+        self.out.close()
+        self.err.close()
+        if self.killed:
+            return {"ok": False, "reason": "killed", "error": f"killed: {self.killed}", "wall_s": wall}
+        res = None
+        for line in reversed(out.splitlines()):
+            if line.startswith("{"):
+                try:
+                    res = json.loads(line)
+                    break
+                except ValueError:
+                    continue
+        if not isinstance(res, dict):
+            tail = err.splitlines()[-1] if err else "no output"
+            how = f"killed by signal {-rc}" if isinstance(rc, int) and rc < 0 else f"exit {rc}"
+            res = {"ok": False, "reason": "crashed", "error": f"child {how}: {tail[:300]}"}
+        res["wall_s"] = wall
+        res["peak_rss_bytes"] = self.peak_rss
+        return res
+
+
+def worker_argv(engine: str, size: int, dtype: str, seed: int, memory_bytes: int, state_dir: str,
+                label: str, driver: str, inject: tuple[int, int] | None = None) -> list[str]:
+    argv = [sys.executable, "-m", "agent.canary_worker", "--engine", engine, "--size", str(size),
+            "--seed", str(seed), "--memory-bytes", str(memory_bytes), "--state-dir", state_dir,
+            "--label", label, "--driver", driver]
+    if dtype:
+        argv += ["--dtype", dtype]
+    if inject is not None:
+        argv += ["--inject", f"{inject[0]}:{inject[1]}"]
+    return argv
+
+
+def worker_env(uuid: str | None, index: int | None, cpu_only: bool) -> dict:
+    """The child's environment: one visible GPU, the agent's import path, quiet BLAS threads."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    if cpu_only:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+        for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            env.setdefault(k, "1")
+    elif uuid:
+        env["CUDA_VISIBLE_DEVICES"] = uuid
+    elif index is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(index)
+    return env
+
+
 # ---------------------------------------------------------------------------------- collector
+@dataclass
+class _Gpu:
+    label: str
+    index: int | None = None
+    uuid: str | None = None
+    model: str | None = None
+    handle: object = None
+    vdev: dict | None = None  # the verdict engine's device
+    next_due: float = 0.0  # when the next scheduled check is due (0: at once)
+    idle_since: float | None = None
+    child: Child | None = None
+    round: list = field(default_factory=list)  # results of the current confirmation round
+    round_t: int = 0  # ns: when the round's first check started
+    round_busy: str | None = None
+    last_check: float | None = None  # seconds: when the last completed round ended
+    checks: int = 0
+    failed: int = 0
+    errors: int = 0
+    skips: int = 0
+    logged: str = ""
+
+    def tags(self) -> dict:
+        t = {"gpu": self.label}
+        if self.uuid:
+            t["uuid"] = self.uuid
+        if self.model:
+            t["model"] = self.model
+        return t
+
+
 @register("canary")
 class CanaryCollector:
-    """Known-answer GEMM + memory check per GPU, when idle, within a duty-cycle budget."""
+    """Known-answer GEMM + memory check per GPU in a child process, on an idle GPU, bounded age."""
 
     def __init__(self, backend=None, engine: str = "auto", size: int = 0, dtype: str = "",
                  seed: int = 20261126, memory_bytes: int = 0, interval: float = 3600.0,
-                 duty: float = 0.001, idle_util: float = 5.0, busy_size: int = 0,
-                 busy_backoff: float = 600.0, reference: str = "", reference_refresh: float = 3600.0,
-                 state_dir: str = "", standin: bool = False, config: dict | None = None,
-                 clock=None):
+                 max_age: float = 21600.0, duty: float = 0.001, idle_util: float = 5.0,
+                 idle_for: float = 0.0, busy_size: int = 0, busy_backoff: float = 60.0,
+                 confirm: int = 2, timeout: float = 120.0, max_rss: int = 4 << 30, parallel: int = 1,
+                 drop_dir: str = "", status_every: float = 60.0, reference: str = "",
+                 reference_refresh: float = 3600.0, state_dir: str = "", standin: bool = False,
+                 wait: float = 0.0, config: dict | None = None, clock=None):
         from agent.collectors.ipmi import section_options
 
         o = section_options(config, "canary", CanaryCollector.__init__, locals())
         if o:
             return self.__init__(**o, clock=clock)
-        self.engine = backend_engine(backend, engine) or make_engine(engine)
+        self.verdict = backend_engine(backend, engine)
+        if self.verdict is None and engine not in CHILD_ENGINES:
+            raise ConfigError(f"canary.engine: {engine!r} is not auto, backend, torch, cupy or numpy")
+        self.backend = backend
         self.standin = bool(standin)
-        gpu = self.engine.name != "numpy"
-        self.size = int(size) or (4096 if gpu else 256)
-        self.dtype = dtype or ("bfloat16" if self.engine.name == "torch" else "float32")
-        self.memory_bytes = int(memory_bytes) or ((256 << 20) if gpu else (8 << 20))
-        if not 16 <= self.size <= 32768:
-            raise ConfigError(f"canary.size: {self.size} is outside 16..32768")
         if not 0 < duty <= 1:
             raise ConfigError(f"canary.duty: {duty} is outside (0, 1]")
-        self.seed, self.interval, self.duty = int(seed), float(interval), float(duty)
-        self.idle_util, self.busy_size = float(idle_util), int(busy_size)
-        self.busy_backoff = float(busy_backoff)
-        self.backend = backend
+        for k, v in (("confirm", confirm), ("parallel", parallel)):
+            if int(v) < (0 if k == "confirm" else 1):
+                raise ConfigError(f"canary.{k}: {v} is too small")
+        self.seed, self.interval, self.max_age = int(seed), float(interval), float(max_age)
+        self.duty = float(duty)
+        self.idle_util, self.idle_for, self.busy_size = float(idle_util), float(idle_for), int(busy_size)
+        self.busy_backoff, self.confirm, self.parallel = float(busy_backoff), int(confirm), int(parallel)
+        self.timeout, self.max_rss, self.wait = float(timeout), int(max_rss), float(wait)
+        self.status_every = float(status_every)
         self._clock = clock
-        self._tick = time.time()  # the last collect's time (seconds), when following the ticks
-        self._t0: float | None = clock() if clock is not None else None  # None: set by the first collect
-        self._spent = 0.0  # seconds of checks so far (duty-cycle budget)
-        self._cost: dict[int, float] = {}  # size -> duration of the last check of that size
-        self._next: dict[str, float] = {}
-        self._first: dict[str, tuple[str, np.ndarray | None]] = {}  # key -> (digest, result)
+        self._tick = time.time()
+        self._t0: float | None = clock() if clock is not None else None
+        self._spent = 0.0
+        self._cost: dict[int, float] = {}
         self._inject: tuple[int, int] | None = None
+        self._status_at = -float("inf")
+        self._backlog: list[Sample] = []  # gpu_canary rows waiting for their tick
         self.reference_src, self.reference_refresh = reference, float(reference_refresh)
         self._refs = load_reference(reference)
         self._refs_at = self._now
-        self.state_dir = Path(state_dir) if state_dir else None
-        if self.state_dir:
-            try:
-                self.state_dir.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:  # e.g. the packaged default outside the unit, unprivileged
-                logging.getLogger(__name__).warning(
-                    "canary.state_dir %s: %s; first answers are kept in memory only", state_dir,
-                    exc.strerror or exc)
-                self.state_dir = None
+        self.drop_dir = Path(drop_dir) if drop_dir else None
+        if self.drop_dir is not None:
+            try:  # the agent's own directory: it must be able to remove what hooks leave there
+                self.drop_dir.mkdir(parents=True, exist_ok=True)
+            except OSError:
+                pass  # not there and not creatable: nothing to pick up until a hook creates it
+        self.drop_files = self.drop_errors = 0
+        self._drop_skip: set[str] = set()  # files that could not be removed or set aside
+        self._drop_logged = ""
+        self._tmp_state: str | None = None
+        self.state_dir = self._state_dir(state_dir)
+        gpus, self.devices_source = self._devices(engine)
+        # the engine a child runs: the CPU for "numpy", stand-ins and machines without NVML GPUs
+        self.child_engine = "numpy" if self.devices_source in ("cpu", "standin") else engine
+        self.cpu_only = self.child_engine == "numpy"
+        if self.verdict is not None:
+            self.engine_name = self.verdict.name
+        else:
+            self.engine_name = self.child_engine
+        gpu = not self.cpu_only and self.verdict is None
+        self.size = int(size) or (4096 if gpu else 256)
+        self.dtype = dtype or ("" if gpu else "float32")
+        if self.cpu_only and self.verdict is None and self.dtype != "float32":
+            raise ConfigError(f"canary.dtype: the numpy engine runs float32, not {self.dtype}")
+        if not 16 <= self.size <= 32768:
+            raise ConfigError(f"canary.size: {self.size} is outside 16..32768")
+        self.memory_bytes = int(memory_bytes) or ((256 << 20) if gpu else (8 << 20))
         self.driver = self._driver()
-        self.devices = self._map_devices()
+        self.gpus = gpus
         self.skipped: dict[str, str] = {}  # label -> why the last attempt did not run
 
-    # -------------------------------------------------------------------------- identity
+    # ------------------------------------------------------------------------ set-up
+    def _state_dir(self, state_dir: str) -> str:
+        if state_dir:
+            try:
+                Path(state_dir).mkdir(parents=True, exist_ok=True)
+                return state_dir
+            except OSError as exc:  # e.g. the packaged default outside the unit, unprivileged
+                log.warning("canary.state_dir %s: %s; first answers kept for this run only", state_dir,
+                            exc.strerror or exc)
+        self._tmp_state = tempfile.mkdtemp(prefix="gpufleet-canary-")
+        return self._tmp_state
+
     def _driver(self) -> str:
-        if self.backend is not None and self.engine.name != "numpy":
+        if self.backend is not None and not self.cpu_only:
             try:
                 v = self.backend.nvmlSystemGetDriverVersion()
                 return v.decode() if isinstance(v, bytes) else str(v)
-            except Exception:  # noqa: BLE001 - unknown driver: key says so
+            except Exception:  # noqa: BLE001 - unknown driver: the key says so
                 pass
-        return "none" if self.engine.name == "numpy" else "unknown"
+        return "none" if self.cpu_only else "unknown"
 
-    def _nvml_idents(self) -> dict:
-        by_pci: dict = {}
-        for i in range(int(self.backend.nvmlDeviceGetCount())):
-            h = self.backend.nvmlDeviceGetHandleByIndex(i)
-            ident = {"gpu": str(i), "handle": h}
+    def _nvml_gpus(self) -> list[_Gpu]:
+        b = self.backend
+        out = []
+        for i in range(int(b.nvmlDeviceGetCount())):
+            h = b.nvmlDeviceGetHandleByIndex(i)
+            g = _Gpu(label=str(i), index=i, handle=h)
             for k, fn in (("uuid", "nvmlDeviceGetUUID"), ("model", "nvmlDeviceGetName")):
                 try:
-                    v = getattr(self.backend, fn)(h)
-                    ident[k] = v.decode() if isinstance(v, bytes) else str(v)
+                    v = getattr(b, fn)(h)
+                    setattr(g, k, v.decode() if isinstance(v, bytes) else str(v))
                 except Exception:  # noqa: BLE001 - absent, not fatal
                     pass
+            out.append(g)
+        return out
+
+    def _devices(self, engine: str) -> tuple[list[_Gpu], str]:
+        nvml: list[_Gpu] = []
+        if self.backend is not None and (engine != "numpy" or self.standin or self.verdict is not None):
             try:
-                pci = self.backend.nvmlDeviceGetPciInfo(h)
-                bus = str(getattr(pci, "busId", "") or "")
-                dom, b, d = bus.lower().split(".")[0].split(":")[-3:]
-                by_pci[(int(dom, 16), int(b, 16), int(d, 16))] = ident
-            except Exception:  # noqa: BLE001 - no PCI identity: matched by index
-                pass
-            by_pci[("index", i)] = ident
-        return by_pci
+                nvml = self._nvml_gpus()
+            except Exception as exc:  # noqa: BLE001 - NVML unavailable: no GPUs to gate or name
+                log.info("canary: NVML gives no GPUs (%s)", exc)
+        if self.verdict is not None:
+            by_index = {g.index: g for g in nvml}
+            out = []
+            for d in self.verdict.devices():
+                g = by_index.get(d.get("index")) or _Gpu(label=str(d.get("label", d.get("index"))))
+                g.vdev = d
+                g.model = g.model or d.get("model")
+                out.append(g)
+            return out, "verdict"
+        if self.standin and nvml:
+            return nvml, "standin"
+        if engine == "numpy" or not nvml:
+            if engine in ("torch", "cupy"):
+                log.warning("canary: engine %s, but NVML shows no GPU: nothing to check", engine)
+                return [], "none"
+            import platform
 
-    def _map_devices(self) -> list[dict]:
-        devs = self.engine.devices()
-        if self.backend is None or (self.engine.name == "numpy" and not self.standin):
-            return devs
-        try:
-            by_pci = self._nvml_idents()
-        except Exception:  # noqa: BLE001 - NVML unavailable: CUDA identity only, no idle gating
-            return devs
-        if self.engine.name == "numpy":  # stand-in: each GPU's check runs on the CPU
-            idents = [v for k, v in by_pci.items() if k[0] == "index"]
-            return [{"index": None, "label": d["gpu"], "model": d.get("model", "unknown"), "nvml": d}
-                    for d in idents]
-        for d in devs:
-            ident = by_pci.get(tuple(int(x or 0) for x in d["pci"])) if "pci" in d else None
-            ident = ident or by_pci.get(("index", d["index"]))
-            if ident:
-                d.update(label=ident["gpu"], nvml=ident)
-                d["model"] = ident.get("model", d["model"])
-        return devs
+            return [_Gpu(label="cpu", model=platform.processor() or platform.machine())], "cpu"
+        return nvml, "nvml"
 
-    def key(self, dev: dict, size: int) -> str:
-        """Fleet reference key: same key, same answer on a healthy GPU."""
-        model = dev.get("model", "unknown").replace(" ", "_")
-        return f"{model}|{self.driver}|{self.engine.version}|{self.dtype}|n{size}|seed{self.seed}"
+    @property
+    def devices(self) -> list[dict]:
+        """The devices checked (label, index, uuid, model)."""
+        return [{"label": g.label, "index": g.index, "uuid": g.uuid, "model": g.model} for g in self.gpus]
+
+    @property
+    def _now(self) -> float:
+        return self._clock() if self._clock is not None else self._tick
+
+    def inject_bitflips(self, count: int = 1, bit: int = 3) -> None:
+        """Flip ``bit`` in ``count`` output elements of the next check (fault injection)."""
+        self._inject = (int(count), int(bit))
 
     # --------------------------------------------------------------------------- gating
-    def _busy(self, dev: dict) -> str | None:
-        ident = dev.get("nvml")
-        if not ident:
+    def _busy(self, g: _Gpu) -> str | None:
+        if g.handle is None or self.backend is None:
             return None
-        b, h = self.backend, ident["handle"]
+        b, h = self.backend, g.handle
         try:
-            procs = b.nvmlDeviceGetComputeRunningProcesses(h)
-            if procs:
-                return f"{len(procs)} compute process(es)"
+            procs = b.nvmlDeviceGetComputeRunningProcesses(h) or []
+            own = {c.pid for c in (x.child for x in self.gpus) if c is not None}
+            others = [p for p in procs
+                      if _pid(p) is None or not (_pid(p) in own or is_own_process(_pid(p)))]
+            if others:
+                return f"{len(others)} compute process(es)"
         except Exception as exc:  # noqa: BLE001 - unknown: judge by utilization alone
             if getattr(exc, "value", None) == _GPU_IS_LOST:
                 return LOST
@@ -403,69 +460,52 @@ class CanaryCollector:
             util = b.nvmlDeviceGetUtilizationRates(h).gpu
             if util > self.idle_util:
                 return f"utilization {util}%"
-        except Exception:  # noqa: BLE001 - unknown utilization: do not assume idle
+        except Exception as exc:  # noqa: BLE001 - unknown utilization: do not assume idle
+            if getattr(exc, "value", None) == _GPU_IS_LOST:
+                return LOST
             return "utilization unknown"
         return None
 
-    def inject_bitflips(self, count: int = 1, bit: int = 3) -> None:
-        """Flip ``bit`` in ``count`` output elements of the next check (fault injection)."""
-        self._inject = (int(count), int(bit))
-
     # ---------------------------------------------------------------------------- checks
-    def run_check(self, dev: dict, size: int, now_ns: int | None = None) -> dict:
-        """One check on one device now; returns the catalogue fields (and ``extra``)."""
-        eng = self.engine
-        if hasattr(eng, "check"):  # a verdict engine (a backend's): its answer is the check
-            fields = dict(eng.check(dev, size, time.time_ns() if now_ns is None else now_ns))
-            if self._inject is not None:
-                count, _bit = self._inject
-                self._inject = None
-                fields["mismatches"] = int(fields.get("mismatches") or 0) + count
+    def _start(self, g: _Gpu, size: int, now_ns: int) -> dict | None:
+        """Start one check on ``g``: a child (returns None) or a verdict (returns its result)."""
+        inject, self._inject = self._inject, None
+        if self.verdict is not None:
+            t0 = time.perf_counter()
+            fields = dict(self.verdict.check(g.vdev, size, now_ns))
+            if inject is not None:
+                fields["mismatches"] = int(fields.get("mismatches") or 0) + inject[0]
                 fields["passed"] = 0
-                flipped = f"{fields.get('digest')}:flipped{count}".encode()
+                flipped = f"{fields.get('digest')}:flipped{inject[0]}".encode()
                 fields["digest"] = hashlib.sha256(flipped).hexdigest()
-            ref = self._reference(dev, size)
-            if ref is not None and "digest" in fields:
-                fields["reference_match"] = int(ref == fields["digest"])
-                fields["passed"] = int(bool(fields.get("passed")) and ref == fields["digest"])
-            return fields
-        t0 = time.perf_counter()
-        out = eng.gemm(dev, size, self.dtype, self.seed)
-        if self._inject is not None:
-            eng.flip_bits(out, *self._inject)
-            self._inject = None
-        eng.sync(dev)
-        mem_bad = eng.memcheck(dev, self.memory_bytes) if size == self.size else 0
-        eng.sync(dev)
-        host = eng.host(out)
-        del out
-        dur = time.perf_counter() - t0
-        digest = hashlib.sha256(host.tobytes()).hexdigest()
-        k = f"{dev['label']}|{self.key(dev, size)}"
-        first = self._first.get(k) or self._load_first(k)
-        fields: dict[str, object] = {"duration_seconds": dur, "digest": digest, "memory_mismatches": mem_bad}
-        ok = mem_bad == 0
-        if first is None:
-            self._first[k] = (digest, host)
-            self._save_first(k, digest, host)
-            fields["mismatches"] = 0
-        else:
-            fd, fh = first
-            if fh is not None and fh.shape == host.shape:
-                n_bad = int(np.count_nonzero(fh.reshape(-1).view(f"u{fh.itemsize}")
-                                             != host.reshape(-1).view(f"u{host.itemsize}")))
-                fields["mismatches"] = n_bad
-                ok = ok and n_bad == 0 and digest == fd
-            else:
-                ok = ok and digest == fd
-        ref = self._reference(dev, size)
-        if ref is not None:
-            fields["reference_match"] = int(ref == digest)
-            ok = ok and ref == digest
-        fields["passed"] = int(ok)
-        return fields
+            key = reference_key(g.model or "unknown", self.driver, self.verdict.version, self.dtype, size,
+                                self.seed)
+            return {"ok": True, "verdict": True, "key": key, "size": size, **fields,
+                    "wall_s": time.perf_counter() - t0}
+        argv = worker_argv(self.child_engine, size, self.dtype, self.seed,
+                           self.memory_bytes if size == self.size else 0, self.state_dir, g.label,
+                           self.driver, inject)
+        g.child = Child(argv, worker_env(g.uuid, g.index, self.cpu_only), self.timeout, self.max_rss,
+                        self.cpu_only)
+        return None
 
-    def _reference(self, dev, size) -> str | None:
+    def _fields(self, res: dict) -> dict:
+        """gpu_canary fields of one successful check (a child's or a verdict engine's answer)."""
+        f: dict[str, object] = {}
+        for k in ("digest", "mismatches", "memory_mismatches", "duration_seconds", "passed"):
+            if res.get(k) is not None:
+                f[k] = _FIELD_TYPES[k](res[k])
+        if not res.get("verdict"):
+            work = float(res.get("duration_seconds", 0.0))
+            f["startup_seconds"] = max(0.0, float(res.get("wall_s", 0.0)) - work)
+            f["passed"] = int(f.get("mismatches", 1) == 0 and f.get("memory_mismatches", 0) == 0)
+        ref = self._reference(res.get("key", ""))
+        if ref is not None and "digest" in f:
+            f["reference_match"] = int(ref == f["digest"])
+            f["passed"] = int(bool(f["passed"]) and ref == f["digest"])
+        return f
+
+    def _reference(self, key: str) -> str | None:
         now = self._now
         if self.reference_src and now - self._refs_at > self.reference_refresh:
             try:
@@ -473,86 +513,298 @@ class CanaryCollector:
             except ConfigError:
                 pass  # keep the last good set
             self._refs_at = now
-        return self._refs.get(self.key(dev, size))
+        return self._refs.get(key)
 
-    def _state_path(self, k: str) -> Path | None:
-        if not self.state_dir:
-            return None
-        return self.state_dir / (hashlib.sha1(k.encode()).hexdigest()[:16] + ".npz")
+    def _error(self, g: _Gpu, res: dict) -> None:
+        g.errors += 1
+        why = " ".join(str(res.get("error") or res.get("reason") or "failed").split())[:300]
+        self.skipped[g.label] = f"check failed: {why}"
+        if g.logged != res.get("reason"):
+            g.logged = str(res.get("reason"))
+            log.warning("canary gpu %s: %s", g.label, why)
+        # no engine here: try again at the next interval; a crash or a kill: after the backoff
+        g.next_due = self._now + (self.interval if res.get("reason") == "no_engine" else self.busy_backoff)
+        g.round = []
 
-    def _load_first(self, k: str):
-        p = self._state_path(k)
-        if p is None or not p.is_file():
-            return None
-        try:
-            with np.load(p, allow_pickle=False) as z:
-                first = (str(z["digest"]), z["result"])
-        except (OSError, ValueError, KeyError):
-            return None
-        self._first[k] = first
-        return first
+    def _finish(self, g: _Gpu, res: dict, now_ns: int) -> list[Sample]:
+        """Take one check's answer; returns the round's row when the round is complete."""
+        if not res.get("ok"):
+            done = g.round  # a recheck that gave no answer ends its round with what it has
+            self._error(g, res)
+            if not done:
+                return []
+            g.round = done
+        else:
+            g.logged = ""
+            fields = self._fields(res)
+            self._spent += float(fields.get("duration_seconds", 0.0))
+            self._cost[int(res.get("size", self.size))] = float(fields.get("duration_seconds", 0.0))
+            g.round.append((fields, res))
+            own_fail = fields.get("mismatches", 0) != 0 or fields.get("memory_mismatches", 0) != 0
+            if own_fail and len(g.round) <= self.confirm:
+                return []  # a round in progress: the GPU is rechecked at once (see _due)
+        rows = [f for f, _ in g.round]
+        failed = [f for f in rows if not f.get("passed", 1)]
+        out = dict(failed[0] if failed else rows[-1])
+        out["checks"], out["checks_failed"] = len(rows), len(failed)
+        first_res = g.round[0][1]
+        g.checks += len(rows)
+        g.failed += len(failed)
+        g.last_check = self._now
+        if res.get("ok"):
+            self.skipped.pop(g.label, None)
+        sample = Sample("gpu_canary", g.tags(), out, g.round_t,
+                        extra={"size": int(first_res.get("size", self.size)),
+                               "engine": first_res.get("engine", self.engine_name),
+                               "key": first_res.get("key"), "busy": g.round_busy,
+                               "timing": first_res.get("timing"), "wall_s": first_res.get("wall_s")})
+        g.round = []
+        return [sample]
 
-    def _save_first(self, k: str, digest: str, host: np.ndarray) -> None:
-        p = self._state_path(k)
-        if p is not None:
-            tmp = p.with_suffix(".tmp.npz")
-            np.savez(tmp, digest=np.array(digest), result=host)
-            tmp.replace(p)
+    def _reap(self, now_ns: int, wait: float = 0.0) -> list[Sample]:
+        out = []
+        end = time.monotonic() + wait
+        for g in self.gpus:
+            if g.child is None:
+                continue
+            res = g.child.wait(max(0.0, end - time.monotonic())) if wait else g.child.poll()
+            if res is None:
+                continue
+            g.child = None
+            out += self._finish(g, res, now_ns)
+        return out
 
-    @property
-    def _now(self) -> float:
-        return self._clock() if self._clock is not None else self._tick
+    def _due(self, g: _Gpu, now: float, now_ns: int) -> tuple[bool, int]:
+        """(start a check now, its size); records why not in ``skipped``."""
+        if g.round:  # a confirmation round goes on at once, whatever the gating
+            return True, int(g.round[0][1].get("size", self.size))
+        if now < g.next_due:
+            return False, 0
+        busy = self._busy(g)
+        if busy == LOST:
+            self.skipped[g.label] = busy
+            g.next_due, g.idle_since = now + self.busy_backoff, None
+            return False, 0
+        size = self.size
+        if busy:
+            g.idle_since = None
+            if not self.busy_size:
+                self.skipped[g.label] = f"busy: {busy}"
+                g.skips += 1
+                g.next_due = now + self.busy_backoff
+                return False, 0
+            size = self.busy_size
+        else:
+            if g.idle_since is None:
+                g.idle_since = now
+            if now - g.idle_since < self.idle_for:
+                self.skipped[g.label] = f"idle for {now - g.idle_since:.0f} s of {self.idle_for:g} s"
+                return False, 0
+        # the duty share of the time since start (at least of one hour), minus what was spent,
+        # must cover what a check of this size cost last time
+        budget = self.duty * max(now - self._t0, 3600.0) - self._spent
+        if budget <= self._cost.get(size, 0.0):
+            self.skipped[g.label] = "duty-cycle budget spent"
+            return False, 0
+        g.round_busy = busy
+        return True, size
 
     def collect(self, now_ns: int) -> list[Sample]:
         self._tick = now_ns / 1e9
         if self._t0 is None:
             self._t0 = self._refs_at = self._now
-        out = []
-        for dev in self.devices:
-            label = dev["label"]
-            now = self._now
-            if now < self._next.get(label, 0.0):
-                continue
-            busy = self._busy(dev)
-            size = self.size
-            if busy == LOST:
-                self.skipped[label] = busy
-                self._next[label] = now + self.busy_backoff
-                continue
-            if busy:
-                if not self.busy_size:
-                    self.skipped[label] = f"busy: {busy}"
-                    self._next[label] = now + self.busy_backoff
+        out = self._reap(now_ns)
+        out += self._pickup(now_ns)
+        # verdict engines and ``wait``: rounds complete within this call; children without
+        # ``wait`` are started here and read at a later tick
+        begun: set[str] = set()  # GPUs whose round began in this call: one round per call
+        for _ in range((self.confirm + 1) * max(1, len(self.gpus)) + 1):
+            progress = False
+            for g in self.gpus:
+                running = sum(1 for x in self.gpus if x.child is not None)
+                if g.child is not None or running >= self.parallel or (g.label in begun and not g.round):
                     continue
-                size = self.busy_size
-            # the duty share of the time since start (at least of one hour), minus what was spent,
-            # must cover what a check of this size cost last time
-            budget = self.duty * max(now - self._t0, 3600.0) - self._spent
-            if budget <= self._cost.get(size, 0.0):
-                self.skipped[label] = "duty-cycle budget spent"
+                now = self._now
+                go, size = self._due(g, now, now_ns)
+                if not go:
+                    continue
+                if not g.round:
+                    begun.add(g.label)
+                    g.round_t = now_ns
+                    # the schedule keeps its cadence: due again one interval after this one was due
+                    base = g.next_due if 0 < g.next_due <= now < g.next_due + self.interval else now
+                    step = self.busy_backoff if g.round_busy else self.interval
+                    g.next_due = base + step
+                try:
+                    res = self._start(g, size, now_ns)
+                except ConfigError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - one GPU's failed check never stops the others
+                    res = {"ok": False, "reason": "failed", "error": f"{type(exc).__name__}: {exc}"}
+                progress = True
+                if res is not None:
+                    out += self._finish(g, res, now_ns)
+            if self.wait > 0 and any(g.child is not None for g in self.gpus):
+                out += self._reap(now_ns, self.wait)
+                progress = True
+            if not progress or (self.wait <= 0 and self.verdict is None):
+                break
+        return self._one_per_gpu(out) + self._status(now_ns)
+
+    def _one_per_gpu(self, rows: list[Sample]) -> list[Sample]:
+        """At most one ``gpu_canary`` row per GPU per tick; the rest wait for the next ticks.
+
+        The export pipeline keeps one value per instrument and attribute set per collection:
+        two results for one GPU in one tick (a drop file beside the agent's own check, a Slurm
+        prolog's and epilog's) would otherwise lose one."""
+        self._backlog.extend(rows)
+        out, later, seen = [], [], set()
+        for s in self._backlog:
+            g = s.tags.get("gpu")
+            (later if g in seen else out).append(s)
+            seen.add(g)
+        self._backlog = later
+        return out
+
+    # ----------------------------------------------------------------------- self rows
+    def _status(self, now_ns: int) -> list[Sample]:
+        now = self._now
+        if now - self._status_at < self.status_every:
+            return []
+        self._status_at = now
+        out = []
+        for g in self.gpus:
+            f: dict[str, object] = {"max_age_seconds": self.max_age, "checks_total": g.checks,
+                                    "failed_checks_total": g.failed, "errors_total": g.errors,
+                                    "busy_skips_total": g.skips}
+            since = g.last_check if g.last_check is not None else self._t0
+            if g.last_check is not None:
+                f["last_check_seconds"] = float(g.last_check)
+                f["age_seconds"] = max(0.0, now - g.last_check)
+            f["overdue"] = int(now - since > self.max_age)
+            out.append(Sample("gpufleet_canary", g.tags(), f, now_ns))
+        if self.drop_dir is not None:
+            out.append(Sample("gpufleet_canary", {}, {"drop_files_total": self.drop_files,
+                                                      "drop_errors_total": self.drop_errors}, now_ns))
+        return out
+
+    # ---------------------------------------------------------------- the drop directory
+    def _pickup(self, now_ns: int, limit: int = 256) -> list[Sample]:
+        """Results ``gpufleet canary`` (a Slurm epilog, a Kubernetes hook) left in ``drop_dir``."""
+        d = self.drop_dir
+        if d is None:
+            return []
+        try:
+            names = sorted(n for n in os.listdir(d) if n.endswith(DROP_SUFFIX) and n not in self._drop_skip)
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            self.drop_errors += 1
+            why = str(exc.strerror or exc)
+            if why != self._drop_logged:  # one line per distinct problem, not one per tick
+                self._drop_logged = why
+                log.warning("canary drop_dir %s: %s", d, why)
+            return []
+        names = names[:limit]
+        out = []
+        by_label = {g.label: g for g in self.gpus}
+        by_uuid = {g.uuid: g for g in self.gpus if g.uuid}
+        for name in names:
+            p = d / name
+            try:
+                doc = json.loads(p.read_bytes())
+                s = drop_sample(doc)
+            except (OSError, ValueError, TypeError, KeyError) as exc:
+                self.drop_errors += 1
+                log.warning("canary drop file %s: malformed (%s); set aside as .bad", p, exc)
+                try:
+                    p.rename(p.with_name(name + ".bad"))
+                except OSError:
+                    self._drop_skip.add(name)  # never read twice
                 continue
             try:
-                fields = self.run_check(dev, size, now_ns)
-            except ConfigError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - one GPU's failed check never stops the others
-                self.skipped[label] = f"check failed: {exc}"
-                self._next[label] = now + self.busy_backoff
-                continue
-            self._spent += float(fields["duration_seconds"])
-            self._cost[size] = float(fields["duration_seconds"])
-            self._next[label] = self._now + (self.busy_backoff if busy else self.interval)
-            self.skipped.pop(label, None)
-            tags = {"gpu": label}
-            ident = dev.get("nvml") or {}
-            if "uuid" in ident:
-                tags["uuid"] = ident["uuid"]
-            if dev.get("model"):
-                tags["model"] = dev["model"]
-            out.append(Sample("gpu_canary", tags, fields, now_ns,
-                              extra={"size": size, "engine": self.engine.name, "key": self.key(dev, size),
-                                     "busy": busy}))
+                p.unlink()
+            except OSError as exc:
+                self.drop_errors += 1
+                self._drop_skip.add(name)  # read once: never again
+                log.warning("canary drop file %s: cannot remove (%s); left alone", p, exc.strerror or exc)
+            self.drop_files += 1
+            g = by_uuid.get(s.tags.get("uuid")) or by_label.get(s.tags.get("gpu"))
+            if g is not None:
+                g.checks += int(s.fields.get("checks", 1))
+                g.failed += int(s.fields.get("checks_failed", 1 - int(s.fields.get("passed", 1))))
+                t = s.time_ns / 1e9
+                g.last_check = t if g.last_check is None else max(g.last_check, t)
+                s.tags = {**g.tags(), **s.tags}
+            out.append(s)
         return out
 
     def close(self) -> None:
-        self._first.clear()
+        for g in self.gpus:
+            if g.child is not None:
+                g.child.kill("agent stopping")
+                g.child = None
+        if self._tmp_state:
+            shutil.rmtree(self._tmp_state, ignore_errors=True)
+            self._tmp_state = None
+
+
+def _pid(p) -> int | None:
+    v = p.get("pid") if isinstance(p, dict) else getattr(p, "pid", None)
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def drop_sample(doc: dict) -> Sample:
+    """A drop file's ``gpu_canary`` row; ValueError/TypeError/KeyError when malformed."""
+    if not isinstance(doc, dict) or doc.get("version") != DROP_VERSION:
+        raise ValueError(f"not a version {DROP_VERSION} canary result")
+    tags = doc["tags"]
+    if not isinstance(tags, dict) or not isinstance(tags.get("gpu"), str) or not tags["gpu"]:
+        raise ValueError("tags.gpu missing")
+    tags = {k: str(v) for k, v in tags.items() if k in ("gpu", "uuid", "model") and v}
+    raw = doc["fields"]
+    if not isinstance(raw, dict):
+        raise TypeError("fields is not an object")
+    fields = {}
+    for k, v in raw.items():
+        typ = _FIELD_TYPES.get(k)
+        if typ is None:
+            raise ValueError(f"unknown field {k!r}")
+        if typ is str and not isinstance(v, str):
+            raise TypeError(f"{k} is not a string")
+        if typ is not str and (isinstance(v, bool) or not isinstance(v, int | float)):
+            raise TypeError(f"{k} is not a number")
+        fields[k] = typ(v)
+    if "passed" not in fields:
+        raise ValueError("fields.passed missing")
+    t = int(doc["time_ns"])
+    if t <= 0:
+        raise ValueError("time_ns is not positive")
+    return Sample("gpu_canary", tags, fields, t, extra={"source": str(doc.get("source", "drop"))})
+
+
+def write_drop(drop_dir: str | os.PathLike, sample: Sample, source: str, max_files: int = 1000) -> Path:
+    """Write one result into the drop directory, atomically (temp file + rename). OSError when
+    the directory is full (``max_files`` results waiting, or the disk) or not writable."""
+    d = Path(drop_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    waiting = sum(1 for n in os.listdir(d) if n.endswith(DROP_SUFFIX))
+    if waiting >= max_files:
+        import errno
+
+        raise OSError(errno.ENOSPC, f"drop directory full ({waiting} results waiting)")
+    doc = {"version": DROP_VERSION, "time_ns": sample.time_ns, "tags": sample.tags,
+           "fields": sample.fields, "source": source}
+    name = f"{sample.time_ns}-{sample.tags.get('gpu', 'x')}-{os.getpid()}-{os.urandom(3).hex()}{DROP_SUFFIX}"
+    tmp = d / f".{name}.tmp"
+    try:
+        tmp.write_text(json.dumps(doc))
+        os.chmod(tmp, 0o644)
+        tmp.replace(d / name)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+    return d / name

@@ -66,6 +66,10 @@ PANELS: dict[str, list[tuple[str, str, str, str]]] = {
         ("gpu_canary", "mismatches", "Canary mismatching elements", "value"),
         ("gpu", "temperature_gpu_celsius", "GPU temperature (°C)", "value"),
     ],
+    "canary_unchecked": [
+        ("gpu_canary", "passed", "Canary passed (1) / failed (0)", "value"),
+        ("gpu", "utilization_gpu_ratio", "GPU utilization", "value"),
+    ],
     "gpu_lost": [
         ("gpu", "up", "GPU answered the poll", "value"),
         ("gpu", "power_watts", "Power (W)", "value"),

@@ -10,6 +10,7 @@ from analyzer.detectors.nvlink_degradation import NvlinkDegradation
 from analyzer.detectors.pcie_degradation import PcieDegradation
 from analyzer.detectors.power_brake import PowerBrake
 from analyzer.detectors.sdc import SilentDataCorruption
+from analyzer.detectors.sdc_unchecked import CanaryUnchecked
 from analyzer.detectors.straggler import Straggler
 from analyzer.detectors.thermal_throttle import ThermalThrottle
 
@@ -23,6 +24,7 @@ REGISTRY: dict[str, type[Detector]] = {
         PcieDegradation,
         MemoryErrors,
         SilentDataCorruption,
+        CanaryUnchecked,
         GpuLost,
         Straggler,
     )

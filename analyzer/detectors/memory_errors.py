@@ -4,7 +4,8 @@ Reads gpu.ecc_uncorrected_volatile_total (any increase: a double-bit error),
 ecc_corrected_volatile_total (single-bit storms, judged against the fleet's own rate in the
 window), remapped_rows_pending / remapped_rows_failure / retired_pages_pending, and XID events
 48 (DBE), 63/64 (row remap), 92 (high SBE rate), 94/95 (contained/uncontained ECC) from
-gpu_event (tag type=xid, field code).
+gpu_event (tag type=xid, field code), and gpu_canary.memory_mismatches (the canary's memory
+pattern read back wrong: critical, device memory returned other data than was written).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ CRITICAL_XIDS = {48, 64, 95}
 
 class MemoryErrors(Detector):
     kind = "memory_errors"
-    tables = ("gpu", "gpu_event")
+    tables = ("gpu", "gpu_event", "gpu_canary")
 
     def __init__(
         self,
@@ -108,7 +109,21 @@ class MemoryErrors(Detector):
 
         parts = [self._gpu_hits(window, tab, hit, self.score(window), crit, ev)]
         parts.append(self._xid_hits(window))
+        parts.append(self._canary_hits(window))
         return concat(self.kind, parts)
+
+    def _canary_hits(self, window: Window) -> Hits:
+        tab = window.canary
+        bad = nz(tab.col("memory_mismatches"))
+        checks, failed = tab.col("checks"), tab.col("checks_failed")
+
+        def ev(i):
+            e = {"signals": ["gpu_canary.memory_mismatches"], "memory_mismatches": int(bad[i])}
+            if not np.isnan(checks[i]):
+                e["failed_of"] = f"{int(nz(failed)[i])} of {int(checks[i])} canary checks failed"
+            return e
+
+        return self._gpu_hits(window, tab, bad > 0, np.minimum(bad, 1e9), True, ev)
 
     def _xid_hits(self, window: Window) -> Hits:
         ev_tab = window.event

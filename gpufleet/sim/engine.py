@@ -519,12 +519,19 @@ class Generator:
         out = []
         cs, gs = np.nonzero(((ks[:, None] + np.arange(fl.n)[None, :] * 7) % self.canary_steps == 0) & ok)
         for c, g in zip(cs.tolist(), gs.tolist(), strict=True):
+            checks, failed = 1, 0
             if g in self.sdc_gpus:
                 passed, mism, digest = self.state.canary(g, float(ts[c]), self.rng)
+                # the agent's policy: a failed check is rechecked at once, up to CONFIRM times
+                failed = int(not passed)
+                while failed and checks <= CONFIRM and (checks == failed):
+                    checks += 1
+                    failed += int(not self.state.canary(g, float(ts[c]), self.rng)[0])
             else:
                 passed, mism, digest = 1, 0, _GOOD
             dur = round(0.0029 + float(self.rng.gamma(4.0, 0.0002)), 6)
-            fields = {"passed": passed, "mismatches": mism, "duration_seconds": dur, "digest": digest}
+            fields = {"passed": passed, "mismatches": mism, "duration_seconds": dur, "digest": digest,
+                      "checks": checks, "checks_failed": failed}
             out.append(encode("gpu_canary", self.gpu_tags[g], fields, int(tns[c]) - 2_000_000_000) + "\n")
         self._count("gpu_canary", len(out))
         return "".join(out)
@@ -633,6 +640,7 @@ def gpu_values(
 
 
 _GOOD = __import__("gpufleet.sim.state", fromlist=["GOOD_DIGEST"]).GOOD_DIGEST
+CONFIRM = 2  # rechecks after a failed canary check (the agent's canary.confirm default)
 
 
 def truth(fleet: Fleet, gen: Generator) -> list[Record]:
