@@ -143,11 +143,7 @@ def analyze(
     if e_ns <= s_ns:
         raise ConfigError("--end must be after --start")
     an = Analyzer(cfg, shard_t)
-    step = int(cfg.analyzer["window_seconds"] * 1e9)
-    t = s_ns
-    while t < e_ns:
-        _pull(an, influx, t, min(t + step, e_ns))
-        t += step
+    _pull(an, influx, s_ns, e_ns)
     an.finish()
     _write(out_path, an.incidents())
     _notify_once(sinks, state_path, out_path, page_base_url, an)
@@ -174,15 +170,16 @@ def _notify_once(sinks, state_path, out_path, page_base_url, an) -> None:
         notifier.close()
 
 
-def _pull(an, influx, s_ns: int, e_ns: int) -> None:
-    from analyzer.pipeline import MEASUREMENTS
+def _pull(an, influx, s_ns: int, e_ns: int) -> int:
+    """Feed [s, e) from InfluxDB into the analyzer in large batches; returns the rows read."""
+    from analyzer.sources import pull
 
-    rows = {}
-    for m in MEASUREMENTS:
-        r = influx.query_rows(m, s_ns, e_ns, an.parser.series)
-        if len(r):
-            rows[m] = r
-    an.feed_rows(rows)
+    n = 0
+    step = int(an.window * 1e9)
+    for _a, _b, rows in pull(influx, an.wanted(), s_ns, e_ns, an.parser.series, step):
+        n += sum(len(r) for r in rows.values())
+        an.feed_rows(rows)
+    return n
 
 
 def _write(out_path, incidents) -> None:

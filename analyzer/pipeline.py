@@ -112,6 +112,11 @@ class Analyzer:
         self._sid_extra: dict[int, dict] = {}
 
     # ------------------------------------------------------------------ input
+    @staticmethod
+    def wanted() -> dict[str, set[str] | None]:
+        """What to read from a store: measurement -> the fields some detector reads (None: all)."""
+        return {m: FIELDS.get(m) for m in MEASUREMENTS}
+
     def feed_bytes(self, data: bytes) -> None:
         self.feed_rows(self.parser.feed(data))
 
