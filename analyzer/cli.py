@@ -59,7 +59,16 @@ def _sinks(cfg, specs):
 @click.option("--since", help="with --influx-url: analyse the last DURATION (e.g. 6h)")
 @click.option("--start", help="with --influx-url: start time (RFC 3339 or epoch seconds)")
 @click.option("--end", help="with --influx-url: end time")
-@click.option("--follow", is_flag=True, help="online mode: analyse new data as it arrives")
+@click.option("--follow", is_flag=True, help="online mode: pull new data from InfluxDB every poll")
+@click.option("--listen", "listen_addr", metavar="HOST:PORT",
+              help="online mode: receive the InfluxDB write protocol here (/write, /api/v2/write)")
+@click.option("--token-file", help="with --listen: file holding the token writers must send "
+              "(or env GPUFLEET_LISTEN_TOKEN)")
+@click.option("--max-body", default="32MiB", show_default=True, help="with --listen: largest write body")
+@click.option("--max-queue", default="256MiB", show_default=True,
+              help="with --listen: bytes received and not yet analysed before writers get 429")
+@click.option("--grace", help="online mode: how late after its timestamp a point may arrive "
+              "(default: the poll interval)")
 @click.option("--out", "out_path", help="write incidents as JSON lines here")
 @click.option("--config", "config_path", help="analyzer.toml")
 @click.option("--sink", "sink_specs", multiple=True, help="alert sink TYPE=URL (repeatable)")
@@ -76,6 +85,11 @@ def analyze(
     start,
     end,
     follow,
+    listen_addr,
+    token_file,
+    max_body,
+    max_queue,
+    grace,
     out_path,
     config_path,
     sink_specs,
@@ -92,10 +106,14 @@ def analyze(
     cfg = Config.load(config_path)
     shard_t = _shard(shard)
     sinks = _sinks(cfg, sink_specs)  # a bad sink is a ConfigError before any work
-    if bool(input_path) == bool(influx_url):
+    if listen_addr and input_path:
+        raise ConfigError("--listen reads no files: drop --input")
+    if not listen_addr and bool(input_path) == bool(influx_url):
         raise ConfigError("give exactly one of --input PATH or --influx-url URL --db NAME")
     if follow and not influx_url:
         raise ConfigError("--follow needs --influx-url")
+    if follow and listen_addr:
+        raise ConfigError("give --follow or --listen, not both")
     if out_path:
         parent = Path(out_path).resolve().parent
         if not parent.is_dir():
@@ -112,15 +130,17 @@ def analyze(
         _notify_once(sinks, state_path, out_path, page_base_url, an)
         _report(an, stats, time.perf_counter() - t0)
         return
-    if not db:
-        raise ConfigError("--influx-url needs --db NAME")
-    from analyzer.sources import Influx
+    influx = None
+    if influx_url:
+        if not db:
+            raise ConfigError("--influx-url needs --db NAME")
+        from analyzer.sources import Influx
 
-    influx = Influx(
-        influx_url, db, **{k: v for k, v in cfg.influx.items() if k in ("username", "password", "token")}
-    )
-    if follow:
-        _follow(
+        influx = Influx(
+            influx_url, db, **{k: v for k, v in cfg.influx.items() if k in ("username", "password", "token")}
+        )
+    if follow or listen_addr:
+        _online(
             cfg,
             influx,
             shard_t,
@@ -129,7 +149,12 @@ def analyze(
             state_path,
             page_base_url,
             parse_duration(poll, "--poll"),
-            since,
+            parse_duration(grace, "--grace") if grace else None,
+            parse_duration(since, "--since") if since else None,
+            listen_addr,
+            token_file,
+            _size(max_body, "--max-body"),
+            _size(max_queue, "--max-queue"),
         )
         return
     influx.check()
@@ -232,69 +257,82 @@ def incident_lines(recs, now_ns: int | None = None) -> list[str]:
     return out
 
 
-def _follow(
-    cfg, influx, shard_t, out_path, sinks, state_path, page_base_url, poll: float, since
-) -> None:
-    """Online mode: pull new data every ``poll`` seconds, keep state, retry with backoff."""
-    from analyzer.config import parse_duration
-    from analyzer.pipeline import Analyzer
-    from analyzer.sources import backoff
+def _size(value: str, what: str) -> int:
+    units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9, "b": 1}
+    v = value.strip().lower()
+    for u, f in units.items():
+        if v.endswith(u):
+            v, mult = v[: -len(u)], f
+            break
+    else:
+        mult = 1
+    try:
+        n = int(float(v) * mult)
+    except ValueError:
+        n = 0
+    if n <= 0:
+        raise ConfigError(f"{what} {value!r}: expected a size, e.g. 32MiB")
+    return n
 
+
+def _token(token_file) -> str | None:
+    import os
+
+    if token_file:
+        try:
+            tok = Path(token_file).read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"--token-file {token_file}: {exc.strerror}") from None
+        if not tok:
+            raise ConfigError(f"--token-file {token_file}: empty")
+        return tok
+    return os.environ.get("GPUFLEET_LISTEN_TOKEN") or None
+
+
+def _online(cfg, influx, shard_t, out_path, sinks, state_path, page_base_url, poll, grace, since,
+            listen_addr, token_file, max_body, max_queue) -> None:
+    """--follow and --listen: see analyzer/online.py."""
+    import signal
+
+    from analyzer.online import Checkpoint, Online, follow, listen
+
+    if poll <= 0:
+        raise ConfigError("--poll must be positive")
+    grace = poll if grace is None else grace
+    if grace < 0:
+        raise ConfigError("--grace must not be negative")
+    listener = None
+    if listen_addr:
+        from analyzer.listen import Listener, parse_address
+
+        address = parse_address(listen_addr)
+        token = _token(token_file)
     notifier = None
     if sinks is not None:
         sink_list, notifier_cls = sinks
         notifier = notifier_cls(sink_list, _state_path(state_path, out_path), page_base_url)
-    # online: short windows (a fault is reported within a poll or two), little waiting for late points
-    cfg.analyzer["lateness_seconds"] = min(cfg.analyzer["lateness_seconds"], max(2 * poll, 10.0))
-    cfg.analyzer["window_seconds"] = min(cfg.analyzer["window_seconds"], max(3 * poll, 10.0))
-    an = Analyzer(cfg, shard_t)
-    lag = int(max(poll, 5.0) * 1e9)
-    cursor = time.time_ns() - int(
-        parse_duration(since, "--since") * 1e9 if since else cfg.analyzer["window_seconds"] * 1e9
-    )
-    written: dict[str, str] = {}
-    attempt = 0
-    checked = False
+    keep = state_path or out_path or notifier is not None
+    where = Path(_state_path(state_path, out_path)).with_suffix(".checkpoint.json")
+    checkpoint = Checkpoint(where if keep else None)
+    online = Online(cfg, shard_t, influx, notifier, out_path, checkpoint, poll, grace)
+
+    def stop(_sig, _frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
     try:
-        while True:
-            try:
-                if not checked:
-                    influx.check()
-                    checked = True
-                now = time.time_ns()
-                upto = now - lag
-                if upto > cursor:
-                    # look back over the lateness allowance: points that arrived late still count
-                    _pull(an, influx, cursor - int(cfg.analyzer["lateness_seconds"] * 1e9), upto)
-                    cursor = upto
-                an.advance_clock(upto / 1e9)
-                an.engine.advance(upto / 1e9 - cfg.analyzer["lateness_seconds"])
-                incs = an.incidents() + an.engine.absorbed
-                changed = [
-                    r for r in incs if written.get(r.id) != ("resolved" if r.end is not None else "firing")
-                ]
-                influx.write(incident_lines(changed))
-                for r in changed:
-                    written[r.id] = "resolved" if r.end is not None else "firing"
-                if notifier is not None:
-                    notifier.update(incs, time.time())
-                if out_path:
-                    _write(out_path, an.incidents())
-                if attempt:
-                    click.echo("gpufleet analyze: InfluxDB reachable again", err=True)
-                attempt = 0
-                time.sleep(poll)
-            except GpufleetError as exc:
-                wait = backoff(attempt)
-                click.echo(f"gpufleet analyze: {exc}; retrying in {wait:.0f}s", err=True)
-                attempt += 1
-                checked = False
-                time.sleep(wait)
+        if listen_addr:
+            listener = Listener(address, online.an.parser, token, max_body, max_queue, retry_after=poll,
+                                gauges=online.gauges)
+            listen(online, listener, since)
+        else:
+            follow(online, since)
     except KeyboardInterrupt:
         pass
     finally:
-        if notifier is not None:
-            notifier.close()
+        if listener is not None:
+            listener.stop()
+        online.close()
 
 
 @click.command("eval")

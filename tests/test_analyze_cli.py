@@ -157,6 +157,8 @@ def test_follow_writes_incidents_and_survives_a_restart(tmp_path):
                 "45m",
                 "--poll",
                 "1s",
+                "--grace",  # the data after the restart is written up to 20 s after its time
+                "25s",
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
