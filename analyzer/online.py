@@ -77,6 +77,7 @@ class Online:
         self.online_window = min(self.batch_window, max(poll, 1.0))
         cfg.analyzer["lateness_seconds"] = grace
         self.an = Analyzer(cfg, shard)
+        self.an.window = self.online_window  # batch-size windows only while catching up
         self.written: dict[str, str] = {}
         self.cursor: int | None = None  # pull mode: everything before it has been read
         self.rows_in = 0
