@@ -110,10 +110,10 @@ def analyze(
         raise ConfigError("--listen reads no files: drop --input")
     if not listen_addr and bool(input_path) == bool(influx_url):
         raise ConfigError("give exactly one of --input PATH or --influx-url URL --db NAME")
-    if follow and not influx_url:
-        raise ConfigError("--follow needs --influx-url")
     if follow and listen_addr:
         raise ConfigError("give --follow or --listen, not both")
+    if follow and not influx_url:
+        raise ConfigError("--follow needs --influx-url")
     if out_path:
         parent = Path(out_path).resolve().parent
         if not parent.is_dir():
