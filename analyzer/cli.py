@@ -197,11 +197,11 @@ def _notify_once(sinks, state_path, out_path, page_base_url, an) -> None:
 
 def _pull(an, influx, s_ns: int, e_ns: int) -> int:
     """Feed [s, e) from InfluxDB into the analyzer in large batches; returns the rows read."""
-    from analyzer.sources import pull
+    from analyzer.sources import ahead, pull
 
     n = 0
     step = int(an.window * 1e9)
-    for _a, _b, rows in pull(influx, an.wanted(), s_ns, e_ns, an.parser.series, step):
+    for _a, _b, rows in ahead(pull(influx, an.wanted(), s_ns, e_ns, an.parser.series, step)):
         n += sum(len(r) for r in rows.values())
         an.feed_rows(rows)
     return n

@@ -103,7 +103,7 @@ class Online:
         """Pull [cursor, upto) from InfluxDB (the first time: from :meth:`start_ns`); a gap longer
         than a batch window is read at batch speed (large requests, batch-size windows) and
         delivered as it goes. Returns the rows read."""
-        from analyzer.sources import pull
+        from analyzer.sources import ahead, pull
 
         if self.cursor is None:
             self.cursor = self.start_ns(since, time.time_ns())
@@ -116,8 +116,9 @@ class Online:
         self.an.window = window
         n = 0
         try:
-            for _a, b, rows in pull(self.influx, self.an.wanted(), start, upto_ns, self.an.parser.series,
-                                    int(window * 1e9)):
+            batches = pull(self.influx, self.an.wanted(), start, upto_ns, self.an.parser.series,
+                           int(window * 1e9))
+            for _a, b, rows in ahead(batches) if catching else batches:
                 n += sum(len(r) for r in rows.values())
                 self.an.feed_rows(rows)
                 self.cursor = b
@@ -140,6 +141,7 @@ class Online:
         n = sum(len(r) for r in rows.values())
         if n:
             self.rows_in += n
+            self._size_windows(max(int(r.t.max()) for r in rows.values() if len(r)))
             self.an.feed_rows(rows)
 
     # ------------------------------------------------------------------ output
@@ -148,6 +150,7 @@ class Online:
         from analyzer.cli import _write, incident_lines
 
         an = self.an
+        self._size_windows(upto_ns)
         an.advance_clock(upto_ns / 1e9)
         an.engine.advance(upto_ns / 1e9 - self.grace)
         incs = an.incidents() + an.engine.absorbed
@@ -171,6 +174,18 @@ class Online:
         for r in changed:
             self.written[r.id] = _state(r)
         self.checkpoint.save(upto_ns - int(self.grace * 1e9))
+
+    def _size_windows(self, upto_ns: int) -> None:
+        """Windows of a poll while the analysis keeps up; batch-size windows while more than two of
+        those wait to be cut (a backlog: a burst of pushed writes, agents' spools replaying): they
+        are late already, and a window's fixed cost is paid once per batch window, not per poll."""
+        an = self.an
+        starts = [v for v in an.window_start.values() if v is not None]
+        if not starts:
+            return
+        wm = max([upto_ns, *an.stream_wm.values()]) / 1e9
+        behind = wm - self.grace - min(starts) > 2 * self.batch_window
+        an.window = self.batch_window if behind else self.online_window
 
     def wait(self) -> None:
         """Sleep until the next window is due (its end + grace, a little after): cycles run in

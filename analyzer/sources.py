@@ -420,6 +420,46 @@ def pull(
             step = max(step, int(1e9))
 
 
+def ahead(it: Iterator, depth: int = 1) -> Iterator:
+    """``it``'s items, produced ``depth`` ahead in a thread: the next batch's query runs (in
+    InfluxDB, on another core) while this one is analysed. An error is raised where it would
+    have been; closing the result stops the thread after its current item."""
+    import queue
+    import threading
+
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def work():
+        try:
+            for x in it:
+                q.put((x, None))
+                if stop.is_set():
+                    return
+            q.put((done, None))
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there
+            q.put((done, exc))
+
+    th = threading.Thread(target=work, name="pull-ahead", daemon=True)
+    th.start()
+    try:
+        while True:
+            x, exc = q.get()
+            if exc is not None:
+                raise exc
+            if x is done:
+                return
+            yield x
+    finally:
+        stop.set()
+        while th.is_alive():  # unblock a producer waiting on a full queue
+            try:
+                q.get(timeout=0.1)
+            except queue.Empty:
+                pass
+
+
 def _ident(name: str) -> str:
     return name.replace("\\", "\\\\").replace('"', '\\"')
 
