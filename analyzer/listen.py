@@ -35,6 +35,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 from analyzer.parse import Parser
+from analyzer.sources import inflate
 from gpufleet.errors import ConfigError
 
 PRECISION = {"ns": 1, "n": 1, "us": 10**3, "u": 10**3, "ms": 10**6, "s": 10**9, "m": 60 * 10**9,
@@ -218,9 +219,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if self.headers.get("Content-Encoding", "").lower() == "gzip":
             try:
-                d = zlib.decompressobj(wbits=31)
+                d = inflate.decompressobj(wbits=31)
                 body = d.decompress(body, ls.max_body + 1)
-            except zlib.error:
+            except (zlib.error, inflate.error):
                 ls.counters["refused_bad_body"] += 1
                 self._answer(400, "the body is not valid gzip")
                 return

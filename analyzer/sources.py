@@ -260,6 +260,7 @@ class Influx:
         self.s = requests.Session()
         self.timeout = timeout
         self._types: dict[str, tuple[float, dict[str, str]]] = {}
+        self.multi = True  # several statements in one request (InfluxQL allows it; a server may not)
         if token:
             self.s.headers["Authorization"] = f"Token {token}"
         elif username:
@@ -336,9 +337,19 @@ class Influx:
         if not stmts:
             return {}
         parts: dict[str, list[Rows]] = {m: [] for m in order}
-        for sid_stmt, s in self._series(";".join(stmts)):
-            m = order[sid_stmt]
-            parts[m].append(_series_rows(m, s, series, self._types[m][1]))
+        if self.multi or len(stmts) == 1:
+            try:
+                for i, s in self._series(";".join(stmts)):
+                    parts[order[i]].append(_series_rows(order[i], s, series, self._types[order[i]][1]))
+                return {m: Rows.concat(m, p) for m, p in parts.items() if p}
+            except GpufleetError as exc:
+                if len(stmts) == 1 or "HTTP 4" not in str(exc):
+                    raise
+                self.multi = False  # a server that takes one statement per request: ask one at a time
+                parts = {m: [] for m in order}
+        for m, q in zip(order, stmts, strict=True):
+            for _i, s in self._series(q):
+                parts[m].append(_series_rows(m, s, series, self._types[m][1]))
         return {m: Rows.concat(m, p) for m, p in parts.items() if p}
 
     def _series(self, q: str) -> Iterator[tuple[int, dict]]:
