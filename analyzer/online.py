@@ -244,31 +244,25 @@ def listen(online: Online, listener, since: float | None) -> None:
     The listener takes writes from the start; while the catch-up reads InfluxDB they wait in its
     queue (429 once it is full). Catch-up rounds repeat until one ends within a poll of now, and
     none refused a write meanwhile; queued rows older than where the last round read to were read
-    by it and are dropped, the rest are analysed.
+    by it and are dropped, the rest are analysed. An InfluxDB that cannot be read ends the
+    catch-up (said once): the writes that arrive are analysed without it.
     """
-    from analyzer.sources import backoff
-
     listener.start()
     _say(f"listening on {listener.address[0]}:{listener.address[1]}")
     handoff = None
     if online.influx is not None:
-        attempt = 0
-        while True:
-            try:
-                online.influx.check()
-                while True:
-                    busy = listener.counters["refused_busy"]
-                    t0 = time.monotonic()
-                    online.read(time.time_ns() - int(online.grace * 1e9), since)
-                    if time.monotonic() - t0 < online.poll and listener.counters["refused_busy"] == busy:
-                        break
-                handoff = online.cursor
-                break
-            except GpufleetError as exc:
-                wait = backoff(attempt)
-                _say(f"catch-up: {exc}; retrying in {wait:.0f}s")
-                attempt += 1
-                time.sleep(wait)
+        try:
+            online.influx.check()
+            while True:
+                busy = listener.counters["refused_busy"]
+                t0 = time.monotonic()
+                online.read(time.time_ns() - int(online.grace * 1e9), since)
+                if time.monotonic() - t0 < online.poll and listener.counters["refused_busy"] == busy:
+                    break
+        except GpufleetError as exc:
+            # what arrives is analysed all the same; the gap InfluxDB would have filled is not
+            _say(f"catch-up: {exc}; analysing what arrives from now on")
+        handoff = online.cursor
     while True:
         for rows in listener.take():
             online.feed(rows, handoff)

@@ -170,3 +170,40 @@ def test_metrics_page_and_unknown_get(listener):
     assert requests.get(listener.url + "/health").json() == {"status": "pass"}
     assert requests.get(listener.url + "/nope").status_code == 404
     time.sleep(0)
+
+
+def test_listen_analyses_pushed_writes_with_influxdb_down(tmp_path):
+    """Wiring 2 without a store to lean on: the catch-up cannot read InfluxDB (said once), the
+    pushed writes are analysed and the incident is written to --out; SIGTERM ends it cleanly."""
+    port = free_port()
+    now = int(time.time())
+    data = fleet(fault=("memory_errors", 1, 2, 50), steps=60, t0=now - 600)
+    out = tmp_path / "inc.jsonl"
+    p = subprocess.Popen([sys.executable, "-m", "gpufleet", "analyze", "--listen", f"127.0.0.1:{port}",
+                          "--influx-url", f"http://127.0.0.1:{free_port()}", "--db", "fleet", "--poll", "1s",
+                          "--out", str(out)], cwd=ROOT, stdout=subprocess.DEVNULL,
+                         stderr=open(tmp_path / "err", "w"))
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if requests.get(url + "/ping", timeout=1).status_code == 204:
+                    break
+            except requests.RequestException:
+                time.sleep(0.2)
+        r = requests.post(url + "/api/v2/write", data=gzip.compress(data),
+                          headers={"Content-Encoding": "gzip"})
+        assert r.status_code == 204
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (out.exists() and b"memory_errors" in out.read_bytes()):
+            time.sleep(0.3)
+        got = [line for line in out.read_text().splitlines() if "memory_errors" in line]
+        assert got and '"host":"node1"' in got[0].replace(" ", "") and '"gpu":2' in got[0].replace(" ", "")
+        m = requests.get(url + "/metrics", timeout=5).text
+        assert f"gpufleet_analyzer_gpu_samples_total {16 * 60}" in m
+    finally:
+        p.terminate()
+        assert p.wait(20) == 0
+    err = (tmp_path / "err").read_text()
+    assert "catch-up: InfluxDB at" in err and "unreachable" in err and "Traceback" not in err
