@@ -148,7 +148,7 @@ def test_live_agents_subscription_and_follow_page_once_across_sigkill(tmp_path):
             land = landing.seen[a]
             lat = {n: round(seen.seen[a] - land, 2) for n, seen in (("listen", seen_l), ("follow", seen_f))}
             print("landing -> Alertmanager holds the alert:", lat)
-            assert all(v <= 2 * POLL + 0.5 for v in lat.values()), lat
+            assert all(v <= 2 * POLL + 1.0 for v in lat.values()), lat  # 1 s of slack: 2 shared cores
             # written back as an incident point
             rows = wait(lambda: db.query("SELECT * FROM incident WHERE kind = 'memory_errors'", db="fleet")
                         ["results"][0].get("series"), 10)
