@@ -201,7 +201,8 @@ def _pull(an, influx, s_ns: int, e_ns: int) -> int:
 
     n = 0
     step = int(an.window * 1e9)
-    for _a, _b, rows in ahead(pull(influx, an.wanted(), s_ns, e_ns, an.parser.series, step)):
+    batches = pull(influx, an.wanted(), s_ns, e_ns, an.parser.series, step, words=an.tag_words())
+    for _a, _b, rows in ahead(batches):
         n += sum(len(r) for r in rows.values())
         an.feed_rows(rows)
     return n

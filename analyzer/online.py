@@ -117,7 +117,7 @@ class Online:
         n = 0
         try:
             batches = pull(self.influx, self.an.wanted(), start, upto_ns, self.an.parser.series,
-                           int(window * 1e9))
+                           int(window * 1e9), words=self.an.tag_words())
             for _a, b, rows in ahead(batches) if catching else batches:
                 n += sum(len(r) for r in rows.values())
                 self.an.feed_rows(rows)

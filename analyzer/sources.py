@@ -294,10 +294,16 @@ class Influx:
         if self.db not in names:
             raise GpufleetError(f"InfluxDB at {self.url}: database {self.db!r} does not exist")
 
-    def field_types(self, measurement: str) -> dict[str, str]:
-        """``SHOW FIELD KEYS``: field name -> InfluxDB type (float, integer, string, boolean)."""
-        t, _ = self._types.get(measurement, (None, None))
-        if t is None or time.monotonic() - t > TYPES_TTL:
+    def field_types(self, measurement: str, want: set[str] | None = None) -> dict[str, str]:
+        """``SHOW FIELD KEYS``: field name -> InfluxDB type (float, integer, string, boolean).
+
+        Kept for a minute while it holds every field in ``want`` (all: any field); asked again on
+        every call while a wanted field or the measurement itself is missing, so the first point
+        of a new measurement or field is read with the batch it lands in, not a minute later.
+        """
+        t, have = self._types.get(measurement, (None, None))
+        fresh = t is not None and time.monotonic() - t <= TYPES_TTL
+        if not fresh or not have or (want is not None and not want <= have.keys()):
             r = self._get(f'SHOW FIELD KEYS FROM "{_ident(measurement)}"', chunked=False)
             out: dict[str, str] = {}
             for res in _results(self, r):
@@ -308,18 +314,24 @@ class Influx:
         return self._types[measurement][1]
 
     def query(
-        self, wanted: dict[str, set[str] | None], start_ns: int, end_ns: int, series: SeriesIndex
+        self,
+        wanted: dict[str, set[str] | None],
+        start_ns: int,
+        end_ns: int,
+        series: SeriesIndex,
+        words: dict[str, tuple[tuple[str, ...], str]] | None = None,
     ) -> dict[str, Rows]:
         """Every point of the ``wanted`` measurements in [start, end) as Rows, in one request.
 
         ``wanted``: measurement -> the fields to read (None: all). One InfluxQL statement per
         measurement, all in one ``/query`` call; ``GROUP BY *`` puts each series' tags once in
         its header instead of on every row, and each series' values are converted column by
-        column (numpy), never value by value.
+        column (numpy), never value by value. ``words``: measurement -> (tags, word): only rows
+        where one of those tags contains the word (any case) are asked for.
         """
         stmts, order = [], []
         for m, fields in wanted.items():
-            types = self.field_types(m)
+            types = self.field_types(m, fields)
             if not types:
                 continue
             if fields is None:
@@ -329,10 +341,12 @@ class Influx:
                 if not have:
                     continue
                 sel = ",".join(f'"{_ident(f)}"' for f in have)
-            stmts.append(
-                f'SELECT {sel} FROM "{_ident(m)}" WHERE time >= {int(start_ns)} AND time < {int(end_ns)} '
-                "GROUP BY *"
-            )
+            cond = f"time >= {int(start_ns)} AND time < {int(end_ns)}"
+            if words and m in words:
+                keys, word = words[m]
+                rx = "".join(c if c.isalnum() else "\\" + c for c in word)
+                cond += " AND (" + " OR ".join(f'"{_ident(k)}" =~ /(?i){rx}/' for k in keys) + ")"
+            stmts.append(f'SELECT {sel} FROM "{_ident(m)}" WHERE {cond} GROUP BY *')
             order.append(m)
         if not stmts:
             return {}
@@ -402,6 +416,7 @@ def pull(
     series: SeriesIndex,
     step_ns: int = int(300e9),
     target_rows: int = BATCH_ROWS,
+    words: dict[str, tuple[tuple[str, ...], str]] | None = None,
 ) -> Iterator[tuple[int, int, dict[str, Rows]]]:
     """[start, end) in time order as (batch start, batch end, rows): few, large requests.
 
@@ -420,7 +435,7 @@ def pull(
         t = max(t, first - first % int(1e9))  # the second the data begins in
         while t < end_ns:
             b = min(int(end_ns), t + step)
-            rows = influx.query(wanted, t, b, series)
+            rows = influx.query(wanted, t, b, series, words)
             n = sum(len(r) for r in rows.values())
             yield t, b, rows
             t = b
