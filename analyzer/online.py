@@ -176,15 +176,16 @@ class Online:
         self.checkpoint.save(upto_ns - int(self.grace * 1e9))
 
     def _size_windows(self, upto_ns: int) -> None:
-        """Windows of a poll while the analysis keeps up; batch-size windows while more than two of
-        those wait to be cut (a backlog: a burst of pushed writes, agents' spools replaying): they
-        are late already, and a window's fixed cost is paid once per batch window, not per poll."""
+        """Windows of a poll while the analysis keeps up; batch-size windows while a whole one
+        waits to be cut (a backlog: a catch-up, a burst of pushed writes, agents' spools
+        replaying): that data is late already, and a window's fixed cost is paid once per batch
+        window instead of once per poll."""
         an = self.an
         starts = [v for v in an.window_start.values() if v is not None]
         if not starts:
             return
         wm = max([upto_ns, *an.stream_wm.values()]) / 1e9
-        behind = wm - self.grace - min(starts) > 2 * self.batch_window
+        behind = wm - self.grace - min(starts) >= self.batch_window
         an.window = self.batch_window if behind else self.online_window
 
     def wait(self) -> None:

@@ -301,7 +301,7 @@ def bench_paths(quick: bool, tmp: Path) -> list[dict]:
     # pace with the data's own clock: windows are cut as the pushed data's time passes)
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 60))
     fl2 = tmp / "fleet-live"
-    _agent_shaped(fl2, nodes, dur, start=now)
+    man2 = _agent_shaped(fl2, nodes, dur, start=now)
     body = gzip.decompress((fl2 / "telemetry.lp.gz").read_bytes()).splitlines(keepends=True)
     batches = [gzip.compress(b"".join(body[i : i + 5000]), 1) for i in range(0, len(body), 5000)]
     port = free_port()
@@ -348,7 +348,7 @@ def bench_paths(quick: bool, tmp: Path) -> list[dict]:
                     break
                 refused += 1
                 time.sleep(0.05)
-        n_all = lines.get("gpu", 0)
+        n_all = man2["telemetry"]["lines"].get("gpu", 0)
         while (
             time.perf_counter() - t < 600
             and _metrics(url).get("gpufleet_analyzer_gpu_samples_total", 0) < n_all
