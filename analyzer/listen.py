@@ -66,13 +66,13 @@ class Listener:
         self.lock = threading.Lock()  # the parser (its series index) and the queue
         self.queue: deque = deque()
         self.queued_bytes = 0
-        self.counters = {"requests": 0, "accepted_bytes": 0, "accepted_points": 0}
+        self.counters = {"requests": 0, "accepted_bytes": 0, "accepted_points": 0, "errors": 0}
         self.counters.update({f"refused_{k}": 0 for k in REFUSED})
         self.refused_lines = 0
         self.last_write = 0.0
         handler = type("Handler", (_Handler,), {"listener": self})
         try:
-            self.server = ThreadingHTTPServer(address, handler)
+            self.server = _Server(address, handler)
         except OSError as exc:
             raise ConfigError(f"--listen {address[0]}:{address[1]}: {exc.strerror}") from None
         self.server.daemon_threads = True
@@ -161,6 +161,20 @@ class Listener:
                 return 400, f"unable to parse: none of the {lines} lines is line protocol with a timestamp"
             return 400, f"partial write: {bad} of {lines} lines are not line protocol (the rest was kept)"
         return 204, ""
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        """A request that broke (a client gone mid-body, a bug): one line, counted, never a traceback."""
+        import sys
+
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError | TimeoutError):
+            return
+        self.RequestHandlerClass.listener.counters["errors"] += 1
+        print(f"gpufleet analyze: listen: a request failed: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 class _Handler(BaseHTTPRequestHandler):
