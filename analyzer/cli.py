@@ -201,7 +201,9 @@ def _pull(an, influx, s_ns: int, e_ns: int) -> int:
 
     n = 0
     step = int(an.window * 1e9)
-    batches = pull(influx, an.wanted(), s_ns, e_ns, an.parser.series, step, words=an.tag_words())
+    skip = an.not_mine(influx.tag_values("host")) if an.shard else None  # a shard asks for its own hosts
+    batches = pull(influx, an.wanted(), s_ns, e_ns, an.parser.series, step, words=an.tag_words(),
+                   not_hosts=skip)
     for _a, _b, rows in ahead(batches):
         n += sum(len(r) for r in rows.values())
         an.feed_rows(rows)

@@ -82,6 +82,7 @@ class Online:
         self.cursor: int | None = None  # pull mode: everything before it has been read
         self.rows_in = 0
         self.write_failing = False
+        self._others: tuple[float, list[str] | None] = (-1e18, None)
 
     # ------------------------------------------------------------------ where to start
     def start_ns(self, since: float | None, now_ns: int) -> int:
@@ -117,7 +118,7 @@ class Online:
         n = 0
         try:
             batches = pull(self.influx, self.an.wanted(), start, upto_ns, self.an.parser.series,
-                           int(window * 1e9), words=self.an.tag_words())
+                           int(window * 1e9), words=self.an.tag_words(), not_hosts=self._not_mine())
             for _a, b, rows in ahead(batches) if catching else batches:
                 n += sum(len(r) for r in rows.values())
                 self.an.feed_rows(rows)
@@ -132,6 +133,19 @@ class Online:
             took = time.monotonic() - t0
             _say(f"caught up {(upto_ns - start) / 1e9:.0f}s of data ({n} rows) in {took:.1f}s")
         return n
+
+    def _not_mine(self) -> list[str] | None:
+        """Other shards' hosts, asked InfluxDB again every minute (a host that appears meanwhile
+        is read and left to the analyzer's own shard filter, never missed)."""
+        from analyzer.sources import TYPES_TTL
+
+        if self.an.shard is None:
+            return None
+        t, hosts = self._others
+        if time.monotonic() - t > TYPES_TTL:
+            hosts = self.an.not_mine(self.influx.tag_values("host"))
+            self._others = (time.monotonic(), hosts)
+        return hosts
 
     def feed(self, rows: dict, not_before_ns: int | None = None) -> None:
         """Pushed rows; those before ``not_before_ns`` (already read by a catch-up) are dropped."""

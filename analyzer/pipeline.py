@@ -120,6 +120,13 @@ class Analyzer:
         """What to read from a store: measurement -> the fields some detector reads (None: all)."""
         return {m: FIELDS.get(m) for m in MEASUREMENTS}
 
+    def not_mine(self, hosts) -> list[str] | None:
+        """Of ``hosts``, those another shard analyses (None: unsharded, every host is mine)."""
+        if self.shard is None:
+            return None
+        i, n = self.shard
+        return [h for h in hosts if shard_of(h, n) != i]
+
     @staticmethod
     def tag_words() -> dict[str, tuple[tuple[str, ...], str]]:
         """Per measurement, tags of which one must contain a word for a row to be read."""

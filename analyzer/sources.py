@@ -274,7 +274,12 @@ class Influx:
             params["chunked"] = "true"
             params["chunk_size"] = "50000"
         try:
-            r = self.s.get(self.url + "/query", params=params, timeout=self.timeout, stream=True)
+            if len(q) > 4000:  # a long statement (a shard's host list) goes in a form body, not the URL
+                q_params = {k: v for k, v in params.items() if k != "q"}
+                r = self.s.post(self.url + "/query", params=q_params, data={"q": q}, timeout=self.timeout,
+                                stream=True)
+            else:
+                r = self.s.get(self.url + "/query", params=params, timeout=self.timeout, stream=True)
         except requests.RequestException as exc:
             raise GpufleetError(f"InfluxDB at {self.url} unreachable: {type(exc).__name__}") from None
         if r.status_code in (401, 403):
@@ -313,6 +318,13 @@ class Influx:
             self._types[measurement] = (time.monotonic(), out)
         return self._types[measurement][1]
 
+    def tag_values(self, key: str = "host", measurement: str = "gpu") -> list[str]:
+        """``SHOW TAG VALUES``: every value of tag ``key`` in ``measurement``."""
+        q = f'SHOW TAG VALUES FROM "{_ident(measurement)}" WITH KEY = "{_ident(key)}"'
+        r = self._get(q, chunked=False)
+        return sorted({v[1] for res in _results(self, r) for s in res.get("series", [])
+                       for v in s.get("values", []) if len(v) > 1})
+
     def query(
         self,
         wanted: dict[str, set[str] | None],
@@ -320,6 +332,7 @@ class Influx:
         end_ns: int,
         series: SeriesIndex,
         words: dict[str, tuple[tuple[str, ...], str]] | None = None,
+        not_hosts: list[str] | None = None,
     ) -> dict[str, Rows]:
         """Every point of the ``wanted`` measurements in [start, end) as Rows, in one request.
 
@@ -327,8 +340,13 @@ class Influx:
         measurement, all in one ``/query`` call; ``GROUP BY *`` puts each series' tags once in
         its header instead of on every row, and each series' values are converted column by
         column (numpy), never value by value. ``words``: measurement -> (tags, word): only rows
-        where one of those tags contains the word (any case) are asked for.
+        where one of those tags contains the word (any case) are asked for. ``not_hosts``: hosts
+        not asked for (another shard's; a host not listed, e.g. new, is asked for and left to the
+        analyzer's own shard filter).
         """
+        skip = ""
+        if not_hosts:
+            skip = ' AND "host" !~ /^(' + "|".join(_regex(h) for h in not_hosts) + ")$/"
         stmts, order = [], []
         for m, fields in wanted.items():
             types = self.field_types(m, fields)
@@ -344,8 +362,9 @@ class Influx:
             cond = f"time >= {int(start_ns)} AND time < {int(end_ns)}"
             if words and m in words:
                 keys, word = words[m]
-                rx = "".join(c if c.isalnum() else "\\" + c for c in word)
+                rx = _regex(word)
                 cond += " AND (" + " OR ".join(f'"{_ident(k)}" =~ /(?i){rx}/' for k in keys) + ")"
+            cond += skip
             stmts.append(f'SELECT {sel} FROM "{_ident(m)}" WHERE {cond} GROUP BY *')
             order.append(m)
         if not stmts:
@@ -417,6 +436,7 @@ def pull(
     step_ns: int = int(300e9),
     target_rows: int = BATCH_ROWS,
     words: dict[str, tuple[tuple[str, ...], str]] | None = None,
+    not_hosts: list[str] | None = None,
 ) -> Iterator[tuple[int, int, dict[str, Rows]]]:
     """[start, end) in time order as (batch start, batch end, rows): few, large requests.
 
@@ -435,7 +455,7 @@ def pull(
         t = max(t, first - first % int(1e9))  # the second the data begins in
         while t < end_ns:
             b = min(int(end_ns), t + step)
-            rows = influx.query(wanted, t, b, series, words)
+            rows = influx.query(wanted, t, b, series, words, not_hosts)
             n = sum(len(r) for r in rows.values())
             yield t, b, rows
             t = b
@@ -484,6 +504,11 @@ def ahead(it: Iterator, depth: int = 1) -> Iterator:
                 q.get(timeout=0.1)
             except queue.Empty:
                 pass
+
+
+def _regex(text: str) -> str:
+    """``text`` as a literal inside an InfluxQL /regex/ (RE2 accepts any punctuation escaped)."""
+    return "".join(c if c.isalnum() or c == "_" else "\\" + c for c in text)
 
 
 def _ident(name: str) -> str:

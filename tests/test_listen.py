@@ -216,3 +216,28 @@ def test_listen_analyses_pushed_writes_with_influxdb_down(tmp_path):
         assert p.wait(20) == 0
     err = (tmp_path / "err").read_text()
     assert "catch-up: InfluxDB at" in err and "unreachable" in err and "Traceback" not in err
+
+
+@skip_unless("influxd")
+def test_a_shard_asks_influxdb_for_its_own_hosts_only(tmp_path):
+    from analyzer.cli import _pull
+    from analyzer.pipeline import shard_of
+
+    data = fleet(nodes=6, fault=("gpu_lost", 4, 1, 120), steps=240)
+    full = Analyzer()
+    full.feed_bytes(data)
+    full.finish()
+    want = sorted((i.kind, i.host, i.gpu, i.start) for i in full.incidents())
+    with InfluxDB1(tmp_path / "influx") as db:
+        db.create_db("fleet")
+        db.write("fleet", data)
+        got = []
+        for i in range(3):
+            an = Analyzer(shard=(i, 3))
+            _pull(an, Influx(db.url, "fleet"), int((T0 - 60) * 1e9), int((T0 + 2500) * 1e9))
+            an.finish()
+            got += [(r.kind, r.host, r.gpu, r.start) for r in an.incidents()]
+            # the other shards' rows never arrived: their series are not even known
+            read = {t.get("host") for t in an.parser.series.tags}
+            assert read and all(shard_of(h, 3) == i for h in read), (i, read)
+        assert sorted(got) == want and want
