@@ -84,7 +84,8 @@ class Listener:
         return self
 
     def stop(self) -> None:
-        self.server.shutdown()
+        if self.thread.is_alive():  # shutdown() waits for serve_forever: only when it runs
+            self.server.shutdown()
         self.server.server_close()
 
     def take(self) -> list[dict]:
