@@ -18,15 +18,12 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from gpufleet.errors import ConfigError
-from gpufleet.units import parse_duration
+from gpufleet.units import parse_duration, parse_size
 
 EXPORTERS = ("file", "influx", "otlp")
 STATE_DIR = "/var/lib/gpufleet-agent"  # the systemd unit's StateDirectory: the one place it may write
 COLLECTOR_SECTIONS = ("ipmi", "xid", "canary")
 JOB_TAG_KEYS = ("scheduler", "namespace", "partition", "user")  # agent.jobs.TAG_KEYS
-_SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|KB|MB|GB)?\s*$")
-_SIZE_UNITS = {None: 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "KB": 10**3, "MB": 10**6,
-               "GB": 10**9}
 _LABEL_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 RESERVED_LABELS = {"host", "gpu", "uuid", "model", "link", "type", "source", "sensor", "sensor_type",
                    "unit", "collector", "exporter", "time"}
@@ -174,13 +171,7 @@ def _duration(key: str, v: object) -> float:
 
 
 def _size(key: str, v: object) -> int:
-    if isinstance(v, int) and not isinstance(v, bool):
-        return v
-    if isinstance(v, str):
-        m = _SIZE.match(v)
-        if m:
-            return int(m.group(1)) * _SIZE_UNITS[m.group(2)]
-    raise _bad(key, f"expected a size like 536870912 or \"512MiB\", got {v!r}")
+    return parse_size(v, f"config key '{key}'", ConfigError)
 
 
 def _check(key: str, spec: Spec, v: object) -> object:

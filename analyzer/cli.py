@@ -10,10 +10,10 @@ from pathlib import Path
 
 import click
 
-from analyzer.store import incident_lines
 from analyzer.store import pull as _pull
 from gpufleet.errors import ConfigError, GpufleetError
 from gpufleet.flags import Renamed
+from gpufleet.units import parse_size
 
 
 def _shard(value: str | None):
@@ -60,7 +60,16 @@ def _sinks(cfg, specs):
 @click.option("--since", help="with --influx-url: analyse the last DURATION (e.g. 6h)")
 @click.option("--start", help="with --influx-url: start time (RFC 3339 or epoch seconds)")
 @click.option("--end", help="with --influx-url: end time")
-@click.option("--follow", is_flag=True, help="online mode: analyse new data as it arrives")
+@click.option("--follow", is_flag=True, help="online mode: pull new data from InfluxDB every poll")
+@click.option("--listen", "listen_addr", metavar="HOST:PORT",
+              help="online mode: receive the InfluxDB write protocol here (/write, /api/v2/write)")
+@click.option("--listen-token-file", "token_file",
+              help="with --listen: file holding the token writers must send (or env GPUFLEET_LISTEN_TOKEN)")
+@click.option("--max-body", default="32MiB", show_default=True, help="with --listen: largest write body")
+@click.option("--max-queue", default="256MiB", show_default=True,
+              help="with --listen: bytes received and not yet analysed before writers get 429")
+@click.option("--grace", help="online mode: how late after its timestamp a point may arrive "
+              "(default: the poll interval)")
 @click.option("--out", "out_path", help="write incidents as JSON lines here")
 @click.option("--config", "config_path", help="analyzer.toml")
 @click.option("--sink", "sink_specs", multiple=True, help="alert sink TYPE=URL (repeatable)")
@@ -79,6 +88,11 @@ def analyze(
     start,
     end,
     follow,
+    listen_addr,
+    token_file,
+    max_body,
+    max_queue,
+    grace,
     out_path,
     config_path,
     sink_specs,
@@ -98,8 +112,12 @@ def analyze(
     cfg = Config.load(config_path)
     shard_t = _shard(shard)
     sinks = _sinks(cfg, sink_specs)  # a bad sink is a ConfigError before any work
-    if bool(input_path) == bool(influx_url):
+    if listen_addr and input_path:
+        raise ConfigError("--listen reads no files: drop --input")
+    if not listen_addr and bool(input_path) == bool(influx_url):
         raise ConfigError("give exactly one of --input PATH or --influx-url URL --influx-db NAME")
+    if follow and listen_addr:
+        raise ConfigError("give --follow or --listen, not both")
     if follow and not influx_url:
         raise ConfigError("--follow needs --influx-url")
     if out_path:
@@ -124,13 +142,15 @@ def analyze(
         _notify_once(sinks, state_path, out_path, page_base_url, an)
         _report(an, stats, time.perf_counter() - t0)
         return
-    if not db:
-        raise ConfigError("--influx-url needs --influx-db NAME")
-    from analyzer.sources import Influx
+    influx = None
+    if influx_url:
+        if not db:
+            raise ConfigError("--influx-url needs --influx-db NAME")
+        from analyzer.sources import Influx
 
-    influx = Influx(influx_url, db, **cfg.influx_auth())
-    if follow:
-        _follow(
+        influx = Influx(influx_url, db, **cfg.influx_auth())
+    if follow or listen_addr:
+        _online(
             cfg,
             influx,
             shard_t,
@@ -139,7 +159,12 @@ def analyze(
             state_path,
             page_base_url,
             poll_s,
-            since,
+            parse_duration(grace, "--grace") if grace else None,
+            parse_duration(since, "--since") if since else None,
+            listen_addr,
+            token_file,
+            parse_size(max_body, "--max-body", ConfigError, minimum=1),
+            parse_size(max_queue, "--max-queue", ConfigError, minimum=1),
         )
         return
     influx.check()
@@ -153,18 +178,7 @@ def analyze(
     if e_ns <= s_ns:
         raise ConfigError("--end must be after --start")
     an = Analyzer(cfg, shard_t)
-    step = int(cfg.analyzer["window_seconds"] * 1e9)
-    t = s_ns
-    while t < e_ns:
-        got = _pull(an, influx, t, min(t + step, e_ns))
-        t += step
-        if not got and t < e_ns:  # empty time: the next window starts at the next data
-            from analyzer.pipeline import MEASUREMENTS
-
-            nxt = influx.first_time(MEASUREMENTS, t, e_ns)
-            if nxt is None:
-                break
-            t += (nxt - t) // step * step
+    _pull(an, influx, s_ns, e_ns)
     an.finish()
     _write(out_path, an.incidents())
     _notify_once(sinks, state_path, out_path, page_base_url, an)
@@ -237,69 +251,61 @@ def _report(an, stats: bool, seconds: float) -> None:
     click.echo(json.dumps(d), err=True)
 
 
-def _follow(
-    cfg, influx, shard_t, out_path, sinks, state_path, page_base_url, poll: float, since
-) -> None:
-    """Online mode: pull new data every ``poll`` seconds, keep state, retry with backoff."""
-    from analyzer.config import parse_duration
-    from analyzer.pipeline import Analyzer
-    from analyzer.sources import backoff
 
+
+def _token(token_file) -> str | None:
+    """The token writers must send to --listen: --listen-token-file, else env GPUFLEET_LISTEN_TOKEN."""
+    from gpufleet.secrets import read_secret
+
+    if token_file:
+        return read_secret("--listen-token", token_file)
+    return os.environ.get("GPUFLEET_LISTEN_TOKEN") or None
+
+
+def _online(cfg, influx, shard_t, out_path, sinks, state_path, page_base_url, poll, grace, since,
+            listen_addr, token_file, max_body, max_queue) -> None:
+    """--follow and --listen: see analyzer/online.py."""
+    import signal
+
+    from analyzer.online import Checkpoint, Online, follow, listen
+
+    if poll <= 0:
+        raise ConfigError("--poll must be positive")
+    grace = poll if grace is None else grace
+    if grace < 0:
+        raise ConfigError("--grace must not be negative")
+    listener = None
+    if listen_addr:
+        from analyzer.listen import Listener, parse_address
+
+        address = parse_address(listen_addr)
+        token = _token(token_file)
     notifier = None
     if sinks is not None:
         sink_list, notifier_cls = sinks
         notifier = notifier_cls(sink_list, _state_path(state_path, out_path), page_base_url)
-    # online: short windows (a fault is reported within a poll or two), little waiting for late points
-    cfg.analyzer["lateness_seconds"] = min(cfg.analyzer["lateness_seconds"], max(2 * poll, 10.0))
-    cfg.analyzer["window_seconds"] = min(cfg.analyzer["window_seconds"], max(3 * poll, 10.0))
-    an = Analyzer(cfg, shard_t)
-    lag = int(max(poll, 5.0) * 1e9)
-    cursor = time.time_ns() - int(
-        parse_duration(since, "--since") * 1e9 if since else cfg.analyzer["window_seconds"] * 1e9
-    )
-    written: dict[str, str] = {}
-    attempt = 0
-    checked = False
+    keep = state_path or out_path or notifier is not None
+    where = Path(_state_path(state_path, out_path)).with_suffix(".checkpoint.json")
+    checkpoint = Checkpoint(where if keep else None)
+    online = Online(cfg, shard_t, influx, notifier, out_path, checkpoint, poll, grace)
+
+    def stop(_sig, _frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
     try:
-        while True:
-            try:
-                if not checked:
-                    influx.check()
-                    checked = True
-                now = time.time_ns()
-                upto = now - lag
-                if upto > cursor:
-                    # look back over the lateness allowance: points that arrived late still count
-                    _pull(an, influx, cursor - int(cfg.analyzer["lateness_seconds"] * 1e9), upto)
-                    cursor = upto
-                an.advance_clock(upto / 1e9)
-                an.engine.advance(upto / 1e9 - cfg.analyzer["lateness_seconds"])
-                incs = an.incidents() + an.engine.absorbed
-                changed = [
-                    r for r in incs if written.get(r.id) != ("resolved" if r.end is not None else "firing")
-                ]
-                influx.write(incident_lines(changed))
-                for r in changed:
-                    written[r.id] = "resolved" if r.end is not None else "firing"
-                if notifier is not None:
-                    notifier.update(incs, time.time())
-                if out_path:
-                    _write(out_path, an.incidents())
-                if attempt:
-                    click.echo("gpufleet analyze: InfluxDB reachable again", err=True)
-                attempt = 0
-                time.sleep(poll)
-            except GpufleetError as exc:
-                wait = backoff(attempt)
-                click.echo(f"gpufleet analyze: {exc}; retrying in {wait:.0f}s", err=True)
-                attempt += 1
-                checked = False
-                time.sleep(wait)
+        if listen_addr:
+            listener = Listener(address, online.an.parser, token, max_body, max_queue, retry_after=poll,
+                                gauges=online.gauges)
+            listen(online, listener, since)
+        else:
+            follow(online, since)
     except KeyboardInterrupt:
         pass
     finally:
-        if notifier is not None:
-            notifier.close()
+        if listener is not None:
+            listener.stop()
+        online.close()
 
 
 @click.command("eval")

@@ -62,6 +62,9 @@ FIELDS: dict[str, set[str] | None] = {
     "host": set(),
     "bmc_sensor": {"value"},
 }
+# rows of a measurement worth reading only when one of these tags contains the word (case aside):
+# of a node's ~100 BMC sensors the cooling model reads the inlet temperature
+TAG_WORD = {"bmc_sensor": (("sensor", "sensor_type"), "inlet")}
 STREAMS = ("gpu", "gpu_nvlink", "gpu_event", "gpu_canary", "host", "bmc_sensor")
 MEASUREMENTS = {
     "gpu": "gpu",
@@ -129,6 +132,23 @@ class Analyzer:
         self.jobs = JobLog()  # job ids per GPU over time, for the incidents' ``jobs``
 
     # ------------------------------------------------------------------ input
+    @staticmethod
+    def wanted() -> dict[str, set[str] | None]:
+        """What to read from a store: measurement -> the fields some detector reads (None: all)."""
+        return {m: FIELDS.get(m) for m in MEASUREMENTS}
+
+    def not_mine(self, hosts) -> list[str] | None:
+        """Of ``hosts``, those another shard analyses (None: unsharded, every host is mine)."""
+        if self.shard is None:
+            return None
+        i, n = self.shard
+        return [h for h in hosts if shard_of(h, n) != i]
+
+    @staticmethod
+    def tag_words() -> dict[str, tuple[tuple[str, ...], str]]:
+        """Per measurement, tags of which one must contain a word for a row to be read."""
+        return dict(TAG_WORD)
+
     def feed_bytes(self, data: bytes) -> None:
         self.feed_rows(self.parser.feed(data))
 
@@ -184,9 +204,11 @@ class Analyzer:
                 ok = True
                 if self.shard is not None:
                     ok = shard_of(tags.get("host", ""), self.shard[1]) == self.shard[0]
+                if m in TAG_WORD:
+                    keys, word = TAG_WORD[m]
+                    ok = ok and any(word in tags.get(k, "").lower() for k in keys)
                 if m == "bmc_sensor":
-                    name = (tags.get("sensor", "") + " " + tags.get("sensor_type", "")).lower()
-                    ok = ok and "inlet" in name and tags.get("unit", "C").upper().startswith("C")
+                    ok = ok and tags.get("unit", "C").upper().startswith("C")
                 if m == "gpu_event":
                     self._sid_extra[s] = {"type": tags.get("type")}
                 self._sid_keep[s] = ok

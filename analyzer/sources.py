@@ -228,6 +228,8 @@ def merged_chunks(
 
 # ---------------------------------------------------------------------------- InfluxDB
 MEASUREMENTS = ("gpu", "gpu_nvlink", "gpu_event", "gpu_canary", "bmc_sensor", "host")
+TYPES_TTL = 60.0  # seconds a measurement's field list is trusted (a new field shows up after that)
+BATCH_ROWS = 200_000  # rows one pull request aims at: large enough that per-query cost vanishes
 
 
 class Influx:
@@ -257,6 +259,8 @@ class Influx:
         self.db = db
         self.s = requests.Session()
         self.timeout = timeout
+        self._types: dict[str, tuple[float, dict[str, str]]] = {}
+        self.multi = True  # several statements in one request (InfluxQL allows it; a server may not)
         if token:
             self.s.headers["Authorization"] = f"Token {token}"
         elif username:
@@ -268,9 +272,14 @@ class Influx:
         params = {"q": q, "db": self.db, "epoch": "ns"}
         if chunked:
             params["chunked"] = "true"
-            params["chunk_size"] = "20000"
+            params["chunk_size"] = "50000"
         try:
-            r = self.s.get(self.url + "/query", params=params, timeout=self.timeout, stream=True)
+            if len(q) > 4000:  # a long statement (a shard's host list) goes in a form body, not the URL
+                q_params = {k: v for k, v in params.items() if k != "q"}
+                r = self.s.post(self.url + "/query", params=q_params, data={"q": q}, timeout=self.timeout,
+                                stream=True)
+            else:
+                r = self.s.get(self.url + "/query", params=params, timeout=self.timeout, stream=True)
         except requests.RequestException as exc:
             raise GpufleetError(f"InfluxDB at {self.url} unreachable: {type(exc).__name__}") from None
         if r.status_code in (401, 403):
@@ -286,44 +295,114 @@ class Influx:
             names = [v[0] for s in r.json()["results"][0].get("series", []) for v in s.get("values", [])]
         except (ValueError, KeyError, IndexError, TypeError):
             raise GpufleetError(f"InfluxDB at {self.url}: unexpected answer to SHOW DATABASES") from None
+        self._types.clear()  # a new field may have appeared since
         if self.db not in names:
             raise GpufleetError(f"InfluxDB at {self.url}: database {self.db!r} does not exist")
 
-    def query_rows(self, measurement: str, start_ns: int, end_ns: int, series: SeriesIndex) -> Rows:
-        """Every point of ``measurement`` in [start, end) as Rows (tags become the series)."""
-        q = f'SELECT * FROM "{measurement}" WHERE time >= {int(start_ns)} AND time < {int(end_ns)} GROUP BY *'
-        r = self._get(q)
-        parts = []
-        for line in r.iter_lines():
-            if not line:
-                continue
-            try:
-                doc = json.loads(line)
-            except ValueError:
-                continue
-            for res in doc.get("results", []):
-                if "error" in res:
-                    err = res["error"]
-                    if "database not found" in err:
-                        raise GpufleetError(f"InfluxDB at {self.url}: database {self.db!r} does not exist")
-                    raise GpufleetError(f"InfluxDB at {self.url}: {err}")
+    def field_types(self, measurement: str, want: set[str] | None = None) -> dict[str, str]:
+        """``SHOW FIELD KEYS``: field name -> InfluxDB type (float, integer, string, boolean).
+
+        Kept for a minute while it holds every field in ``want`` (all: any field); asked again on
+        every call while a wanted field or the measurement itself is missing, so the first point
+        of a new measurement or field is read with the batch it lands in, not a minute later.
+        """
+        t, have = self._types.get(measurement, (None, None))
+        fresh = t is not None and time.monotonic() - t <= TYPES_TTL
+        if not fresh or not have or (want is not None and not want <= have.keys()):
+            r = self._get(f'SHOW FIELD KEYS FROM "{_ident(measurement)}"', chunked=False)
+            out: dict[str, str] = {}
+            for res in _results(self, r):
                 for s in res.get("series", []):
-                    parts.append(_series_rows(measurement, s, series))
-        return Rows.concat(measurement, parts)
+                    for name, typ in s.get("values", []):
+                        out[name] = typ
+            self._types[measurement] = (time.monotonic(), out)
+        return self._types[measurement][1]
+
+    def tag_values(self, key: str = "host", measurement: str = "gpu") -> list[str]:
+        """``SHOW TAG VALUES``: every value of tag ``key`` in ``measurement``."""
+        q = f'SHOW TAG VALUES FROM "{_ident(measurement)}" WITH KEY = "{_ident(key)}"'
+        r = self._get(q, chunked=False)
+        return sorted({v[1] for res in _results(self, r) for s in res.get("series", [])
+                       for v in s.get("values", []) if len(v) > 1})
+
+    def query(
+        self,
+        wanted: dict[str, set[str] | None],
+        start_ns: int,
+        end_ns: int,
+        series: SeriesIndex,
+        words: dict[str, tuple[tuple[str, ...], str]] | None = None,
+        not_hosts: list[str] | None = None,
+    ) -> dict[str, Rows]:
+        """Every point of the ``wanted`` measurements in [start, end) as Rows, in one request.
+
+        ``wanted``: measurement -> the fields to read (None: all). One InfluxQL statement per
+        measurement, all in one ``/query`` call; ``GROUP BY *`` puts each series' tags once in
+        its header instead of on every row, and each series' values are converted column by
+        column (numpy), never value by value. ``words``: measurement -> (tags, word): only rows
+        where one of those tags contains the word (any case) are asked for. ``not_hosts``: hosts
+        not asked for (another shard's; a host not listed, e.g. new, is asked for and left to the
+        analyzer's own shard filter).
+        """
+        skip = ""
+        if not_hosts:
+            skip = ' AND "host" !~ /^(' + "|".join(_regex(h) for h in not_hosts) + ")$/"
+        stmts, order = [], []
+        for m, fields in wanted.items():
+            types = self.field_types(m, fields)
+            if not types:
+                continue
+            if fields is None:
+                sel = "*"
+            else:
+                have = sorted(f for f in fields if f in types)
+                if not have:
+                    continue
+                sel = ",".join(f'"{_ident(f)}"' for f in have)
+            cond = f"time >= {int(start_ns)} AND time < {int(end_ns)}"
+            if words and m in words:
+                keys, word = words[m]
+                rx = _regex(word)
+                cond += " AND (" + " OR ".join(f'"{_ident(k)}" =~ /(?i){rx}/' for k in keys) + ")"
+            cond += skip
+            stmts.append(f'SELECT {sel} FROM "{_ident(m)}" WHERE {cond} GROUP BY *')
+            order.append(m)
+        if not stmts:
+            return {}
+        parts: dict[str, list[Rows]] = {m: [] for m in order}
+        if self.multi or len(stmts) == 1:
+            try:
+                for i, s in self._series(";".join(stmts)):
+                    parts[order[i]].append(_series_rows(order[i], s, series, self._types[order[i]][1]))
+                return {m: Rows.concat(m, p) for m, p in parts.items() if p}
+            except GpufleetError as exc:
+                if len(stmts) == 1 or "HTTP 4" not in str(exc):
+                    raise
+                self.multi = False  # a server that takes one statement per request: ask one at a time
+                parts = {m: [] for m in order}
+        for m, q in zip(order, stmts, strict=True):
+            for _i, s in self._series(q):
+                parts[m].append(_series_rows(m, s, series, self._types[m][1]))
+        return {m: Rows.concat(m, p) for m, p in parts.items() if p}
+
+    def _series(self, q: str) -> Iterator[tuple[int, dict]]:
+        r = self._get(q)
+        for res in _results(self, r, lines=True):
+            for s in res.get("series", []):
+                yield res.get("statement_id", 0), s
 
     def first_time(self, measurements, start_ns: int, end_ns: int) -> int | None:
-        """The earliest timestamp in [start, end) over ``measurements`` (None: no data): where a
-        batch analysis jumps to instead of querying empty windows one by one."""
-        best = None
-        for m in measurements:
-            q = f'SELECT * FROM "{m}" WHERE time >= {int(start_ns)} AND time < {int(end_ns)} LIMIT 1'
-            try:
-                res = self._get(q, chunked=False).json()["results"][0]
-                t = int(res["series"][0]["values"][0][0])
-            except (ValueError, KeyError, IndexError, TypeError):
-                continue
-            best = t if best is None else min(best, t)
-        return best
+        """The time of the earliest point of any of ``measurements`` in [start, end), or None:
+        where the next data is, found with one cheap query instead of walking empty windows."""
+        names = ",".join(f'"{_ident(m)}"' for m in measurements)
+        q = f"SELECT * FROM {names} WHERE time >= {int(start_ns)} AND time < {int(end_ns)} LIMIT 1"
+        first = None
+        for res in _results(self, self._get(q, chunked=False)):
+            for s in res.get("series", []):
+                for v in s.get("values", [])[:1]:
+                    if isinstance(v[0], int) and (first is None or v[0] < first):
+                        first = v[0]
+        return first
 
     def write(self, lines: list[str]) -> None:
         import requests
@@ -343,7 +422,117 @@ class Influx:
             raise GpufleetError(f"InfluxDB at {self.url}: write failed: HTTP {r.status_code} {r.text[:200]}")
 
 
-def _series_rows(measurement: str, s: dict, series: SeriesIndex) -> Rows:
+def pull(
+    influx: Influx,
+    wanted: dict[str, set[str] | None],
+    start_ns: int,
+    end_ns: int,
+    series: SeriesIndex,
+    step_ns: int = int(300e9),
+    target_rows: int = BATCH_ROWS,
+    words: dict[str, tuple[tuple[str, ...], str]] | None = None,
+    not_hosts: list[str] | None = None,
+) -> Iterator[tuple[int, int, dict[str, Rows]]]:
+    """[start, end) in time order as (batch start, batch end, rows): few, large requests.
+
+    Where data is, is found first (:meth:`Influx.first_time`): a range that begins with days of
+    nothing costs one query, and so does a hole in the middle. Each batch asks for all
+    measurements at once; its time span adapts so that a batch holds about ``target_rows``
+    rows (a small fleet is read hours at a time, a large one seconds at a time).
+    """
+    names = list(wanted)
+    t = int(start_ns)
+    step = max(int(1e9), int(step_ns))
+    while t < end_ns:
+        first = influx.first_time(names, t, end_ns)
+        if first is None:
+            return
+        t = max(t, first - first % int(1e9))  # the second the data begins in
+        while t < end_ns:
+            b = min(int(end_ns), t + step)
+            rows = influx.query(wanted, t, b, series, words, not_hosts)
+            n = sum(len(r) for r in rows.values())
+            yield t, b, rows
+            t = b
+            if not n:
+                break  # an empty batch: look for where the data goes on
+            # the next batch's span: about target_rows at this batch's density
+            step = int(min(max(step * target_rows / n, step / 4), step * 4, 86400e9))
+            step = max(step, int(1e9))
+
+
+def ahead(it: Iterator, depth: int = 1) -> Iterator:
+    """``it``'s items, produced ``depth`` ahead in a thread: the next batch's query runs (in
+    InfluxDB, on another core) while this one is analysed. An error is raised where it would
+    have been; closing the result stops the thread after its current item."""
+    import queue
+    import threading
+
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def work():
+        try:
+            for x in it:
+                q.put((x, None))
+                if stop.is_set():
+                    return
+            q.put((done, None))
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there
+            q.put((done, exc))
+
+    th = threading.Thread(target=work, name="pull-ahead", daemon=True)
+    th.start()
+    try:
+        while True:
+            x, exc = q.get()
+            if exc is not None:
+                raise exc
+            if x is done:
+                return
+            yield x
+    finally:
+        stop.set()
+        while th.is_alive():  # unblock a producer waiting on a full queue
+            try:
+                q.get(timeout=0.1)
+            except queue.Empty:
+                pass
+
+
+def _regex(text: str) -> str:
+    """``text`` as a literal inside an InfluxQL /regex/ (RE2 accepts any punctuation escaped)."""
+    return "".join(c if c.isalnum() or c == "_" else "\\" + c for c in text)
+
+
+def _ident(name: str) -> str:
+    return name.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _results(influx: Influx, r, lines: bool = False) -> Iterator[dict]:
+    """The ``results`` of a /query answer (each line of a chunked one); errors raise."""
+    docs = r.iter_lines(chunk_size=1 << 20) if lines else [r.content]
+    for line in docs:
+        if not line:
+            continue
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            raise GpufleetError(f"InfluxDB at {influx.url}: an answer that is not JSON") from None
+        if "error" in doc:
+            raise GpufleetError(f"InfluxDB at {influx.url}: {doc['error']}")
+        for res in doc.get("results", []):
+            if "error" in res:
+                err = res["error"]
+                if "database not found" in err:
+                    raise GpufleetError(f"InfluxDB at {influx.url}: database {influx.db!r} does not exist")
+                raise GpufleetError(f"InfluxDB at {influx.url}: {err}")
+            yield res
+
+
+def _series_rows(measurement: str, s: dict, series: SeriesIndex, types: dict[str, str] | None = None) -> Rows:
+    """One series of a ``GROUP BY *`` answer -> Rows, converted a column at a time."""
     tags = {k: v for k, v in (s.get("tags") or {}).items() if v not in (None, "")}
     sid = series.add(measurement, tags)
     cols = s.get("columns", [])
@@ -352,18 +541,27 @@ def _series_rows(measurement: str, s: dict, series: SeriesIndex) -> Rows:
     r = Rows(measurement, np.full(n, sid, np.int64), np.zeros(n, np.int64))
     if not n:
         return r
-    columns = list(zip(*vals, strict=True))
-    for name, col in zip(cols, columns, strict=True):
+    a = np.array(vals, dtype=object)
+    if a.ndim != 2 or a.shape[1] != len(cols):  # ragged rows: not an answer InfluxDB gives
+        raise GpufleetError(f"{measurement}: malformed query answer (rows of unequal length)")
+    types = types or {}
+    for j, name in enumerate(cols):
+        col = a[:, j]
         if name == "time":
-            r.t = np.array(col, np.int64)
+            r.t = col.astype(np.int64)
             continue
         if name in tags:
             continue
-        kinds = {type(v) for v in col if v is not None}
-        if kinds and kinds <= {int, float, bool}:
-            r.num[name] = np.array([np.nan if v is None else float(v) for v in col])
-        elif kinds:
-            r.text[name] = np.array([None if v is None else str(v) for v in col], dtype=object)
+        absent = np.equal(col, None)
+        if absent.all():
+            continue
+        if types.get(name) != "string":
+            try:
+                r.num[name] = (np.where(absent, np.nan, col) if absent.any() else col).astype(np.float64)
+                continue
+            except (ValueError, TypeError):
+                pass  # a string where the schema said number (a field type conflict): keep it as text
+        r.text[name] = np.array([None if v is None else str(v) for v in col.tolist()], dtype=object)
     return r
 
 

@@ -14,16 +14,20 @@ from gpufleet.lineprotocol import encode
 
 
 def pull(an, influx, s_ns: int, e_ns: int) -> int:
-    """Query [s, e) of every measurement into the analyzer; returns the rows pulled."""
-    from analyzer.pipeline import MEASUREMENTS
+    """Feed [s, e) from InfluxDB into the analyzer in large batches (empty stretches skipped at
+    once: :func:`analyzer.sources.pull`); returns the rows read."""
+    from analyzer.sources import ahead
+    from analyzer.sources import pull as batches_of
 
-    rows = {}
-    for m in MEASUREMENTS:
-        r = influx.query_rows(m, s_ns, e_ns, an.parser.series)
-        if len(r):
-            rows[m] = r
-    an.feed_rows(rows)
-    return sum(len(r) for r in rows.values())
+    n = 0
+    step = int(an.window * 1e9)
+    skip = an.not_mine(influx.tag_values("host")) if an.shard else None  # a shard asks for its own hosts
+    batches = batches_of(influx, an.wanted(), s_ns, e_ns, an.parser.series, step, words=an.tag_words(),
+                         not_hosts=skip)
+    for _a, _b, rows in ahead(batches):
+        n += sum(len(r) for r in rows.values())
+        an.feed_rows(rows)
+    return n
 
 
 def incident_lines(recs) -> list[str]:

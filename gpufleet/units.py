@@ -45,3 +45,22 @@ def _parse_text(text: str) -> float:
         return float(text)
     except ValueError:
         return math.nan
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|KB|MB|GB)?\s*$", re.IGNORECASE)
+SIZE_UNITS = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
+
+
+def parse_size(value, what: str = "size", error: type[GpufleetError] = GpufleetError,
+               minimum: int = 0) -> int:
+    """Bytes of a size: an integer or ``"512MiB"``, ``"64 KB"`` (units B KiB MiB GiB KB MB GB, any
+    case). Garbled values and sizes below ``minimum`` raise ``error`` with one line naming ``what``."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        n = value
+    elif isinstance(value, str) and (m := _SIZE.match(value)):
+        n = int(float(m.group(1)) * SIZE_UNITS[(m.group(2) or "b").lower()])
+    else:
+        n = minimum - 1
+    if n < minimum:
+        raise error(f"{what}: expected a size like 536870912 or \"512MiB\", got {value!r}")
+    return n

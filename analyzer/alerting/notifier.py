@@ -299,6 +299,12 @@ class Notifier:
         names = {s.name for s in self.sinks}
         return {s: n for s, n in rows if s in names}
 
+    def firing_since(self) -> float | None:
+        """The start of the oldest incident group still firing (None: none is)."""
+        with self.store.lock:
+            row = self.store.db.execute("SELECT min(start) FROM grp WHERE status='firing'").fetchone()
+        return row[0] if row else None
+
     def outbox(self, sink: str) -> list[dict]:
         """The sink's notifications, oldest first (for tests and ``status`` output)."""
         with self.store.lock:

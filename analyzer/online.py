@@ -1,0 +1,286 @@
+"""Online analysis: one loop for ``--follow`` (pull from InfluxDB) and ``--listen`` (pushed writes).
+
+Every ``poll`` seconds the loop takes in what arrived (a pull of ``[cursor, now - grace)``, or
+the rows the listener queued), tells the analyzer that wall-clock time ``now`` has come, and
+delivers: incidents written back to InfluxDB (measurement ``incident``), to ``--out``, and to
+the notifier (whose SQLite outbox pages each incident group once, across restarts).
+
+Windows are ``poll`` long and a point may arrive up to ``grace`` after its timestamp; a window
+is analysed once ``now - grace`` has passed its end, so a fault is paged about two polls after
+its data lands. Points later than that are counted as late, as in batch mode.
+
+Restart: a checkpoint file beside the notifier state records how far the analysis has been
+delivered. On start the gap since then is caught up through the pull path at batch speed
+(batch-size windows, large requests), starting early enough to rebuild the detectors' context
+and every incident the notifier still has firing; incidents found again keep their id and are
+not paged again, incidents that happened while the analyzer was down are paged now.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import click
+
+from analyzer.pipeline import Analyzer
+from gpufleet.errors import GpufleetError
+
+MAX_REWIND = 86400.0  # the longest stretch a restart re-reads to find still-firing incidents again
+
+
+def _say(msg: str) -> None:
+    click.echo(f"gpufleet analyze: {msg}", err=True)
+
+
+class Checkpoint:
+    """``{"done_ns": T}``: everything before T has been analysed and handed to the outputs."""
+
+    def __init__(self, path: str | Path | None):
+        self.path = Path(path) if path else None
+
+    def load(self) -> int | None:
+        if self.path is None or not self.path.is_file():
+            return None
+        try:
+            return int(json.loads(self.path.read_text())["done_ns"])
+        except (OSError, ValueError, KeyError, TypeError):
+            _say(f"{self.path}: unreadable checkpoint, ignored")
+            return None
+
+    def save(self, done_ns: int) -> None:
+        if self.path is None:
+            return
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        try:
+            tmp.write_text(json.dumps({"done_ns": int(done_ns)}))
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            raise GpufleetError(f"checkpoint {self.path}: {exc.strerror}") from None
+
+
+class Online:
+    """The analyzer, its outputs and its position in time; driven by :meth:`cycle`."""
+
+    def __init__(self, cfg, shard, influx, notifier, out_path, checkpoint: Checkpoint, poll: float,
+                 grace: float):
+        self.cfg = cfg
+        self.influx = influx
+        self.notifier = notifier
+        self.out_path = out_path
+        self.checkpoint = checkpoint
+        self.poll = poll
+        self.grace = grace
+        self.batch_window = cfg.analyzer["window_seconds"]
+        self.online_window = min(self.batch_window, max(poll, 1.0))
+        cfg.analyzer["lateness_seconds"] = grace
+        self.an = Analyzer(cfg, shard)
+        self.an.window = self.online_window  # batch-size windows only while catching up
+        self.written: dict[str, str] = {}
+        self.cursor: int | None = None  # pull mode: everything before it has been read
+        self.rows_in = 0
+        self.write_failing = False
+        self._others: tuple[float, list[str] | None] = (-1e18, None)
+
+    # ------------------------------------------------------------------ where to start
+    def start_ns(self, since: float | None, now_ns: int) -> int:
+        """Where reading starts: from the checkpoint (rewound to rebuild context and the incidents
+        still firing), else ``since`` ago, else one window ago."""
+        done = self.checkpoint.load()
+        if done is None:
+            back = since if since is not None else self.online_window
+            return now_ns - int(back * 1e9)
+        back = self.cfg.analyzer["context_seconds"] + self.batch_window
+        start = done - int(back * 1e9)
+        firing = self.notifier.firing_since() if self.notifier is not None else None
+        if firing is not None:
+            start = min(start, int((firing - back) * 1e9))
+        return max(start, done - int(MAX_REWIND * 1e9))
+
+    # ------------------------------------------------------------------ input
+    def read(self, upto_ns: int, since: float | None = None) -> int:
+        """Pull [cursor, upto) from InfluxDB (the first time: from :meth:`start_ns`); a gap longer
+        than a batch window is read at batch speed (large requests, batch-size windows) and
+        delivered as it goes. Returns the rows read."""
+        from analyzer.sources import ahead, pull
+
+        if self.cursor is None:
+            self.cursor = self.start_ns(since, time.time_ns())
+        if upto_ns <= self.cursor:
+            return 0
+        t0 = time.monotonic()
+        start = self.cursor
+        catching = upto_ns - start > self.batch_window * 1e9
+        window = self.batch_window if catching else self.online_window
+        self.an.window = window
+        n = 0
+        try:
+            batches = pull(self.influx, self.an.wanted(), start, upto_ns, self.an.parser.series,
+                           int(window * 1e9), words=self.an.tag_words(), not_hosts=self._not_mine())
+            for _a, b, rows in ahead(batches) if catching else batches:
+                n += sum(len(r) for r in rows.values())
+                self.an.feed_rows(rows)
+                self.cursor = b
+                if catching:
+                    self.deliver(b)
+            self.cursor = upto_ns
+        finally:
+            self.an.window = self.online_window
+            self.rows_in += n
+        if catching:
+            took = time.monotonic() - t0
+            _say(f"caught up {(upto_ns - start) / 1e9:.0f}s of data ({n} rows) in {took:.1f}s")
+        return n
+
+    def _not_mine(self) -> list[str] | None:
+        """Other shards' hosts, asked InfluxDB again every minute (a host that appears meanwhile
+        is read and left to the analyzer's own shard filter, never missed)."""
+        from analyzer.sources import TYPES_TTL
+
+        if self.an.shard is None:
+            return None
+        t, hosts = self._others
+        if time.monotonic() - t > TYPES_TTL:
+            hosts = self.an.not_mine(self.influx.tag_values("host"))
+            self._others = (time.monotonic(), hosts)
+        return hosts
+
+    def feed(self, rows: dict, not_before_ns: int | None = None) -> None:
+        """Pushed rows; those before ``not_before_ns`` (already read by a catch-up) are dropped."""
+        if not_before_ns is not None:
+            rows = {m: (r if int(r.t.min()) >= not_before_ns else r.take(r.t >= not_before_ns))
+                    for m, r in rows.items() if len(r)}
+        n = sum(len(r) for r in rows.values())
+        if n:
+            self.rows_in += n
+            self._size_windows(max(int(r.t.max()) for r in rows.values() if len(r)))
+            self.an.feed_rows(rows)
+
+    # ------------------------------------------------------------------ output
+    def deliver(self, upto_ns: int) -> None:
+        """Analyse what ``upto`` completes and hand new and changed incidents to every output."""
+        from analyzer.cli import _write
+        from analyzer.store import incident_lines
+
+        an = self.an
+        self._size_windows(upto_ns)
+        an.advance_clock(upto_ns / 1e9)
+        an.engine.advance(upto_ns / 1e9 - self.grace)
+        incs = an.incidents() + an.engine.absorbed
+        changed = [r for r in incs if self.written.get(r.id) != _state(r)]
+        if self.notifier is not None:
+            self.notifier.update(incs, time.time())
+        if self.out_path and changed:
+            _write(self.out_path, an.incidents())
+        if self.influx is not None and changed:
+            try:  # the write-back failing stops no other output: it is tried again next cycle
+                self.influx.write(incident_lines(changed))
+            except GpufleetError as exc:
+                if not self.write_failing:
+                    _say(f"incident write-back: {exc}; retrying every poll")
+                self.write_failing = True
+                changed = []
+            else:
+                if self.write_failing:
+                    _say("incident write-back: delivering again")
+                self.write_failing = False
+        for r in changed:
+            self.written[r.id] = _state(r)
+        self.checkpoint.save(upto_ns - int(self.grace * 1e9))
+
+    def _size_windows(self, upto_ns: int) -> None:
+        """Windows of a poll while the analysis keeps up; batch-size windows while a whole one
+        waits to be cut (a backlog: a catch-up, a burst of pushed writes, agents' spools
+        replaying): that data is late already, and a window's fixed cost is paid once per batch
+        window instead of once per poll."""
+        an = self.an
+        starts = [v for v in an.window_start.values() if v is not None]
+        if not starts:
+            return
+        wm = max([upto_ns, *an.stream_wm.values()]) / 1e9
+        behind = wm - self.grace - min(starts) >= self.batch_window
+        an.window = self.batch_window if behind else self.online_window
+
+    def wait(self) -> None:
+        """Sleep until the next window is due (its end + grace, a little after): cycles run in
+        step with the windows, so a point waits at most a window and the grace."""
+        w = self.online_window
+        now = time.time()
+        due = (int((now - self.grace) // w) + 1) * w + self.grace + 0.05
+        time.sleep(min(max(0.0, due - now), self.poll + 0.05))
+
+    def gauges(self) -> dict:
+        an = self.an
+        return {"rows_total": self.rows_in, "gpu_samples_total": an.gpu_samples, "windows_total": an.windows,
+                "late_points_total": an.late_points, "incidents": len(an.incidents()),
+                "bad_lines_total": an.parser.stats.bad_lines}
+
+    def close(self) -> None:
+        if self.notifier is not None:
+            left = self.notifier.close()
+            if any(left.values()):
+                _say(f"{sum(left.values())} notifications stay queued for the next start")
+
+
+def _state(r) -> str:
+    return "resolved" if r.end is not None else "firing"
+
+
+def follow(online: Online, since: float | None) -> None:
+    """``--follow``: catch up from the checkpoint (or ``since``), then pull every poll."""
+    from analyzer.sources import backoff
+
+    attempt = 0
+    checked = False
+    while True:
+        try:
+            if not checked:
+                online.influx.check()
+                checked = True
+            now = time.time_ns()
+            online.read(now - int(online.grace * 1e9), since)
+            online.deliver(now)
+            if attempt:
+                _say("InfluxDB reachable again")
+            attempt = 0
+            online.wait()
+        except GpufleetError as exc:
+            wait = backoff(attempt)
+            _say(f"{exc}; retrying in {wait:.0f}s")
+            attempt += 1
+            checked = False
+            time.sleep(wait)
+
+
+def listen(online: Online, listener, since: float | None) -> None:
+    """``--listen``: receive writes; with InfluxDB, first catch up the gap since the checkpoint.
+
+    The listener takes writes from the start; while the catch-up reads InfluxDB they wait in its
+    queue (429 once it is full). Catch-up rounds repeat until one ends within a poll of now, and
+    none refused a write meanwhile; queued rows older than where the last round read to were read
+    by it and are dropped, the rest are analysed. An InfluxDB that cannot be read ends the
+    catch-up (said once): the writes that arrive are analysed without it.
+    """
+    listener.start()
+    _say(f"listening on {listener.address[0]}:{listener.address[1]}")
+    handoff = None
+    if online.influx is not None:
+        try:
+            online.influx.check()
+            while True:
+                busy = listener.counters["refused_busy"]
+                t0 = time.monotonic()
+                online.read(time.time_ns() - int(online.grace * 1e9), since)
+                if time.monotonic() - t0 < online.poll and listener.counters["refused_busy"] == busy:
+                    break
+        except GpufleetError as exc:
+            # what arrives is analysed all the same; the gap InfluxDB would have filled is not
+            _say(f"catch-up: {exc}; analysing what arrives from now on")
+        handoff = online.cursor
+    while True:
+        for rows in listener.take():
+            online.feed(rows, handoff)
+        online.deliver(time.time_ns())
+        online.wait()

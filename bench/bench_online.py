@@ -1,0 +1,524 @@
+"""The analyzer on agent-shaped data and online (``python -m bench.run --only online``).
+
+Agent-shaped: the fleet is simulated with the agent's cadences (every NVLink link every 30 s,
+the slow tier every 60 s, 10 s polls) through the simulator's own telemetry knobs. Measured
+side by side, in one run, against a real InfluxDB 1.6.7 (tests/servers.py):
+
+- file path: ``gpufleet analyze --input`` (GPU-samples per second of its CPU time, peak RSS);
+- pull path: ``gpufleet analyze --influx-url --start --end`` against InfluxDB answering raw
+  ``SELECT * FROM <m> ... GROUP BY *`` for every measurement, for the same rows;
+- ``--since 30d`` over that store (it holds a few hours), and ``--follow --since 30d``'s catch-up;
+- ``--listen`` path: the fleet POSTed as the agent posts (gzip, 5000 lines), the listener's
+  GPU-samples per second of its CPU time and its peak RSS;
+- online latency: rows written live into InfluxDB, a DBE on a new GPU every few seconds, from
+  the write of the row to the alert at a real Alertmanager, fed by a subscription (``--listen``)
+  and by ``--follow`` (1 s polls).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+GPUFLEET = [sys.executable, "-m", "gpufleet"]
+
+
+def _row(metric, value, unit, target="", note=""):
+    return {
+        "benchmark": "online",
+        "metric": metric,
+        "value": value,
+        "unit": unit,
+        "target": target,
+        "note": note,
+    }
+
+
+def _agent_shaped(out: Path, nodes: int, duration: str, start: str | None = None) -> dict:
+    base = (ROOT / "gpufleet" / "sim" / "scenarios" / "mixed.toml").read_text()
+    fleet = f'\n[fleet]\nstart = "{start}"\n' if start else ""
+    sc = out.parent / f"{out.name}.toml"
+    sc.write_text(base + fleet + "\n[telemetry]\nnvlink_full_every = 3\nslow_every = 6\n")
+    subprocess.run(
+        [
+            *GPUFLEET,
+            "sim",
+            "--nodes",
+            str(nodes),
+            "--duration",
+            duration,
+            "--step",
+            "10s",
+            "--seed",
+            "7",
+            "--scenario",
+            str(sc),
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+        check=True,
+        capture_output=True,
+        cwd=ROOT,
+    )
+    return json.loads((out / "manifest.json").read_text())
+
+
+def _measured(cmd: list[str], env=None, timeout=600) -> tuple[float, float, float, str]:
+    """Run a command: (wall s, CPU s, peak RSS MiB, stderr) of that process alone (wait4)."""
+    t = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT, env=env)
+    err = []
+    th = threading.Thread(target=lambda: err.append(p.stderr.read()), daemon=True)
+    th.start()
+    _pid, status, ru = os.wait4(p.pid, 0)
+    wall = time.perf_counter() - t
+    p.returncode = os.waitstatus_to_exitcode(status)
+    th.join(10)
+    text = err[0].decode() if err else ""
+    if p.returncode:
+        raise RuntimeError(f"{' '.join(cmd[2:5])}: exit {p.returncode}: {text[-500:]}")
+    return wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024, text
+
+
+def _stats(err: str) -> dict:
+    return json.loads(err.strip().splitlines()[-1])
+
+
+def _cpu(pid: int) -> float:
+    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _hwm(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _metrics(url: str) -> dict:
+    out = {}
+    for line in requests.get(url + "/metrics", timeout=10).text.splitlines():
+        k, _, v = line.rpartition(" ")
+        out[k] = float(v)
+    return out
+
+
+def _file_path(lp: Path):
+    from analyzer.pipeline import Analyzer
+    from analyzer.sources import read_chunks
+
+    an = Analyzer()
+    for chunk in read_chunks(lp):
+        an.feed_bytes(chunk)
+    an.finish()
+    return an
+
+
+def _raw(url: str, measurements, s_ns: int, e_ns: int) -> int:
+    n = 0
+    for m in measurements:
+        q = f'SELECT * FROM "{m}" WHERE time >= {s_ns} AND time < {e_ns} GROUP BY *'
+        body = requests.get(
+            url + "/query", params={"db": "fleet", "q": q, "epoch": "ns"}, timeout=600
+        ).content
+        n += sum(len(s.get("values", [])) for r in json.loads(body)["results"] for s in r.get("series", []))
+    return n
+
+
+def _pull(url: str, s_ns: int, e_ns: int, analyse: bool):
+    from analyzer.pipeline import Analyzer
+    from analyzer.sources import Influx, pull
+    from analyzer.store import pull as pull_into
+
+    influx = Influx(url, "fleet")
+    an = Analyzer()
+    if not analyse:
+        return sum(
+            sum(len(r) for r in rows.values())
+            for _a, _b, rows in pull(influx, an.wanted(), s_ns, e_ns, an.parser.series, int(300e9))
+        )
+    pull_into(an, influx, s_ns, e_ns)
+    an.finish()
+    return an
+
+
+def bench_paths(quick: bool, tmp: Path) -> list[dict]:
+    from analyzer.pipeline import MEASUREMENTS
+    from tests.servers import InfluxDB1, free_port
+
+    nodes, dur = (4, "1h") if quick else (16, "2h")
+    fl = tmp / "fleet"
+    man = _agent_shaped(fl, nodes, dur)
+    lp = fl / "telemetry.lp.gz"
+    gpus = man["fleet"]["gpus"]
+    lines = man["telemetry"]["lines"]
+    shape = (
+        f"{gpus} GPUs x {dur} agent-shaped ({lines.get('gpu', 0):,} gpu rows, "
+        f"{lines.get('gpu_nvlink', 0):,} NVLink rows)"
+    )
+    rows = []
+    import sklearn.covariance  # noqa: F401 - a once-per-process import, outside every timing
+
+    wall, cpu, rss, err = _measured([*GPUFLEET, "analyze", "--input", str(lp), "--stats"])
+    n = _stats(err)["gpu_samples"]
+    t, c = time.perf_counter(), time.process_time()
+    an = _file_path(lp)
+    fw, fc = time.perf_counter() - t, time.process_time() - c
+    rows.append(
+        _row(
+            "file path (read+parse+detect)",
+            n / fc,
+            "GPU-samples/s per core",
+            ">= 100,000",
+            f"{shape}; {n / fw:,.0f}/s wall; `gpufleet analyze --input` {wall:.1f} s with start-up, "
+            f"peak RSS {rss:.0f} MiB",
+        )
+    )
+    with InfluxDB1(tmp / "influx") as db:
+        db.create_db("fleet")
+        subprocess.run(
+            [*GPUFLEET, "replay", str(fl), "--influx-url", db.url, "--db", "fleet", "--no-progress"],
+            check=True,
+            capture_output=True,
+            cwd=ROOT,
+        )
+        first = db.query("SELECT first(up) FROM gpu", db="fleet")["results"][0]["series"][0]["values"][0][0]
+        last = db.query("SELECT last(up) FROM gpu", db="fleet")["results"][0]["series"][0]["values"][0][0]
+        s_ns, e_ns = int(first), int(last) + 10**9
+        # InfluxDB's own rate (every measurement, raw, GROUP BY *, read to the last byte), the pull
+        # path reading the same span (query + convert to rows) and analysing it; interleaved, best of 3
+        raw, read, e2e = [], [], []
+        for _ in range(3):
+            t = time.perf_counter()
+            raw_rows = _raw(db.url, MEASUREMENTS, s_ns, e_ns)
+            raw.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            got = _pull(db.url, s_ns, e_ns, analyse=False)
+            read.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            an = _pull(db.url, s_ns, e_ns, analyse=True)
+            e2e.append(time.perf_counter() - t)
+        raw_s, read_s, e2e_s = min(raw), min(read), min(e2e)
+        rows.append(
+            _row(
+                "InfluxDB raw query, all measurements",
+                raw_rows / raw_s,
+                "rows/s",
+                "",
+                f"{raw_rows:,} rows in {raw_s:.2f} s: SELECT * FROM <m> ... GROUP BY *, each read whole",
+            )
+        )
+        rows.append(
+            _row(
+                "pull path read (query+convert) vs InfluxDB raw",
+                raw_s / read_s,
+                "x",
+                ">= 0.5",
+                f"{read_s:.2f} s for the same span ({got:,} rows: only the fields a detector reads)",
+            )
+        )
+        rows.append(
+            _row(
+                "pull path end to end (query+convert+detect) vs InfluxDB raw",
+                raw_s / e2e_s,
+                "x",
+                ">= 0.5",
+                f"{e2e_s:.2f} s; {an.gpu_samples / e2e_s:,.0f} GPU-samples/s; "
+                f"next batch queried while this one is analysed",
+            )
+        )
+        wall, cpu, rss, err = _measured(
+            [*GPUFLEET, "analyze", "--influx-url", db.url, "--db", "fleet", "--since", "30d", "--stats"]
+        )
+        rows.append(
+            _row(
+                "--since 30d over the store (holds " + dur + ")",
+                wall,
+                "s",
+                "seconds",
+                f"{_stats(err)['gpu_samples']:,} GPU-samples; wall time with interpreter start-up",
+            )
+        )
+        # --follow from 30 days back: the catch-up line it prints
+        p = subprocess.Popen(
+            [
+                *GPUFLEET,
+                "analyze",
+                "--follow",
+                "--influx-url",
+                db.url,
+                "--db",
+                "fleet",
+                "--since",
+                "30d",
+                "--poll",
+                "10s",
+                "--out",
+                str(tmp / "follow.jsonl"),
+            ],
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+            cwd=ROOT,
+        )
+        t = time.perf_counter()
+        line = ""
+        while time.perf_counter() - t < 300:
+            line = p.stderr.readline()
+            if "caught up" in line or not line:
+                break
+        caught = time.perf_counter() - t
+        p.terminate()
+        p.wait(30)
+        m = re.search(r"in ([0-9.]+)s", line)
+        rows.append(
+            _row(
+                "--follow --since 30d: catch-up to live",
+                float(m.group(1)) if m else "failed",
+                "s",
+                "",
+                f"{line.strip()[len('gpufleet analyze: ') :]}; {caught:.1f} s from start",
+            )
+        )
+    # --listen: the fleet POSTed as the agent posts it, timestamps from now on (the analysis keeps
+    # pace with the data's own clock: windows are cut as the pushed data's time passes)
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 60))
+    fl2 = tmp / "fleet-live"
+    man2 = _agent_shaped(fl2, nodes, dur, start=now)
+    body = gzip.decompress((fl2 / "telemetry.lp.gz").read_bytes()).splitlines(keepends=True)
+    batches = [gzip.compress(b"".join(body[i : i + 5000]), 1) for i in range(0, len(body), 5000)]
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    p = subprocess.Popen(
+        [
+            *GPUFLEET,
+            "analyze",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--poll",
+            "10s",
+            "--grace",
+            "60s",
+            "--out",
+            str(tmp / "listen.jsonl"),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if requests.get(url + "/ping", timeout=1).status_code == 204:
+                    break
+            except requests.RequestException:
+                time.sleep(0.1)
+        cpu0 = _cpu(p.pid)
+        t = time.perf_counter()
+        s = requests.Session()
+        refused = 0
+        for b in batches:
+            while True:
+                r = s.post(
+                    url + "/write",
+                    params={"db": "fleet", "precision": "ns"},
+                    data=b,
+                    headers={"Content-Encoding": "gzip"},
+                    timeout=60,
+                )
+                if r.status_code != 429:
+                    break
+                refused += 1
+                time.sleep(0.05)
+        n_all = man2["telemetry"]["lines"].get("gpu", 0)
+        while (
+            time.perf_counter() - t < 600
+            and _metrics(url).get("gpufleet_analyzer_gpu_samples_total", 0) < n_all
+        ):
+            time.sleep(0.1)
+        took = time.perf_counter() - t
+        cpu = _cpu(p.pid) - cpu0
+        got = _metrics(url)
+        rss = _hwm(p.pid)
+    finally:
+        p.terminate()
+        p.wait(30)
+    n = got.get("gpufleet_analyzer_gpu_samples_total", 0)
+    rows.append(
+        _row(
+            "--listen path (HTTP+gunzip+parse+detect)",
+            n / cpu,
+            "GPU-samples/s per core",
+            ">= 100,000",
+            f"{shape} POSTed in {len(batches)} gzip bodies of 5000 lines; {n / took:,.0f}/s wall; "
+            f"{refused} answered 429 (retried); windows {got.get('gpufleet_analyzer_windows_total', 0):.0f}; "
+            f"peak RSS {rss:.0f} MiB",
+        )
+    )
+    return rows
+
+
+class _Writer(threading.Thread):
+    """A small live fleet: one gpu row per GPU every 1.37 s into InfluxDB, a DBE on the next host
+    every ``every`` seconds; records when each DBE row's write returned."""
+
+    def __init__(self, db, gpus: int, every: float, faults: int):
+        super().__init__(daemon=True)
+        self.db, self.gpus, self.every, self.faults = db, gpus, every, faults
+        self.landed: dict[str, float] = {}
+        self.stop = threading.Event()
+
+    def run(self):
+        t_start = time.time()
+        dbe = [0] * self.gpus
+        k = 0
+        while not self.stop.is_set():
+            t = time.time()
+            due = min(int((t - t_start) / self.every), self.faults)
+            fresh = []
+            for j in range(1, due + 1):  # one GPU per host: the notifier groups a host's incidents
+                g = 4 * j + 1
+                if not dbe[g]:
+                    dbe[g] = 1
+                    fresh.append(g)
+            lines = []
+            for g in range(self.gpus):
+                host = f"node{g // 4:02d}"
+                lines.append(
+                    f"gpu,host={host},gpu={g % 4} power_watts=650,utilization_gpu_ratio=0.97,"
+                    f"ecc_corrected_volatile_total=0i,ecc_uncorrected_volatile_total={dbe[g]}i,up=1i,"
+                    f"health_code=0i {int(t * 1e9)}"
+                )
+            self.db.write("fleet", "\n".join(lines))
+            now = time.time()
+            for g in fresh:
+                self.landed[f"node{g // 4:02d}/{g % 4}"] = now
+            k += 1
+            # writes about a second apart at a wandering phase: a fault's row lands anywhere in
+            # the analyzer's window, so the latencies spread over what a window and grace allow
+            time.sleep(max(0.0, t_start + 1.37 * k - time.time()))
+
+
+def bench_latency(quick: bool, tmp: Path) -> list[dict]:
+    from tests.servers import Alertmanager, InfluxDB1, free_port
+    from tests.test_alerting_receiver import Receiver
+
+    faults = 4 if quick else 10
+    every = 3.0
+    port = free_port()
+    rows = []
+    with (
+        InfluxDB1(tmp / "influx-live") as db,
+        Receiver() as rx_l,
+        Receiver() as rx_f,
+        Alertmanager(tmp / "am-l", rx_l.url + "/h") as am_l,
+        Alertmanager(tmp / "am-f", rx_f.url + "/h") as am_f,
+    ):
+        db.create_db("fleet")
+        db.query(
+            f'CREATE SUBSCRIPTION "an" ON "fleet"."autogen" DESTINATIONS ALL \'http://127.0.0.1:{port}\''
+        )
+        common = ["--poll", "1s", "--grace", "1s"]
+        procs = [
+            subprocess.Popen(
+                [
+                    *GPUFLEET,
+                    "analyze",
+                    "--listen",
+                    f"127.0.0.1:{port}",
+                    "--influx-url",
+                    db.url,
+                    "--db",
+                    "fleet",
+                    *common,
+                    "--sink",
+                    f"alertmanager={am_l.url}",
+                    "--state",
+                    str(tmp / "l.db"),
+                ],
+                cwd=ROOT,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            ),
+            subprocess.Popen(
+                [
+                    *GPUFLEET,
+                    "analyze",
+                    "--follow",
+                    "--influx-url",
+                    db.url,
+                    "--db",
+                    "fleet",
+                    *common,
+                    "--since",
+                    "1m",
+                    "--sink",
+                    f"alertmanager={am_f.url}",
+                    "--state",
+                    str(tmp / "f.db"),
+                ],
+                cwd=ROOT,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            ),
+        ]
+        time.sleep(4)  # both interpreters up
+        w = _Writer(db, 4 * (faults + 1), every, faults)
+        w.start()
+        time.sleep(every * (faults + 1) + 8)
+        w.stop.set()
+        for p in procs:
+            p.terminate()
+            p.wait(30)
+        for name, rx in (("--listen (subscription)", rx_l), ("--follow", rx_f)):
+            first: dict[str, float] = {}
+            for req in rx.requests:
+                for a in req["json"]["alerts"]:
+                    key = f"{a['labels'].get('host')}/{a['labels'].get('gpu')}"
+                    if a["status"] == "firing":
+                        first.setdefault(key, req["wall"])
+            lat = sorted(first[k] - w.landed[k] for k in w.landed if k in first)
+            if not lat:
+                rows.append(_row(f"online latency {name}", "failed", "s", "<= 2 polls", "no alert arrived"))
+                continue
+            p95 = lat[min(len(lat) - 1, int(round(0.95 * (len(lat) - 1))))]
+            rows.append(
+                _row(
+                    f"online latency {name}: row written -> webhook",
+                    statistics.median(lat),
+                    "s (median)",
+                    "<= 2 polls + Alertmanager's group_wait",
+                    f"p95 {p95:.2f} s, {len(lat)}/{len(w.landed)} DBEs paged; poll 1 s, grace 1 s, "
+                    "Alertmanager group_wait 1 s",
+                )
+            )
+    return rows
+
+
+def run(quick: bool) -> list[dict]:
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        return bench_paths(quick, tmp) + bench_latency(quick, tmp)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    for row in run(quick="--quick" in sys.argv):
+        print(row)
