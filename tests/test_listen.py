@@ -123,7 +123,8 @@ def test_listen_address_and_bad_flags_are_one_line_exit_2(tmp_path):
         parse_address("8186x")
     at = f"127.0.0.1:{free_port()}"
     for args, needle in ((["--listen", "nowhere"], "HOST:PORT"),
-                         (["--listen", at, "--listen-token-file", str(tmp_path / "none")], "--listen-token-file"),
+                         (["--listen", at, "--listen-token-file", str(tmp_path / "none")],
+                          "--listen-token-file"),
                          (["--listen", at, "--max-body", "lots"], "--max-body"),
                          (["--listen", at, "--follow"], "not both")):
         r = subprocess.run([sys.executable, "-m", "gpufleet", "analyze", *args], capture_output=True,
