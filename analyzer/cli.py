@@ -235,9 +235,7 @@ def incident_lines(recs, now_ns: int | None = None) -> list[str]:
     return out
 
 
-def _follow(
-    cfg, influx, shard_t, out_path, sinks, state_path, page_base_url, poll: float, since
-) -> None:
+def _follow(cfg, influx, shard_t, out_path, sinks, state_path, page_base_url, poll: float, since) -> None:
     """Online mode: pull new data every ``poll`` seconds, keep state, retry with backoff."""
     from analyzer.config import parse_duration
     from analyzer.pipeline import Analyzer
@@ -304,19 +302,34 @@ def _follow(
 @click.option("--truth", "truth_path", required=True, help="truth.jsonl from the simulator")
 @click.option("--incidents", "inc_path", required=True, help="incidents.jsonl from gpufleet analyze")
 @click.option(
-    "--gpu-days", type=float, help="fleet size x duration (default: from manifest.json beside the truth)"
+    "--gpu-days",
+    type=float,
+    help="GPU-days observed (default: counted from --data, else from the telemetry beside the truth)",
 )
+@click.option("--data", "data_path", help="the telemetry the incidents came from (.lp/.lp.gz or a directory)")
+@click.option("--lenient", is_flag=True, help="old rule: every matching incident is true (duplicates hidden)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
-def eval_cmd(truth_path, inc_path, gpu_days, as_json):
-    """Score incidents against ground truth: precision, recall, F1, latency, false incidents."""
-    from analyzer.evaluate import evaluate, gpu_days_from_manifest, table
+def eval_cmd(truth_path, inc_path, gpu_days, data_path, lenient, as_json):
+    """Score incidents against ground truth, one page per fault: precision, recall, F1, latency,
+    duplicate pages, false incidents per 1000 GPU-days."""
+    from analyzer.evaluate import (
+        evaluate,
+        gpu_days_from_data,
+        gpu_days_from_manifest,
+        table,
+        telemetry_beside,
+    )
     from gpufleet import records
 
     truth = records.read(truth_path)
     incs = records.read(inc_path)
     if gpu_days is None:
-        gpu_days = gpu_days_from_manifest(truth_path)
-    res = evaluate(truth, incs, gpu_days)
+        data = data_path or telemetry_beside(truth_path)
+        if data is not None:
+            gpu_days = gpu_days_from_data(data)
+        else:
+            gpu_days = gpu_days_from_manifest(truth_path)
+    res = evaluate(truth, incs, gpu_days, lenient=lenient)
     if as_json:
         click.echo(json.dumps(res, sort_keys=False))
     else:
