@@ -25,6 +25,7 @@ FIELDS: dict[str, set[str] | None] = {
     "gpu": {
         "utilization_gpu_ratio",
         "power_watts",
+        "power_limit_watts",
         "temperature_gpu_celsius",
         "temperature_slowdown_celsius",
         "clock_sm_mhz",
