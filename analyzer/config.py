@@ -37,7 +37,14 @@ DETECTORS: dict[str, dict] = {
         "clear_margin_celsius": 5.0,  # ... and this far below the slowdown temperature: healthy
         "clear_seconds": 600.0,  # at full load this long without throttling before idle stops holding it
     },
-    "power_brake": {"min_share": 0.05, "dwell_seconds": 0.0, "gap_seconds": 35.0, "resolve_seconds": 3600.0},
+    "power_brake": {
+        "min_share": 0.05,
+        "dwell_seconds": 0.0,
+        "gap_seconds": 35.0,
+        "resolve_seconds": 3600.0,
+        "node_share": 0.5,  # this share of a node's GPUs braking in the same minute: the node's brake
+        "node_min_gpus": 2,
+    },
     "cooling_degradation": {
         "min_power_watts": 50.0,
         "min_learn_samples": 120,
@@ -113,7 +120,7 @@ ENGINE = {
     "absorb_seconds": 3600.0,  # a node/rack incident absorbs GPU/node incidents of its kind this close
     # an incident of the key kind on a GPU already covered by an open incident of a listed kind is
     # folded into that one as evidence (the throttling is the impact of the cooling fault)
-    "fold": {},
+    "fold": {"thermal_throttle": ["cooling_degradation"]},
 }
 
 

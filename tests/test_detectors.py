@@ -20,7 +20,7 @@ STEP = 10
 def fleet(nodes=4, gpus=4, steps=480, links=2, fault=None, seed=0, t0=T0) -> bytes:
     """A small healthy fleet under steady load (one job per node), with one optional fault.
 
-    ``fault`` = (kind, node, gpu, step at which it starts).
+    ``fault`` = (kind, node, gpu, step at which it starts); gpu None: every GPU of the node.
     """
     rng = np.random.default_rng(seed)
     out = []
@@ -32,7 +32,7 @@ def fleet(nodes=4, gpus=4, steps=480, links=2, fault=None, seed=0, t0=T0) -> byt
         load = (s // 60) % 4 != 3  # 30 min of work, 10 min idle, repeated
         for n in range(nodes):
             for g in range(gpus):
-                on = kind is not None and n == fnode and g == fgpu and s >= fstep
+                on = kind is not None and n == fnode and fgpu in (None, g) and s >= fstep
                 if kind == "gpu_lost" and on and s > fstep:
                     continue
                 p = 690 + rng.normal(0, 2) if load else 80 + rng.normal(0, 0.5)
@@ -203,9 +203,16 @@ def test_each_fault_found_once_and_nothing_else(fault):
     kind, node, gpu, step = fault
     an = analyse(fleet(fault=fault))
     incs = an.incidents()
-    # throttling while power and peers say the GPU should be cool is also a cooling fault
-    expect = {"thermal_throttle": ["cooling_degradation", "thermal_throttle"]}.get(kind, [kind])
+    # throttling while power and peers say the GPU should be cool is a cooling fault: one page, the
+    # cooling incident, whose impact_at is when throttling began (the throttling is its update)
+    expect = {"thermal_throttle": ["cooling_degradation"]}.get(kind, [kind])
     assert sorted(i.kind for i in incs) == expect, [i.to_json()[:200] for i in incs]
+    if kind == "thermal_throttle":
+        inc = incs[0]
+        assert [x["kind"] for x in inc.evidence["impact"]] == ["thermal_throttle"]
+        assert inc.impact_at is not None and inc.impact_at - (T0 + step * STEP) <= 2 * STEP
+        assert (inc.host, inc.gpu) == (f"node{node}", gpu)
+        return
     inc = next(i for i in incs if i.kind == kind)
     assert (inc.host, inc.gpu) == (f"node{node}", gpu)
     assert inc.summary and inc.id and inc.evidence.get("signals")
@@ -216,6 +223,19 @@ def test_each_fault_found_once_and_nothing_else(fault):
         assert inc.start - onset <= 2 * STEP  # hard faults: within a poll or two of the data
     if kind == "nvlink_degradation":
         assert inc.link == 1
+
+
+def test_node_wide_power_brake_is_one_node_incident():
+    # the node's PSU/BMC brakes all four GPUs at once: one page for the node, listing its GPUs
+    incs = analyse(fleet(fault=("power_brake", 2, None, 100))).incidents()
+    assert [(i.kind, i.host, i.gpu) for i in incs] == [("power_brake", "node2", None)], [
+        i.summary for i in incs
+    ]
+    assert incs[0].evidence["first"]["braked_gpus"] == [0, 1, 2, 3]
+    assert abs(incs[0].start - (T0 + 100 * STEP)) <= STEP
+    # one GPU braking alone stays a GPU incident
+    incs = analyse(fleet(fault=("power_brake", 2, 1, 100))).incidents()
+    assert [(i.kind, i.host, i.gpu) for i in incs] == [("power_brake", "node2", 1)]
 
 
 def test_power_cap_and_idle_are_not_throttling(healthy):
@@ -272,8 +292,14 @@ def _with_inlet(data: bytes, hot_rack: str | None, rise_c: float = 10.0, from_st
             rack = f"r{n // 2}"
             rise = rise_c * min(1.0, max(0.0, (s - from_step) / 240)) if rack == hot_rack else 0.0
             rise_at[(n, s // 3)] = rise
-            tags = {"host": f"node{n}", "sensor": "Inlet Temp", "sensor_type": "Temperature", "unit": "C",
-                    "cluster": "c1", "rack": rack}
+            tags = {
+                "host": f"node{n}",
+                "sensor": "Inlet Temp",
+                "sensor_type": "Temperature",
+                "unit": "C",
+                "cluster": "c1",
+                "rack": rack,
+            }
             value = round(float(room + rise + rng.normal(0, 0.2)), 1)
             out.append(encode("bmc_sensor", tags, {"value": value}, t * 10**9))
     lines = []
@@ -493,7 +519,9 @@ def test_cooling_incident_resolves_once_judged_healthy_at_load():
 def test_queued_hits_hold_no_window():
     # hits wait in the engine's queue until every stream has caught up (a sparse events stream can
     # hold them for hours): they must not keep their window's arrays alive through lazy evidence
-    an = Analyzer(Config())
+    cfg = Config()
+    cfg.engine["fold"] = {}  # the throttling incident itself, not folded into the cooling one
+    an = Analyzer(cfg)
     data = fleet(nodes=4, gpus=4, steps=480, fault=("thermal_throttle", 1, 2, 100))
     an.feed_bytes(data[: len(data) * 3 // 4].rsplit(b"\n", 1)[0] + b"\n")
     queued = [x for items in an.engine.pending.values() for x in items]
@@ -522,9 +550,12 @@ def test_throttling_that_stopped_at_full_load_resolves_and_a_new_episode_pages_a
         steps=1500,
         throttling=lambda n, g, s: (n, g) == (1, 2) and (s < 120 or s >= 1200),
     )
-    incs = [i for i in analyse(data).incidents() if i.kind == "thermal_throttle"]
+    # the second episode, throttling where the learned model says the GPU should run cool, pages as
+    # the cooling fault it is, with the throttling folded in as its impact
+    incs = [i for i in analyse(data).incidents() if i.kind in ("thermal_throttle", "cooling_degradation")]
     assert [(i.host, i.gpu) for i in incs] == [("node1", 2), ("node1", 2)]
     assert incs[0].end is not None and incs[1].end is None
+    assert incs[1].kind == "thermal_throttle" or incs[1].impact_at is not None
 
 
 def test_a_stream_that_arrives_after_the_others_is_not_resolved_by_their_progress():

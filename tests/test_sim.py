@@ -154,8 +154,13 @@ def test_truth_records_shape(mixed):
         "sdc",
         "gpu_lost",
         "straggler",
-        "thermal_throttle",
     } <= kinds
+    # throttling a cooling fault caused is that fault's impact (one record), not a second record
+    cooling = [r for r in mixed.truth if r.kind == "cooling_degradation"]
+    assert any(r.impact_at is not None for r in cooling)
+    for r in mixed.truth:
+        if r.kind == "thermal_throttle":
+            assert not any(c.host == r.host and c.gpu in (None, r.gpu) for c in cooling)
     start = mixed.manifest["start"]
     for r in mixed.truth:
         assert r.host and r.rack and r.cluster and r.severity in ("critical", "warning")
@@ -178,14 +183,22 @@ def test_thermal_signature_only_on_thermal_faults(mixed):
             p.fields.get("clock_event_reasons", 0) & 0x60 or p.fields.get("clock_event_sw_thermal") == 1
         ),
     )
-    assert throttled and throttled <= mixed.truth_gpus("thermal_throttle")
-    causes = mixed.truth_gpus("cooling_degradation")
-    assert mixed.truth_gpus("thermal_throttle") <= causes
-    # a cooling fault that throttles has impact_at == its GPU's first throttle record start
-    tt = {(r.host, r.gpu): r for r in mixed.truth if r.kind == "thermal_throttle"}
+    assert throttled and throttled <= mixed.truth_gpus("thermal_throttle", "cooling_degradation")
+    # the truth of throttling is the physics' (die at its limit, clock cut), not the reason bits the
+    # detector reads (a bit can show at a cut of half a watt): the two agree within a minute; a
+    # cooling fault's impact_at is when its throttling began
+    first_bit: dict = {}
+    for p in mixed.by["gpu"]:
+        r = p.fields.get("clock_event_reasons", 0)
+        if r & 0x60:
+            key = (p.tags["host"], int(p.tags["gpu"]))
+            first_bit[key] = min(first_bit.get(key, p.time / 1e9), p.time / 1e9)
+    checked = 0
     for r in mixed.truth:
-        if r.kind == "cooling_degradation" and (r.host, r.gpu) in tt:
-            assert r.impact_at == tt[(r.host, r.gpu)].start
+        if r.kind in ("cooling_degradation", "thermal_throttle") and (r.host, r.gpu) in first_bit:
+            assert r.impact_at is not None and abs(r.impact_at - first_bit[(r.host, r.gpu)]) <= 60.0
+            checked += 1
+    assert checked
 
 
 def test_power_brake_signature(mixed):

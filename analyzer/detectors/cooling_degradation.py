@@ -20,7 +20,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from analyzer.detectors.base import Detector, Evidence, Hits, buckets, concat, group_median, lookup, nz
+from analyzer.detectors.base import (
+    Detector,
+    Evidence,
+    Hits,
+    buckets,
+    concat,
+    distinct_count,
+    group_median,
+    lookup,
+    nz,
+)
 from analyzer.detectors.thermal_throttle import thermal_bits
 from analyzer.frame import Window
 
@@ -141,6 +151,7 @@ class CoolingDegradation(Detector):
         """Per row: the GPU's learned offset and the bar its excess must pass. At low power the
         low-power baseline with the lower bar, at load the high-power one, where the GPU has them;
         otherwise the baseline over all steady load."""
+
         def learned(name):
             return lookup(getattr(self, name, {}), tab.ent)
 
@@ -326,14 +337,14 @@ class CoolingDegradation(Detector):
         # node scope: share of the node's evaluated GPUs hot in the same minute
         inv, ng = buckets(tab.t, 60.0, node)
         evald = np.isfinite(v) & new
-        hot_g = _distinct_count(inv, tab.ent, hot, ng)
-        ev_g = _distinct_count(inv, tab.ent, evald, ng)
+        hot_g = distinct_count(inv, tab.ent, hot, ng)
+        ev_g = distinct_count(inv, tab.ent, evald, ng)
         node_hot = (hot_g >= self.node_min_gpus) & (hot_g >= self.node_share * np.maximum(ev_g, 1))
         row_node_hot = node_hot[inv] & hot
         # rack scope: nodes of a rack hot together in the same minute
         rinv, rng_ = buckets(tab.t, 60.0, rack)
         node_key_hot = np.where(row_node_hot, node, -1)
-        rack_nodes = _distinct_count(rinv, node_key_hot, row_node_hot, rng_)
+        rack_nodes = distinct_count(rinv, node_key_hot, row_node_hot, rng_)
         rack_hot = rack_nodes >= self.rack_min_nodes
         row_rack_hot = rack_hot[rinv] & row_node_hot
         gpu_rows = hot & ~row_node_hot
@@ -427,8 +438,8 @@ class CoolingDegradation(Detector):
         others = _leave_one_out_median(g_min, rmed)
         excess_row = dev - others[inv]
         hot_row = excess_row >= self.inlet_excess_celsius
-        hosts_hot = _distinct_count(inv, host, hot_row, ng)
-        hosts_all = _distinct_count(inv, host, np.ones(len(inv), bool), ng)
+        hosts_hot = distinct_count(inv, host, hot_row, ng)
+        hosts_all = distinct_count(inv, host, np.ones(len(inv), bool), ng)
         need = np.minimum(self.rack_min_nodes, hosts_all)
         flag = (rmed - others >= self.inlet_excess_celsius) & (hosts_hot >= np.maximum(need, 1))
         self._track_inlet(window, bmc.ent[ok], t, bmc.cols["inlet"][ok], rack, set(g_rack[flag].tolist()))
@@ -527,19 +538,6 @@ def _recent_max(tab, v: np.ndarray, seconds: float, polls: int = 8) -> np.ndarra
 
 def _r(x):
     return None if not np.isfinite(x) else round(float(x), 2)
-
-
-def _distinct_count(inv: np.ndarray, ent: np.ndarray, mask: np.ndarray, n: int) -> np.ndarray:
-    """Per group: how many distinct entities have a row with ``mask`` set."""
-    if not mask.any():
-        return np.zeros(n, np.int64)
-    m = int(ent.max()) + 2
-    key = inv[mask].astype(np.int64) * m + (ent[mask] + 1)
-    if n * m <= 8 * len(key) + 2**20:  # pairs counted on a table of all (group, entity) pairs
-        present = np.zeros(n * m, bool)
-        present[key] = True
-        return present.reshape(n, m).sum(1)
-    return np.bincount(np.unique(key) // m, minlength=n)
 
 
 def _exact_group_median(g: np.ndarray, v: np.ndarray) -> np.ndarray:
