@@ -238,6 +238,26 @@ def test_node_wide_power_brake_is_one_node_incident():
     assert [(i.kind, i.host, i.gpu) for i in incs] == [("power_brake", "node2", 1)]
 
 
+def test_pcie_width_down_on_an_idle_gpu_is_found():
+    # node3 GPU 0's link trains to x8 while the whole fleet idles: width does not drop at idle, so
+    # it is a fault at any load; a generation drop at idle is power management, no incident
+    lines = []
+    for ln in fleet(steps=480).decode().splitlines():
+        if ln.startswith("gpu,"):
+            ln = re.sub(r"utilization_gpu_ratio=[0-9.]+", "utilization_gpu_ratio=0.0", ln)
+            ln = re.sub(r"power_watts=[0-9.]+", "power_watts=80.0", ln)
+            ln = ln.replace("pcie_link_gen=5i", "pcie_link_gen=1i")  # every idle link: gen 1
+            s = (int(ln.rsplit(" ", 1)[1]) // 10**9 - T0) // STEP
+            if ",host=node3," in ln and ",gpu=0," in ln and s >= 200:
+                ln = ln.replace("pcie_link_width=16i", "pcie_link_width=8i")
+        lines.append(ln)
+    incs = analyse(("\n".join(lines) + "\n").encode()).incidents()
+    assert [(i.kind, i.host, i.gpu) for i in incs] == [("pcie_degradation", "node3", 0)], [
+        i.summary for i in incs
+    ]
+    assert abs(incs[0].start - (T0 + 200 * STEP)) <= 90
+
+
 def test_power_cap_and_idle_are_not_throttling(healthy):
     # the healthy fleet sits at 690 W with reason 0x4 half the time and idles with 0x1: no incident
     assert not [i for i in healthy.incidents() if i.kind in ("thermal_throttle", "power_brake")]
