@@ -99,6 +99,7 @@ DETECTORS: dict[str, dict] = {
     "gpu_lost": {
         "xids": [79],
         "lost_after_seconds": 180.0,
+        "stale_after_seconds": 300.0,  # reported stale (up=0, health_code=1) this long: a warning
         "dwell_seconds": 0.0,
         "gap_seconds": 86400.0,
         "resolve_seconds": 86400.0,

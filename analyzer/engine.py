@@ -237,7 +237,7 @@ class Engine:
             link=lno,
             start=min(st.run_start, st.began),
             end=None,
-            severity="critical" if st.critical or kind in ("sdc", "gpu_lost") else "warning",
+            severity="critical" if st.critical else "warning",  # as the detector's hits say
             cluster=cluster,
             rack=rname,
             summary=summary,

@@ -258,6 +258,28 @@ def test_pcie_width_down_on_an_idle_gpu_is_found():
     assert abs(incs[0].start - (T0 + 200 * STEP)) <= 90
 
 
+def _stale(lines, node, gpu, steps):
+    out = []
+    for ln in lines:
+        if ln.startswith("gpu,") and f",host=node{node}," in ln and f",gpu={gpu}," in ln:
+            head, _, ts = ln.rsplit(" ", 2)
+            if (int(ts) // 10**9 - T0) // STEP in steps:
+                ln = f"{head} up=0i,health_code=1i {ts}"
+        out.append(ln)
+    return out
+
+
+def test_gpu_stale_longer_than_the_bound_is_a_warning():
+    lines = fleet(steps=480).decode().splitlines()
+    lines = _stale(lines, 1, 3, range(200, 260))  # 10 min stale: a warning, dated to its start
+    lines = _stale(lines, 2, 0, range(300, 312))  # 2 min stale, then back: nothing
+    incs = analyse(("\n".join(lines) + "\n").encode()).incidents()
+    assert [(i.kind, i.host, i.gpu, i.severity) for i in incs] == [("gpu_lost", "node1", 3, "warning")], [
+        i.summary for i in incs
+    ]
+    assert abs(incs[0].start - (T0 + 200 * STEP)) <= STEP
+
+
 def test_power_cap_and_idle_are_not_throttling(healthy):
     # the healthy fleet sits at 690 W with reason 0x4 half the time and idles with 0x1: no incident
     assert not [i for i in healthy.incidents() if i.kind in ("thermal_throttle", "power_brake")]
