@@ -69,15 +69,16 @@ DETECTORS: dict[str, dict] = {
         "crc_rate_max": 100.0,
         "crc_rate_min": 1.0,
         "crc_fleet_factor": 20.0,
-        "crc_count_min": 5,
+        "crc_count_min": 45,  # CRC errors within crc_span_seconds (0.05/s sustained): far above background
         "crc_span_seconds": 900.0,
+        "replay_count_min": 3,  # replays within crc_span_seconds (one replay corrects one error)
         "dwell_seconds": 0.0,
         "gap_seconds": 600.0,
         "resolve_seconds": 3600.0,
         "clear_seconds": 3600.0,  # a degraded link stays one incident until this long without an error
     },
     "pcie_degradation": {
-        "replay_allowance_per_s": 1.0,
+        "replay_allowance_per_s": 8 / 60,  # at gen 5 x16, scaled by gen x lanes: DCGM's 8 replays/min
         "load_utilization": 0.2,
         "load_power_watts": 200.0,
         "downgrade_dwell_seconds": 60.0,

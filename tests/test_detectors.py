@@ -280,6 +280,23 @@ def test_gpu_stale_longer_than_the_bound_is_a_warning():
     assert abs(incs[0].start - (T0 + 200 * STEP)) <= STEP
 
 
+def test_healthy_link_background_errors_stay_quiet():
+    # a healthy link's background: 5 CRC flit errors within 2 min and, later, one replay (the link
+    # correcting an error) -- far below DCGM's 100/s and below a degrading link's sustained rate
+    crc_at = {200: 1, 202: 2, 205: 3, 208: 4, 210: 5}
+    lines, n = [], 0
+    for ln in fleet(steps=480).decode().splitlines():
+        if ln.startswith("gpu_nvlink,") and ",host=node1," in ln and ",gpu=2," in ln and ",link=0," in ln:
+            s = (int(ln.rsplit(" ", 1)[1]) // 10**9 - T0) // STEP
+            n = max([v for k, v in crc_at.items() if k <= s], default=0)
+            ln = ln.replace("crc_flit_errors_total=0i", f"crc_flit_errors_total={n}i")
+            ln = ln.replace("replay_errors_total=0i", f"replay_errors_total={int(s >= 300)}i")
+        lines.append(ln)
+    assert n == 5
+    incs = analyse(("\n".join(lines) + "\n").encode()).incidents()
+    assert incs == [], [i.summary for i in incs]
+
+
 def test_power_cap_and_idle_are_not_throttling(healthy):
     # the healthy fleet sits at 690 W with reason 0x4 half the time and idles with 0x1: no incident
     assert not [i for i in healthy.incidents() if i.kind in ("thermal_throttle", "power_brake")]

@@ -22,7 +22,7 @@ class PcieDegradation(Detector):
 
     def __init__(
         self,
-        replay_allowance_per_s=1.0,
+        replay_allowance_per_s=8 / 60,
         load_utilization=0.2,
         load_power_watts=200.0,
         downgrade_dwell_seconds=60.0,
