@@ -64,7 +64,15 @@ class Parsed:
         return {(p.tags["host"], int(p.tags["gpu"])) for p in self.by[measurement] if pred(p)}
 
     def truth_gpus(self, *kinds) -> set[tuple[str, int]]:
-        return {(r.host, r.gpu) for r in self.truth if r.kind in kinds and r.gpu is not None}
+        """GPUs the truth names; a node-scope record (gpu null) names every GPU of its host."""
+        host_gpus = defaultdict(set)
+        for p in self.by["gpu"]:
+            host_gpus[p.tags["host"]].add(int(p.tags["gpu"]))
+        out = set()
+        for r in self.truth:
+            if r.kind in kinds and r.host is not None:
+                out |= {(r.host, r.gpu)} if r.gpu is not None else {(r.host, g) for g in host_gpus[r.host]}
+        return out
 
 
 @pytest.fixture(scope="module")
@@ -209,13 +217,20 @@ def test_power_brake_signature(mixed):
 
 
 def test_nvlink_signature_on_one_link(mixed):
-    bad = {
-        (p.tags["host"], int(p.tags["gpu"]), int(p.tags["link"]))
-        for p in mixed.by["gpu_nvlink"]
-        if p.fields["crc_flit_errors_total"] or p.fields["up"] == 0 or p.fields["replay_errors_total"]
-    }
+    # every link every 30 s (the agent's gpu.nvlink_interval); healthy links carry a background of
+    # sporadic CRC errors and rare replays, far below a degrading link's; only that one goes down
+    # or recovers
+    times = sorted({p.time for p in mixed.by["gpu_nvlink"]})
+    assert {b - a for a, b in zip(times, times[1:], strict=False)} == {30 * 10**9}
+    last = {}
+    for p in sorted(mixed.by["gpu_nvlink"], key=lambda p: p.time):
+        last[(p.tags["host"], int(p.tags["gpu"]), int(p.tags["link"]))] = p.fields
     want = {(r.host, r.gpu, r.link) for r in mixed.truth if r.kind == "nvlink_degradation"}
-    assert bad == want
+    healthy = [f for k, f in last.items() if k not in want]
+    assert sum(f["crc_flit_errors_total"] > 0 for f in healthy) > len(healthy) / 3  # the background
+    assert max(f["crc_flit_errors_total"] for f in healthy) < 40
+    assert all(f["up"] == 1 and f["recovery_errors_total"] == 0 for f in healthy)
+    assert max(f["replay_errors_total"] for f in healthy) <= 2
     host, gpu, link = next(iter(want))
     rows = sorted(
         (
@@ -235,8 +250,14 @@ def test_nvlink_signature_on_one_link(mixed):
 
 
 def test_pcie_signature(mixed):
-    replays = mixed.gpus_with("gpu", lambda p: p.fields.get("pcie_replay_total", 0) > 0)
-    assert replays == mixed.truth_gpus("pcie_degradation")
+    # healthy GPUs replay a few times an hour (the background); the faulty one storms
+    last = {}
+    for p in mixed.by["gpu"]:
+        if "pcie_replay_total" in p.fields:
+            last[(p.tags["host"], int(p.tags["gpu"]))] = p.fields["pcie_replay_total"]
+    storm = {k for k, v in last.items() if v > 100}
+    assert storm == mixed.truth_gpus("pcie_degradation")
+    assert sum(v > 0 for k, v in last.items() if k not in storm) > len(last) / 2
 
 
 def test_sdc_only_canary(mixed):
@@ -368,9 +389,11 @@ def test_chaos_nuisances_are_visible_but_not_in_truth(tmp_path):
     # late data: timestamps go backwards somewhere in the file
     times = [x.time for x in p.by["host"]]
     assert any(b < a - 600e9 for a, b in zip(times, times[1:], strict=False))
-    faulty_hosts = {r.host for r in p.truth}
-    assert not faulty_hosts & reload_hosts
-    assert all(r.detail.startswith("caused by") for r in p.truth if r.kind == "thermal_throttle")
+    # nuisances land on faulty nodes too (as in a real fleet), node churn excepted (a node that is
+    # not there has no fault to find); a cooling fault's throttling is its impact, not a record
+    churn_hosts = {e["host"] for e in nu["node_churn"]}
+    assert not {r.host for r in p.truth} & churn_hosts
+    assert not [r for r in p.truth if r.kind == "thermal_throttle" and "no injected" not in r.detail]
     # no two points share a series and a timestamp (a database would keep only one)
     keys = [(m, tuple(sorted(x.tags.items())), x.time) for m, pts in p.by.items() for x in pts]
     assert len(keys) == len(set(keys))
@@ -522,7 +545,7 @@ def test_link_scenario_modes(tmp_path):
     pcie = {(r.host, r.gpu): r.detail for r in p.truth if r.kind == "pcie_degradation"}
     narrow = p.gpus_with("gpu", lambda x: x.fields.get("pcie_link_width", 16) < 16)
     oldgen = p.gpus_with("gpu", lambda x: x.fields.get("pcie_link_gen", 5) < 5)
-    storms = p.gpus_with("gpu", lambda x: x.fields.get("pcie_replay_total", 0) > 0)
+    storms = p.gpus_with("gpu", lambda x: x.fields.get("pcie_replay_total", 0) > 100)  # not the background
     assert narrow == {k for k, d in pcie.items() if "width" in d}
     assert oldgen == {k for k, d in pcie.items() if "generation" in d}
     assert storms == {k for k, d in pcie.items() if "storm" in d} and len(storms) == 2

@@ -226,9 +226,9 @@ class Physics:
         power = np.maximum(self.pavg + rng.normal(0, 1, n) * noise_p, 1.0)
         power_inst = np.maximum(p_end + rng.normal(0, 1, n) * np.where(busy, 16.0, 0.4), 1.0)
         # throttling as the physics has it (ground truth, never read from a counter or a reason bit):
-        # the die held at the thermal controller's target (or at slowdown) with its clock cut below
-        # what the load and the power limit allow
-        thermal_cut = (sw_end | hw) & (self.temp >= m.t_sw_target - 0.5) & (ratio_end < ratio - 0.01)
+        # the die held at the thermal controller's target (or at slowdown) with its clock, hence its
+        # power, cut below what the load and the power limit would draw
+        thermal_cut = (sw_end | hw) & (self.temp >= m.t_sw_target - 0.5) & (p_end < p_dem - 0.5)
         return {
             "thermal_cut": thermal_cut,
             "hw_cut": hw & thermal_cut,
