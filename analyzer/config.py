@@ -64,6 +64,8 @@ DETECTORS: dict[str, dict] = {
         "resolve_seconds": 3600.0,
         "clear_seconds": 600.0,  # judged at load without a hit this long before idle stops holding it
         "inlet_track_seconds": 14400.0,  # time constant of a host's tracked usual inlet (rack scope)
+        "fan_excess_celsius": 1.5,  # a node's GPUs this far above baseline together, its BMC fans failing
+        "fan_drop_share": 0.6,  # a fan below this share of the fleet's median RPM is failing
     },
     "nvlink_degradation": {
         "crc_rate_max": 100.0,

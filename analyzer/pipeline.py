@@ -51,9 +51,11 @@ FIELDS: dict[str, set[str] | None] = {
         "job_id",
     },
     "host": set(),
-    "bmc_sensor": {"value"},
+    "bmc_sensor": {"value", "state_code"},
 }
-STREAMS = ("gpu", "gpu_nvlink", "gpu_event", "gpu_canary", "host", "bmc_sensor")
+# bmc_fan: the bmc_sensor rows of fan sensors, a stream of their own (a host's inlet and fan rows
+# share a timestamp, and a table keeps one row per host and time)
+STREAMS = ("gpu", "gpu_nvlink", "gpu_event", "gpu_canary", "host", "bmc_sensor", "bmc_fan")
 MEASUREMENTS = {
     "gpu": "gpu",
     "gpu_nvlink": "link",
@@ -61,6 +63,7 @@ MEASUREMENTS = {
     "gpu_canary": "gpu",
     "host": "host",
     "bmc_sensor": "host",
+    "bmc_fan": "host",
 }
 
 
@@ -133,7 +136,22 @@ class Analyzer:
                     [self._sid_extra.get(s, {}).get("type") for s in r.sid.tolist()], dtype=object
                 )
             if m == "bmc_sensor":
-                cols = {"inlet": cols.get("value", np.full(len(r), np.nan))}
+                fan = np.array([self._sid_extra.get(s, {}).get("sensor") == "fan" for s in r.sid.tolist()])
+                value = cols.get("value", np.full(len(r), np.nan))
+                if fan.any():
+                    state = cols.get("state_code", np.full(len(r), np.nan))
+                    t = r.t.astype(np.int64)
+                    self.buffer["bmc_fan"].append(
+                        _Block(ent[fan], t[fan], {"fan_rpm": value[fan], "fan_state": state[fan]}, {})
+                    )
+                    self.stream_wm["bmc_fan"] = max(
+                        self.stream_wm.get("bmc_fan", -(2**62)), int(t[fan].max())
+                    )
+                    if fan.all():
+                        continue
+                    ent, r = ent[~fan], r.take(~fan)
+                    value = value[~fan]
+                cols = {"inlet": value}
                 text = {}
             self.buffer[m].append(_Block(ent, r.t.astype(np.int64), cols, text))
             self.rows += len(r)
@@ -163,7 +181,11 @@ class Analyzer:
                     ok = shard_of(tags.get("host", ""), self.shard[1]) == self.shard[0]
                 if m == "bmc_sensor":
                     name = (tags.get("sensor", "") + " " + tags.get("sensor_type", "")).lower()
-                    ok = ok and "inlet" in name and tags.get("unit", "C").upper().startswith("C")
+                    unit = tags.get("unit", "C").upper()
+                    inlet = "inlet" in name and unit.startswith("C")
+                    fan = "fan" in name or unit == "RPM"
+                    ok = ok and (inlet or fan)
+                    self._sid_extra[s] = {"sensor": "fan" if fan and not inlet else "inlet"}
                 if m == "gpu_event":
                     self._sid_extra[s] = {"type": tags.get("type")}
                 self._sid_keep[s] = ok
@@ -277,7 +299,7 @@ class Analyzer:
         return tab
 
     def _process(self, m: str, start: float, end: float) -> None:
-        if m in ("bmc_sensor", "host"):
+        if m in ("bmc_sensor", "bmc_fan", "host"):
             # inlet readings reach the gpu stream's cooling model through the buffer and context
             self._table(m, start, end, build=False)
             return
@@ -293,6 +315,7 @@ class Analyzer:
             if len(tab):
                 np.maximum.at(self.last_seen, tab.ent, tab.t)
             tables["bmc_sensor"] = self._table("bmc_sensor", start, end, consume=False)
+            fan = self._table("bmc_fan", start, end, consume=False)
         node_of, rack_of = self.reg.arrays()
         w = Window(
             start,
@@ -309,6 +332,8 @@ class Analyzer:
             self.last_seen.copy(),
             seq=self.windows,
         )
+        if m == "gpu":
+            w.fan = fan
         rack_names = list(dict.fromkeys(r for r in self.reg.host_rack if r is not None))
         for det in self.detectors:
             if m not in det.tables:

@@ -498,7 +498,17 @@ def test_evidence_is_built_when_read():
 
 
 def _thermal_fleet(
-    busy, offset, extra=None, nodes=4, gpus=8, steps=900, seed=3, throttling=None, step=STEP, inlet=None
+    busy,
+    offset,
+    extra=None,
+    nodes=4,
+    gpus=8,
+    steps=900,
+    seed=3,
+    throttling=None,
+    step=STEP,
+    inlet=None,
+    fan=None,
 ) -> bytes:
     """``gpu`` rows: T = 25 + offset + 0.04 * P (+ ``extra(n, g, s, p)``), load from ``busy(n, s)``;
     ``throttling(n, g, s)``: the GPU throttles (thermal bit, at 87 °C) whenever it works;
@@ -515,6 +525,18 @@ def _thermal_fleet(
                 warm = value - inlet(n, 0)
                 tags = {"host": f"node{n}", "sensor": "Inlet Temp", "unit": "C", "rack": f"r{n // 2}"}
                 out.append(encode("bmc_sensor", tags, {"value": value}, t))
+            if fan is not None:
+                rpm = float(fan(n, s))
+                tags = {
+                    "host": f"node{n}",
+                    "sensor": "FAN1",
+                    "sensor_type": "Fan",
+                    "unit": "RPM",
+                    "rack": f"r{n // 2}",
+                }
+                out.append(
+                    encode("bmc_sensor", tags, {"value": rpm, "state_code": 0 if rpm > 3000 else 2}, t)
+                )
             for g in range(gpus):
                 p = 690 + rng.normal(0, 2) if load else 80 + rng.normal(0, 0.5)
                 temp = 25 + offset(n, g) + 0.04 * p + rng.normal(0, 0.3) + (extra(n, g, s, p) if extra else 0)
@@ -531,6 +553,26 @@ def _thermal_fleet(
                 }
                 out.append(encode("gpu", {"host": f"node{n}", "gpu": str(g), "rack": f"r{n // 2}"}, f, t))
     return ("\n".join(out) + "\n").encode()
+
+
+def test_idle_node_cooling_failure_found_with_its_fans():
+    # the whole fleet idles; at step 400 node2's fans fail: its GPUs idle 2.5 °C warmer (below the
+    # 3.5 °C low-power bar a GPU needs alone) and its BMC reports the fan at 1500 RPM, state 2
+    def extra(n, g, s, p):
+        return 2.5 if (n == 2 and s >= 400) else 0.0
+
+    def fan(n, s):
+        return 1500.0 if (n == 2 and s >= 400) else 9800.0
+
+    idle = dict(busy=lambda n, s: False, offset=lambda n, g: 0.0, extra=extra, steps=900)
+    incs = analyse(_thermal_fleet(**idle, fan=fan)).incidents()
+    assert [(i.kind, i.host, i.gpu) for i in incs] == [("cooling_degradation", "node2", None)], [
+        i.summary for i in incs
+    ]
+    assert incs[0].evidence["first"]["fan_rpm"] == 1500.0 and incs[0].evidence["first"]["fan_state"] == 2
+    assert T0 + 400 * STEP - 60 <= incs[0].start <= T0 + 500 * STEP
+    # the same temperatures with healthy fans: no incident (2.5 °C at idle is within a GPU's spread)
+    assert analyse(_thermal_fleet(**idle, fan=lambda n, s: 9800.0)).incidents() == []
 
 
 def test_node_going_idle_alone_is_not_hot_against_its_own_median():

@@ -13,7 +13,12 @@ on steady rows is a hit. Throttled rows count too: a GPU throttling where power,
 peers say it should not has a cooling problem; the evidence says whether the hit came before
 throttling. When at least ``node_share`` of a node's GPUs (and ``node_min_gpus``) are hot in
 the same minute the hit moves to the node (gpu = null), and to the rack (host = null) when
-``rack_min_nodes`` nodes of one rack are.
+``rack_min_nodes`` nodes of one rack are (unless the rack's hosts report their inlet: then a
+rack-wide cause shows in the inlet rule, and hot nodes of the rack are node faults). A node whose
+BMC fan sensor says its fans are failing (``bmc_sensor`` with a fan name or unit RPM: the state
+critical, or the RPM below ``fan_drop_share`` of the fleet's median) is a node fault once its
+GPUs run ``fan_excess_celsius`` above their own baselines together: a fan failure on an idle node
+warms its GPUs by a few degrees only.
 """
 
 from __future__ import annotations
@@ -60,6 +65,8 @@ class CoolingDegradation(Detector):
         resolve_seconds=3600.0,
         clear_seconds=600.0,
         inlet_track_seconds=14400.0,
+        fan_excess_celsius=1.5,
+        fan_drop_share=0.6,
     ):
         self.min_power_watts = min_power_watts
         self.min_learn_samples = min_learn_samples
@@ -79,6 +86,8 @@ class CoolingDegradation(Detector):
         self.resolve_seconds = resolve_seconds
         self.clear_seconds = clear_seconds
         self.inlet_track_seconds = inlet_track_seconds
+        self.fan_excess_celsius = fan_excess_celsius
+        self.fan_drop_share = fan_drop_share
 
     # ------------------------------------------------------------------ features
     def _inlet(self, window: Window) -> np.ndarray:
@@ -313,6 +322,13 @@ class CoolingDegradation(Detector):
         slow = np.where(np.isfinite(slow), slow, 89.0)
         below = ~throttled & (temp < slow - self.throttle_margin_celsius)
         hot = ((nz(r) > thr) | (nz(from_fleet) > 0)) & np.isfinite(v)
+        # a node whose BMC reports its fans failing (RPM well below the fleet's, or the sensor's
+        # state critical): its GPUs warmer than their own baselines by fan_excess_celsius together
+        # are a node cooling fault even at idle, where a fan failure warms a GPU by only a few °C.
+        # Rows that pass only by this bar count towards the node, never towards a GPU incident.
+        fan_rpm, fan_state, fan_bad = self._fan(window)
+        by_fan = fan_bad & (nz(r) > self.fan_excess_celsius) & np.isfinite(v) & ~hot
+        hot |= by_fan
         sc = self.score(window)
         # the drift began where the excess last rose above half the bar and stayed there
         # (at most 3/4 of a smoothing span back: about what the smoothing delays a sudden step by)
@@ -347,7 +363,13 @@ class CoolingDegradation(Detector):
         rack_nodes = distinct_count(rinv, node_key_hot, row_node_hot, rng_)
         rack_hot = rack_nodes >= self.rack_min_nodes
         row_rack_hot = rack_hot[rinv] & row_node_hot
-        gpu_rows = hot & ~row_node_hot
+        # a rack whose hosts report their inlet: a rack-wide cause (a hot aisle, a failing rack
+        # cooler) shows in the inlet (the inlet rule below), and the model subtracts it from the
+        # GPUs, so nodes of such a rack hot together are that many node faults, not a rack fault
+        with_inlet = self._racks_with_inlet(window)
+        if with_inlet.size and row_rack_hot.any():
+            row_rack_hot &= ~np.isin(rack, with_inlet)
+        gpu_rows = hot & ~row_node_hot & ~by_fan
         node_rows = row_node_hot & ~row_rack_hot
         parts = []
         idx = np.flatnonzero(gpu_rows)
@@ -398,10 +420,47 @@ class CoolingDegradation(Detector):
                     power,
                     scope,
                     hot_g[inv[sel]] if node_scope else rack_nodes[rinv[sel]],
+                    fan=(fan_rpm, fan_state) if node_scope else None,
                 )
             )
         held = self._hold(window, tab, hot, judged, [("gpu", tab.ent, gpu_rows), ("node", node, node_rows)])
         return concat(self.kind, parts + [inlet_hits, held])
+
+    def _fan(self, window: Window):
+        """Per GPU row: its host's latest fan RPM and sensor state at or before it (the slowest fan
+        when a host reports several), and whether they say the fans are failing: the state
+        critical (2), or the RPM below ``fan_drop_share`` of the fleet's median fan."""
+        tab = window.gpu
+        n = len(tab)
+        rpm, state = np.full(n, np.nan), np.full(n, np.nan)
+        fan = window.fan
+        if fan is None or not len(fan) or not n or "fan_rpm" not in fan.cols:
+            return rpm, state, np.zeros(n, bool)
+        node = window.node_of[tab.ent]
+        h, t = fan.ent, fan.t
+        v, s = fan.col("fan_rpm"), fan.col("fan_state")
+        key = h.astype(np.float64) * 1e7 + (t - t.min())
+        q = node.astype(np.float64) * 1e7 + (tab.t - t.min())
+        j = np.searchsorted(key, q, side="right") - 1
+        ok = (j >= 0) & (h[np.maximum(j, 0)] == node) & (tab.t - t[np.maximum(j, 0)] <= 300.0)
+        rpm[ok], state[ok] = v[j[ok]], s[j[ok]]
+        fleet = float(np.nanmedian(v)) if np.isfinite(v).any() else np.nan
+        with np.errstate(invalid="ignore"):
+            bad = (state >= 2) | (rpm < self.fan_drop_share * fleet)
+        return rpm, state, bad & ok
+
+    @staticmethod
+    def _racks_with_inlet(window: Window) -> np.ndarray:
+        """Rack ids whose hosts have an inlet reading in this window."""
+        bmc = window.bmc
+        if not len(bmc) or "inlet" not in bmc.cols or not len(window.node_of):
+            return np.zeros(0, np.int64)
+        host_rack = np.full(int(window.node_of.max()) + 1, -1, np.int64)
+        host_rack[window.node_of] = window.rack_of
+        h = bmc.ent[np.isfinite(bmc.cols["inlet"])]
+        h = h[h < len(host_rack)]
+        r = np.unique(host_rack[h])
+        return r[r >= 0]
 
     def _inlet_hits(self, window: Window) -> Hits:
         """Rack scope from the inlet itself: the inlet of a rack's nodes above their own usual inlet by
@@ -487,7 +546,22 @@ class CoolingDegradation(Detector):
             track[h] = cur + alpha * (m - cur)
 
     def _mk(
-        self, window, idx, hosts, gids, racks, t, score, r, thr, temp, power, scope, count=None, below=None
+        self,
+        window,
+        idx,
+        hosts,
+        gids,
+        racks,
+        t,
+        score,
+        r,
+        thr,
+        temp,
+        power,
+        scope,
+        count=None,
+        below=None,
+        fan=None,
     ):
         rows = idx.tolist()
         slope = round(getattr(self, "slope_", DEFAULT_SLOPE), 4)
@@ -507,6 +581,10 @@ class CoolingDegradation(Detector):
                 d["before_throttling"] = bool(below[i])
             if count is not None:
                 d["hot_gpus" if scope == "node" else "hot_nodes"] = int(count[j])
+            if fan is not None and np.isfinite(fan[0][i]):
+                d["signals"] = d["signals"] + ["bmc_sensor fan"]
+                d["fan_rpm"] = _r(fan[0][i])
+                d["fan_state"] = None if not np.isfinite(fan[1][i]) else int(fan[1][i])
             return d
 
         ev = Evidence(evidence, list(range(len(rows))))
