@@ -552,3 +552,34 @@ def test_link_scenario_modes(tmp_path):
     assert all(
         x.fields["pcie_link_width_max"] == 16 for x in p.by["gpu"] if "pcie_link_width_max" in x.fields
     )
+
+
+def test_node_faults_idle_cooling_and_power_brake(tmp_path):
+    """A node cooling failure on an idle node and a node-wide power brake: one node record each."""
+    f = tmp_path / "nodes.toml"
+    f.write_text(
+        'name = "nodes"\n[workload]\nbusy = 0.95\n'
+        '[[fault]]\nkind = "cooling_degradation"\nmode = "node_idle"\nonset = "40%"\n'
+        '[[fault]]\nkind = "power_brake"\nmode = "node"\nonset = "30%"\n'
+    )
+    p = Parsed(run_sim(tmp_path, str(f), nodes=4, duration=3 * 3600.0))
+    (cool,) = [r for r in p.truth if r.kind == "cooling_degradation"]
+    (brake,) = [r for r in p.truth if r.kind == "power_brake"]
+    assert cool.gpu is None and brake.gpu is None and cool.host != brake.host
+    assert "idle node" in cool.detail and cool.impact_at is None  # an idle GPU does not throttle
+    assert not [r for r in p.truth if r.kind == "thermal_throttle"]
+    # the cooling node runs no job from 30 min before its onset; its fan falls to a critical state
+    t_idle = int((cool.start - 1800) * 1e9)
+    rows = [x for x in p.by["gpu"] if x.tags["host"] == cool.host and x.time > t_idle]
+    assert rows and all(
+        x.fields.get("clock_event_reasons", 1) & 0x1 for x in rows if "clock_event_reasons" in x.fields
+    )
+    fans = [x for x in p.by["bmc_sensor"] if x.tags["host"] == cool.host and x.tags["sensor"] == "FAN1"]
+    assert (
+        fans[0].fields["value"] > 9000
+        and fans[-1].fields["value"] < 3000
+        and fans[-1].fields["state_code"] == 2
+    )
+    # every GPU of the braked node brakes, and no GPU of another node
+    braked = p.gpus_with("gpu", lambda x: x.fields.get("clock_event_reasons", 0) & 0x80)
+    assert braked == {(brake.host, g) for g in range(8)}
