@@ -210,6 +210,9 @@ def test_each_fault_found_once_and_nothing_else(fault):
     if kind == "thermal_throttle":
         inc = incs[0]
         assert [x["kind"] for x in inc.evidence["impact"]] == ["thermal_throttle"]
+        # online, a throttle page sent before the cooling incident opened resolves into it
+        folded = [r for r in an.engine.absorbed if r.kind == "thermal_throttle"]
+        assert len(folded) == 1 and folded[0].end is not None
         assert inc.impact_at is not None and inc.impact_at - (T0 + step * STEP) <= 2 * STEP
         assert (inc.host, inc.gpu) == (f"node{node}", gpu)
         return
