@@ -103,6 +103,8 @@ DETECTORS: dict[str, dict] = {
         "xids": [79],
         "lost_after_seconds": 180.0,
         "stale_after_seconds": 300.0,  # reported stale (up=0, health_code=1) this long: a warning
+        "node_share": 0.5,  # this share of a node's GPUs lost in the same minute: the node's incident
+        "node_min_gpus": 2,
         "dwell_seconds": 0.0,
         "gap_seconds": 86400.0,
         "resolve_seconds": 86400.0,

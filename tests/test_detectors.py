@@ -300,6 +300,16 @@ def test_healthy_link_background_errors_stay_quiet():
     assert incs == [], [i.summary for i in incs]
 
 
+def test_node_losing_all_its_gpus_is_one_node_incident():
+    # every GPU of node2 falls off the bus at once (NVML lost, then silence): the node's PCIe switch
+    # or power, one critical page for the node listing its GPUs
+    incs = analyse(fleet(fault=("gpu_lost", 2, None, 100))).incidents()
+    assert [(i.kind, i.host, i.gpu, i.severity) for i in incs] == [("gpu_lost", "node2", None, "critical")], [
+        i.summary for i in incs
+    ]
+    assert incs[0].evidence["first"]["gpus"] == [0, 1, 2, 3]
+
+
 def test_power_cap_and_idle_are_not_throttling(healthy):
     # the healthy fleet sits at 690 W with reason 0x4 half the time and idles with 0x1: no incident
     assert not [i for i in healthy.incidents() if i.kind in ("thermal_throttle", "power_brake")]

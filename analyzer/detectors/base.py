@@ -389,3 +389,48 @@ def per_key_minute(keys: np.ndarray, t: np.ndarray, idx: np.ndarray, score: np.n
     first = np.ones(len(order), bool)
     first[1:] = grp[order][1:] != grp[order][:-1]
     return idx[order[first]]
+
+
+def node_scope_hits(hits: Hits, window, share_: float, min_gpus: int) -> Hits:
+    """Hits of at least ``share_`` of a node's GPUs (and ``min_gpus``) in the same minute become the
+    node's (gpu = -1): a fault of the node (every GPU falling off the bus at once is its PCIe
+    switch or its power, not eight GPUs), one page listing them in its evidence."""
+    if len(hits) < max(min_gpus, 1):
+        return hits
+    minute = np.floor(np.asarray(hits.t, float) / 60).astype(np.int64)
+    key = hits.host.astype(np.int64) * 10**9 + minute
+    u, inv = np.unique(key, return_inverse=True)
+    n_hit = distinct_count(inv, hits.gpu, hits.gpu >= 0, len(u))
+    per_node = np.bincount(window.node_of, minlength=int(hits.host.max()) + 1)
+    need = np.maximum(min_gpus, np.ceil(share_ * per_node[hits.host]))
+    wide = (n_hit[inv] >= need) & (hits.gpu >= 0)
+    if not wide.any():
+        return hits
+    gidx = window.reg.gpu_index
+    names: dict[int, list] = {}
+    for k, g in zip(inv[wide].tolist(), hits.gpu[wide].tolist(), strict=True):
+        names.setdefault(k, set()).add(gidx[g])
+    ev = hits.evidence
+    inv_l = inv.tolist()
+
+    def evidence(i):
+        d = dict(ev[i]) if ev else {}
+        if wide[i]:
+            d["scope"] = "node"
+            d["gpus"] = sorted(names[inv_l[i]])
+        return d
+
+    out = Hits(
+        hits.kind,
+        hits.host,
+        np.where(wide, -1, hits.gpu),
+        hits.link,
+        hits.t,
+        hits.score,
+        hits.critical,
+        Evidence(evidence, list(range(len(hits)))),
+        hits.rack,
+        hits.began,
+        hits.sustain,
+    )
+    return out
