@@ -312,14 +312,25 @@ def _online(cfg, influx, shard_t, out_path, sinks, state_path, page_base_url, po
 @click.option("--truth", "truth_path", required=True, help="truth.jsonl from the simulator")
 @click.option("--incidents", "inc_path", required=True, help="incidents.jsonl from gpufleet analyze")
 @click.option(
-    "--gpu-days", type=float, help="fleet size x duration (default: from manifest.json beside the truth)"
+    "--gpu-days",
+    type=float,
+    help="GPU-days observed (default: counted from --data, else from the telemetry beside the truth)",
 )
+@click.option("--data", "data_path", help="the telemetry the incidents came from (.lp/.lp.gz or a directory)")
+@click.option("--lenient", is_flag=True, help="old rule: every matching incident is true (duplicates hidden)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
-def eval_cmd(truth_path, inc_path, gpu_days, as_json):
-    """Score incidents against ground truth: precision, recall, F1, latency, false incidents."""
+def eval_cmd(truth_path, inc_path, gpu_days, data_path, lenient, as_json):
+    """Score incidents against ground truth, one page per fault: precision, recall, F1, latency,
+    duplicate pages, false incidents per 1000 GPU-days."""
     import math
 
-    from analyzer.evaluate import evaluate, gpu_days_from_manifest, table
+    from analyzer.evaluate import (
+        evaluate,
+        gpu_days_from_data,
+        gpu_days_from_manifest,
+        table,
+        telemetry_beside,
+    )
     from gpufleet import records
 
     if gpu_days is not None and not (math.isfinite(gpu_days) and gpu_days > 0):
@@ -327,11 +338,15 @@ def eval_cmd(truth_path, inc_path, gpu_days, as_json):
     truth = records.read(truth_path)
     incs = records.read(inc_path)
     if gpu_days is None:
-        gpu_days = gpu_days_from_manifest(truth_path)
+        data = data_path or telemetry_beside(truth_path)
+        if data is not None:
+            gpu_days = gpu_days_from_data(data)
+        else:
+            gpu_days = gpu_days_from_manifest(truth_path)
         if gpu_days is not None and not (math.isfinite(gpu_days) and gpu_days > 0):
-            raise GpufleetError(f"{truth_path}: manifest.json beside it gives gpu_days = {gpu_days}; "
-                                "pass --gpu-days")
-    res = evaluate(truth, incs, gpu_days)
+            raise GpufleetError(f"{truth_path}: the GPU-days counted from the data or manifest.json "
+                                f"beside it are {gpu_days}; pass --gpu-days")
+    res = evaluate(truth, incs, gpu_days, lenient=lenient)
     if as_json:
         click.echo(json.dumps(res, sort_keys=False))
     else:

@@ -47,7 +47,14 @@ DETECTORS: dict[str, dict] = {
         "clear_margin_celsius": 5.0,  # ... and this far below the slowdown temperature: healthy
         "clear_seconds": 600.0,  # at full load this long without throttling before idle stops holding it
     },
-    "power_brake": {"min_share": 0.05, "dwell_seconds": 0.0, "gap_seconds": 35.0, "resolve_seconds": 3600.0},
+    "power_brake": {
+        "min_share": 0.05,
+        "dwell_seconds": 0.0,
+        "gap_seconds": 35.0,
+        "resolve_seconds": 3600.0,
+        "node_share": 0.5,  # this share of a node's GPUs braking in the same minute: the node's brake
+        "node_min_gpus": 2,
+    },
     "cooling_degradation": {
         "min_power_watts": 50.0,
         "min_learn_samples": 120,
@@ -69,20 +76,23 @@ DETECTORS: dict[str, dict] = {
         "inlet_track_seconds": 14400.0,  # time constant of a host's tracked usual inlet (rack scope)
         "urgent_seconds": 1800.0,  # thermal margin: throttling sooner than this makes the incident critical
         "margin_trend_seconds": 600.0,  # thermal margin: its fall over this span gives the time to throttling
+        "fan_excess_celsius": 1.5,  # a node's GPUs this far above baseline together, its BMC fans failing
+        "fan_drop_share": 0.6,  # a fan below this share of the fleet's median RPM is failing
     },
     "nvlink_degradation": {
         "crc_rate_max": 100.0,
         "crc_rate_min": 1.0,
         "crc_fleet_factor": 20.0,
-        "crc_count_min": 5,
+        "crc_count_min": 45,  # CRC errors within crc_span_seconds (0.05/s sustained): far above background
         "crc_span_seconds": 900.0,
+        "replay_count_min": 3,  # replays within crc_span_seconds (one replay corrects one error)
         "dwell_seconds": 0.0,
         "gap_seconds": 600.0,
         "resolve_seconds": 3600.0,
         "clear_seconds": 3600.0,  # a degraded link stays one incident until this long without an error
     },
     "pcie_degradation": {
-        "replay_allowance_per_s": 1.0,
+        "replay_allowance_per_s": 8 / 60,  # at gen 5 x16, scaled by gen x lanes: DCGM's 8 replays/min
         "load_utilization": 0.2,
         "load_power_watts": 200.0,
         "downgrade_dwell_seconds": 60.0,
@@ -111,6 +121,9 @@ DETECTORS: dict[str, dict] = {
     "gpu_lost": {
         "xids": [79],
         "lost_after_seconds": 180.0,
+        "stale_after_seconds": 300.0,  # reported stale (up=0, health_code=1) this long: a warning
+        "node_share": 0.5,  # this share of a node's GPUs lost in the same minute: the node's incident
+        "node_min_gpus": 2,
         "dwell_seconds": 0.0,
         "gap_seconds": 86400.0,
         "resolve_seconds": 86400.0,
@@ -184,7 +197,7 @@ ENGINE = {
     "absorb_seconds": 3600.0,  # a node/rack incident absorbs GPU/node incidents of its kind this close
     # an incident of the key kind on a GPU already covered by an open incident of a listed kind is
     # folded into that one as evidence (the throttling is the impact of the cooling fault)
-    "fold": {},
+    "fold": {"thermal_throttle": ["cooling_degradation"]},
 }
 
 

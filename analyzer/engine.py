@@ -5,14 +5,16 @@ Per (kind, scope key) the engine follows runs of hits: hits closer than the dete
 the run's first hit (so latency is the physics', not the dwell's); an open incident absorbs
 later hits until none came for ``resolve_seconds`` of data time, then it resolves with ``end``
 = its last hit. A node (rack) incident absorbs the GPU (node) incidents of its kind that
-began within ``absorb_seconds``; a kind listed in ``fold`` that lands on a GPU an open incident
-of the named kind covers becomes evidence of that incident instead of a second page.
+began within ``absorb_seconds``; a kind listed in ``fold`` that lands on a GPU an incident of the
+named kind covers becomes evidence of that incident instead of a second page: by default thermal
+throttling folds into the cooling_degradation incident of its GPU (or node, or rack), whose
+``impact_at`` is then when throttling began (an update of the cooling page, not a second page).
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -64,6 +66,7 @@ class Engine:
         self.states: dict[tuple, _State] = {}
         self.closed: list[Record] = []
         self.absorbed: list[Record] = []  # incidents merged into a wider one (kept for online resolve)
+        self._folded_ids: set[str] = set()
         self.watermark = -np.inf
         # per kind: how far the streams its detector reads have been analysed (the watermark where
         # absent); a late stream's incident must not be resolved by other streams' progress
@@ -235,7 +238,7 @@ class Engine:
             link=lno,
             start=min(st.run_start, st.began),
             end=None,
-            severity="critical" if st.critical or kind == "gpu_lost" else "warning",
+            severity="critical" if st.critical else "warning",  # as the detector's hits say
             cluster=cluster,
             rack=rname,
             summary=summary,
@@ -334,6 +337,10 @@ class Engine:
                         impact.append({"kind": r.kind, "start": _iso(r.start), "id": r.id})
                     if target.impact_at is None or r.start < target.impact_at:
                         target.impact_at = r.start
+                    if r.id not in self._folded_ids:
+                        # online, a page already sent for it resolves into the wider incident
+                        self._folded_ids.add(r.id)
+                        self.absorbed.append(replace(r, end=r.end if r.end is not None else r.start))
                     continue
             keep.append(r)
         return keep

@@ -3,11 +3,19 @@
 Match rule: an incident matches a truth record when kind and host agree (the rack when the
 truth names a rack but no host), gpu agrees when the truth names one, link agrees when the
 truth names one, and the incident starts between truth ``start`` - 60 s and truth ``end`` + 5 min
-(no end: any time after). Precision = matched incidents / incidents; recall = truths matched by
-at least one incident / truths. Latency = first matching incident start - truth start.
-``cooling_before_impact`` = share of cooling_degradation truths with an ``impact_at`` whose first
-matching incident started before it. False incidents per 1000 GPU-days need the fleet's
-GPU-days: from ``--gpu-days`` or the simulator's manifest.json beside the truth file.
+(no end: any time after).
+
+Scoring is one-to-one, as an on-call engineer counts pages: truths in order of start each take
+their earliest matching incident not taken yet; every other incident is false, and one that
+matches a fault already paged is a *duplicate page* of that fault (reported as such).
+Precision = incidents that took a truth / incidents; recall = truths with an incident / truths;
+pages per fault = matching incidents per detected fault. ``lenient=True`` keeps the old rule
+(every matching incident is true, a truth is detected by any of them) for comparison.
+Latency = the truth's incident start - truth start. ``cooling_before_impact`` = share of
+cooling_degradation truths with an ``impact_at`` whose incident started before it. False
+incidents per 1000 GPU-days need the fleet's GPU-days: ``--gpu-days``, else counted from the
+telemetry (GPU rows present: each GPU's time between consecutive rows, gaps over 5 min not
+counted), else the simulator's manifest.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from gpufleet.errors import GpufleetError
-from gpufleet.records import KINDS, Record
+from gpufleet.records import KINDS, Record, to_rfc3339
 
 BEFORE = 60.0
 AFTER = 300.0
@@ -55,49 +63,90 @@ def _prf(tp_inc: int, n_inc: int, tp_truth: int, n_truth: int) -> dict:
     return {"precision": round(p, 4), "recall": round(r, 4), "f1": round(f, 4)}
 
 
-def evaluate(truth: list[Record], incidents: list[Record], gpu_days: float | None = None) -> dict:
-    inc_matched = [False] * len(incidents)
-    first: list[float | None] = []
-    for tr in truth:
-        best = None
-        for i, inc in enumerate(incidents):
-            if matches(inc, tr):
-                inc_matched[i] = True
-                if best is None or inc.start < best:
-                    best = inc.start
-        first.append(best)
+def assign(truth: list[Record], incidents: list[Record], lenient: bool = False):
+    """(taken, first, dup_of): per incident the truth it took (or None), per truth the start of
+    its incident (or None), per incident the truth it duplicates (or None). One-to-one unless
+    ``lenient``: then every matching incident is true and a truth's first is its earliest match."""
+    taken: list[int | None] = [None] * len(incidents)
+    dup_of: list[int | None] = [None] * len(incidents)
+    first: list[float | None] = [None] * len(truth)
+    cands = [
+        sorted((i for i, inc in enumerate(incidents) if matches(inc, tr)), key=lambda i: incidents[i].start)
+        for tr in truth
+    ]
+    if lenient:
+        for ti, c in enumerate(cands):
+            for i in c:
+                if taken[i] is None:
+                    taken[i] = ti
+            if c:
+                first[ti] = incidents[c[0]].start
+        return taken, first, dup_of
+    for ti in sorted(range(len(truth)), key=lambda k: (truth[k].start, k)):
+        free = [i for i in cands[ti] if taken[i] is None]
+        if free:
+            taken[free[0]] = ti
+            first[ti] = incidents[free[0]].start
+    for ti, c in enumerate(cands):
+        for i in c:
+            if taken[i] is None and dup_of[i] is None:
+                dup_of[i] = ti
+    return taken, first, dup_of
+
+
+def _counts(ti: list[int], ii: list[int], taken, first, dup_of, truth) -> dict:
+    pages: dict[int, int] = {}
+    for i in ii:
+        t = taken[i] if taken[i] is not None else dup_of[i]
+        if t is not None:
+            pages[t] = pages.get(t, 0) + 1
+    det = [k for k in ti if first[k] is not None]
+    lat = [first[k] - truth[k].start for k in det]
+    med, p95 = _stats(lat)
+    d = {
+        "truths": len(ti),
+        "incidents": len(ii),
+        "true_incidents": sum(taken[i] is not None for i in ii),
+        "detected": len(det),
+        "false_incidents": sum(taken[i] is None for i in ii),
+        "duplicates": sum(dup_of[i] is not None for i in ii),
+        "pages_per_fault": round(sum(pages.get(k, 0) for k in det) / len(det), 3) if det else None,
+        "max_pages_per_fault": max((pages.get(k, 0) for k in det), default=None),
+    }
+    d.update(_prf(d["true_incidents"], len(ii), d["detected"], len(ti)))
+    d["latency_median_s"], d["latency_p95_s"] = _r(med), _r(p95)
+    return d
+
+
+def evaluate(
+    truth: list[Record], incidents: list[Record], gpu_days: float | None = None, lenient: bool = False
+) -> dict:
+    taken, first, dup_of = assign(truth, incidents, lenient)
     per_kind = {}
     kinds = [k for k in KINDS if any(r.kind == k for r in truth) or any(r.kind == k for r in incidents)]
     for k in kinds:
         ti = [i for i, r in enumerate(truth) if r.kind == k]
         ii = [i for i, r in enumerate(incidents) if r.kind == k]
-        lat = [first[i] - truth[i].start for i in ti if first[i] is not None]
-        med, p95 = _stats(lat)
-        d = {
-            "truths": len(ti),
-            "incidents": len(ii),
-            "true_incidents": sum(inc_matched[i] for i in ii),
-            "detected": sum(first[i] is not None for i in ti),
-            "false_incidents": sum(not inc_matched[i] for i in ii),
-        }
-        d.update(_prf(d["true_incidents"], len(ii), d["detected"], len(ti)))
-        d["latency_median_s"], d["latency_p95_s"] = _r(med), _r(p95)
-        per_kind[k] = d
-    lat = [first[i] - tr.start for i, tr in enumerate(truth) if first[i] is not None]
-    med, p95 = _stats(lat)
-    n_false = sum(not m for m in inc_matched)
-    overall = {
-        "truths": len(truth),
-        "incidents": len(incidents),
-        "true_incidents": sum(inc_matched),
-        "detected": sum(f is not None for f in first),
-        "false_incidents": n_false,
-    }
-    overall.update(_prf(overall["true_incidents"], len(incidents), overall["detected"], len(truth)))
-    overall["latency_median_s"], overall["latency_p95_s"] = _r(med), _r(p95)
+        per_kind[k] = _counts(ti, ii, taken, first, dup_of, truth)
+    overall = _counts(list(range(len(truth))), list(range(len(incidents))), taken, first, dup_of, truth)
+    n_false = overall["false_incidents"]
     cool = [(tr, first[i]) for i, tr in enumerate(truth) if tr.kind == "cooling_degradation" and tr.impact_at]
     before = sum(1 for tr, f in cool if f is not None and f < tr.impact_at)
+    duplicates = [
+        {
+            "incident": incidents[i].id,
+            "kind": incidents[i].kind,
+            "host": incidents[i].host,
+            "gpu": incidents[i].gpu,
+            "link": incidents[i].link,
+            "start": to_rfc3339(incidents[i].start),
+            "repeats": _where(truth[dup_of[i]]),
+        }
+        for i in range(len(incidents))
+        if dup_of[i] is not None
+    ]
     out = {
+        "scoring": "lenient" if lenient else "one-to-one",
         "overall": overall,
         "per_kind": per_kind,
         "precision": overall["precision"],
@@ -105,11 +154,26 @@ def evaluate(truth: list[Record], incidents: list[Record], gpu_days: float | Non
         "f1": overall["f1"],
         "latency_median_s": overall["latency_median_s"],
         "latency_p95_s": overall["latency_p95_s"],
+        "pages_per_fault": overall["pages_per_fault"],
+        "duplicates": len(duplicates),
+        "duplicate_pages": duplicates,
         "cooling_before_impact": round(before / len(cool), 4) if cool else None,
+        "cooling_throttled": len(cool),
         "gpu_days": _r(gpu_days),
+        "false_incidents": n_false,
         "false_per_1000_gpu_days": round(n_false / gpu_days * 1000, 4) if gpu_days else None,
     }
     return out
+
+
+def _where(r: Record) -> str:
+    """A fault named as on-call would: kind, place, start."""
+    place = r.host or (f"rack {r.rack}" if r.rack else "fleet")
+    if r.gpu is not None:
+        place += f" GPU {r.gpu}"
+    if r.link is not None:
+        place += f" link {r.link}"
+    return f"{r.kind} {place} from {to_rfc3339(r.start)}"
 
 
 def _r(x):
@@ -155,9 +219,79 @@ def _find_gpu_days(doc: dict) -> float | None:
     return None
 
 
+def gpu_days_from_data(path: str | Path, max_gap_seconds: float = 300.0) -> float | None:
+    """GPU-days the telemetry at ``path`` (a .lp/.lp.gz file or a directory) covers: per GPU the
+    time between consecutive ``gpu`` rows, a gap longer than ``max_gap_seconds`` not counted (the
+    GPU was not observed then). None when there are no gpu rows."""
+    from analyzer.parse import Parser
+    from analyzer.sources import read_chunks
+
+    parser = Parser({"gpu"}, {"gpu": set()})
+    key_of: dict[int, int] = {}
+    gpus: dict[tuple, int] = {}
+    last = np.zeros(0, np.int64)
+    total_ns = 0
+    cap = int(max_gap_seconds * 1e9)
+    for data in read_chunks(path):
+        rows = parser.feed(data).get("gpu")
+        if rows is None or not len(rows):
+            continue
+        for s in np.unique(rows.sid).tolist():
+            if s not in key_of:
+                tags = parser.series.tags[s]
+                key_of[s] = gpus.setdefault((tags.get("host"), tags.get("gpu")), len(gpus))
+        if len(last) < len(gpus):
+            last = np.concatenate([last, np.full(len(gpus) - len(last), -1, np.int64)])
+        g = np.array([key_of[s] for s in rows.sid.tolist()], np.int64)
+        t = rows.t.astype(np.int64)
+        order = np.lexsort((t, g))
+        g, t = g[order], t[order]
+        prev = np.empty_like(t)
+        prev[1:] = t[:-1]
+        head = np.ones(len(g), bool)
+        head[1:] = g[1:] != g[:-1]
+        prev[head] = last[g[head]]
+        dt = t - prev
+        ok = (prev >= 0) & (dt > 0) & (dt <= cap)
+        total_ns += int(dt[ok].sum())
+        tail = np.ones(len(g), bool)
+        tail[:-1] = g[1:] != g[:-1]
+        last[g[tail]] = np.maximum(last[g[tail]], t[tail])
+    if not gpus:
+        return None
+    return total_ns / 1e9 / 86400.0
+
+
+def telemetry_beside(truth_path: str | Path) -> Path | None:
+    """The simulator's telemetry file beside its truth file (named by manifest.json), if any."""
+    d = Path(truth_path).parent
+    name = "telemetry.lp.gz"
+    try:
+        doc = json.loads((d / "manifest.json").read_text())
+        name = str(doc.get("telemetry", {}).get("file") or name)
+    except (OSError, ValueError, AttributeError):
+        pass
+    p = d / name
+    return p if p.is_file() else None
+
+
 def table(result: dict) -> str:
-    rows = [("kind", "truths", "incidents", "precision", "recall", "f1", "lat_med_s", "lat_p95_s")]
-    for k, d in result["per_kind"].items():
+    rows = [
+        (
+            "kind",
+            "truths",
+            "incidents",
+            "precision",
+            "recall",
+            "f1",
+            "duplicates",
+            "pages/fault",
+            "lat_med_s",
+            "lat_p95_s",
+        )
+    ]
+    items = list(result["per_kind"].items()) + [("overall", result["overall"])]
+    for k, d in items:
         rows.append(
             (
                 k,
@@ -166,28 +300,24 @@ def table(result: dict) -> str:
                 d["precision"],
                 d["recall"],
                 d["f1"],
+                d["duplicates"],
+                d["pages_per_fault"],
                 d["latency_median_s"],
                 d["latency_p95_s"],
             )
         )
-    o = result["overall"]
-    rows.append(
-        (
-            "overall",
-            o["truths"],
-            o["incidents"],
-            o["precision"],
-            o["recall"],
-            o["f1"],
-            o["latency_median_s"],
-            o["latency_p95_s"],
-        )
-    )
     w = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(str(v).ljust(w[i]) for i, v in enumerate(r)) for r in rows]
-    lines.append(f"cooling_degradation flagged before impact: {result['cooling_before_impact']}")
+    lines = [f"scoring: {result['scoring']}"]
+    lines += ["  ".join(str(v).ljust(w[i]) for i, v in enumerate(r)) for r in rows]
+    lines.append(f"duplicates: {result['duplicates']}")
+    for d in result["duplicate_pages"]:
+        lines.append(f"  duplicate page {d['incident']} ({d['start']}) repeats {d['repeats']}")
+    lines.append(
+        f"cooling_degradation flagged before impact: {result['cooling_before_impact']} "
+        f"(of {result['cooling_throttled']} that throttled)"
+    )
     lines.append(
         f"false incidents per 1000 GPU-days: {result['false_per_1000_gpu_days']} "
-        f"(GPU-days: {result['gpu_days']})"
+        f"({result['false_incidents']} false, GPU-days: {result['gpu_days']})"
     )
     return "\n".join(lines)

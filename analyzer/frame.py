@@ -381,3 +381,4 @@ class Window:
     last_seen: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per GPU, up to window end
     host_last_seen: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per host (host rows)
     seq: int = -1  # a number unique to this window within a run (-1: none), for per-window caches
+    fan: Table | None = None  # BMC fan sensors per host (fan_rpm, fan_state), with the gpu table

@@ -33,6 +33,7 @@ FIELDS: dict[str, set[str] | None] = {
     "gpu": {
         "utilization_gpu_ratio",
         "power_watts",
+        "power_limit_watts",
         "temperature_gpu_celsius",
         "temperature_slowdown_celsius",
         "clock_sm_mhz",
@@ -60,12 +61,14 @@ FIELDS: dict[str, set[str] | None] = {
         "temperature_margin_celsius",
     },
     "host": set(),
-    "bmc_sensor": {"value"},
+    "bmc_sensor": {"value", "state_code"},
 }
-# rows of a measurement worth reading only when one of these tags contains the word (case aside):
-# of a node's ~100 BMC sensors the cooling model reads the inlet temperature
-TAG_WORD = {"bmc_sensor": (("sensor", "sensor_type"), "inlet")}
-STREAMS = ("gpu", "gpu_nvlink", "gpu_event", "gpu_canary", "host", "bmc_sensor")
+# rows of a measurement worth reading only when one of these tags contains one of the words (case
+# aside): of a node's ~100 BMC sensors the cooling model reads the inlet temperature and the fans
+TAG_WORD = {"bmc_sensor": (("sensor", "sensor_type"), ("inlet", "fan"))}
+# bmc_fan: the bmc_sensor rows of fan sensors, a stream of their own (a host's inlet and fan rows
+# share a timestamp, and a table keeps one row per host and time)
+STREAMS = ("gpu", "gpu_nvlink", "gpu_event", "gpu_canary", "host", "bmc_sensor", "bmc_fan")
 MEASUREMENTS = {
     "gpu": "gpu",
     "gpu_nvlink": "link",
@@ -73,6 +76,7 @@ MEASUREMENTS = {
     "gpu_canary": "gpu",
     "host": "host",
     "bmc_sensor": "host",
+    "bmc_fan": "host",
 }
 
 
@@ -145,8 +149,8 @@ class Analyzer:
         return [h for h in hosts if shard_of(h, n) != i]
 
     @staticmethod
-    def tag_words() -> dict[str, tuple[tuple[str, ...], str]]:
-        """Per measurement, tags of which one must contain a word for a row to be read."""
+    def tag_words() -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
+        """Per measurement, tags of which one must contain one of the words for a row to be read."""
         return dict(TAG_WORD)
 
     def feed_bytes(self, data: bytes) -> None:
@@ -176,7 +180,22 @@ class Analyzer:
                     [self._sid_extra.get(s, {}).get("type") for s in r.sid.tolist()], dtype=object
                 )
             if m == "bmc_sensor":
-                cols = {"inlet": cols.get("value", np.full(len(r), np.nan))}
+                fan = np.array([self._sid_extra.get(s, {}).get("sensor") == "fan" for s in r.sid.tolist()])
+                value = cols.get("value", np.full(len(r), np.nan))
+                if fan.any():
+                    state = cols.get("state_code", np.full(len(r), np.nan))
+                    t = r.t.astype(np.int64)
+                    self.buffer["bmc_fan"].append(
+                        _Block(ent[fan], t[fan], {"fan_rpm": value[fan], "fan_state": state[fan]}, {})
+                    )
+                    self.stream_wm["bmc_fan"] = max(
+                        self.stream_wm.get("bmc_fan", -(2**62)), int(t[fan].max())
+                    )
+                    if fan.all():
+                        continue
+                    ent, r = ent[~fan], r.take(~fan)
+                    value = value[~fan]
+                cols = {"inlet": value}
                 text = {}
             self.buffer[m].append(_Block(ent, r.t.astype(np.int64), cols, text))
             self.rows += len(r)
@@ -205,10 +224,15 @@ class Analyzer:
                 if self.shard is not None:
                     ok = shard_of(tags.get("host", ""), self.shard[1]) == self.shard[0]
                 if m in TAG_WORD:
-                    keys, word = TAG_WORD[m]
-                    ok = ok and any(word in tags.get(k, "").lower() for k in keys)
+                    keys, words = TAG_WORD[m]
+                    ok = ok and any(w in tags.get(k, "").lower() for k in keys for w in words)
                 if m == "bmc_sensor":
-                    ok = ok and tags.get("unit", "C").upper().startswith("C")
+                    name = (tags.get("sensor", "") + " " + tags.get("sensor_type", "")).lower()
+                    unit = tags.get("unit", "C").upper()
+                    inlet = "inlet" in name and unit.startswith("C")
+                    fan = "fan" in name
+                    ok = ok and (inlet or fan)
+                    self._sid_extra[s] = {"sensor": "fan" if fan and not inlet else "inlet"}
                 if m == "gpu_event":
                     self._sid_extra[s] = {"type": tags.get("type")}
                 self._sid_keep[s] = ok
@@ -337,7 +361,7 @@ class Analyzer:
         return tab
 
     def _process(self, m: str, start: float, end: float) -> None:
-        if m in ("bmc_sensor", "host"):
+        if m in ("bmc_sensor", "bmc_fan", "host"):
             # inlet readings reach the gpu stream's cooling model through the buffer and context
             self._table(m, start, end, build=False)
             return
@@ -356,6 +380,7 @@ class Analyzer:
                 new = tab.in_window()
                 self.jobs.add(tab.ent[new], tab.t[new], job[new] if job is not None else None)
             tables["bmc_sensor"] = self._table("bmc_sensor", start, end, consume=False)
+            fan = self._table("bmc_fan", start, end, consume=False)
         node_of, rack_of = self.reg.arrays()
         w = Window(
             start,
@@ -372,6 +397,8 @@ class Analyzer:
             self.last_seen.copy(),
             seq=self.windows,
         )
+        if m == "gpu":
+            w.fan = fan
         rack_names = list(dict.fromkeys(r for r in self.reg.host_rack if r is not None))
         for det in self.detectors:
             if m not in det.tables:

@@ -331,7 +331,7 @@ class Influx:
         start_ns: int,
         end_ns: int,
         series: SeriesIndex,
-        words: dict[str, tuple[tuple[str, ...], str]] | None = None,
+        words: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] | None = None,
         not_hosts: list[str] | None = None,
     ) -> dict[str, Rows]:
         """Every point of the ``wanted`` measurements in [start, end) as Rows, in one request.
@@ -339,8 +339,8 @@ class Influx:
         ``wanted``: measurement -> the fields to read (None: all). One InfluxQL statement per
         measurement, all in one ``/query`` call; ``GROUP BY *`` puts each series' tags once in
         its header instead of on every row, and each series' values are converted column by
-        column (numpy), never value by value. ``words``: measurement -> (tags, word): only rows
-        where one of those tags contains the word (any case) are asked for. ``not_hosts``: hosts
+        column (numpy), never value by value. ``words``: measurement -> (tags, words): only rows
+        where one of those tags contains one of the words (any case) are asked for. ``not_hosts``: hosts
         not asked for (another shard's; a host not listed, e.g. new, is asked for and left to the
         analyzer's own shard filter).
         """
@@ -361,8 +361,8 @@ class Influx:
                 sel = ",".join(f'"{_ident(f)}"' for f in have)
             cond = f"time >= {int(start_ns)} AND time < {int(end_ns)}"
             if words and m in words:
-                keys, word = words[m]
-                rx = _regex(word)
+                keys, alternatives = words[m]
+                rx = "(" + "|".join(_regex(w) for w in alternatives) + ")"
                 cond += " AND (" + " OR ".join(f'"{_ident(k)}" =~ /(?i){rx}/' for k in keys) + ")"
             cond += skip
             stmts.append(f'SELECT {sel} FROM "{_ident(m)}" WHERE {cond} GROUP BY *')
@@ -430,7 +430,7 @@ def pull(
     series: SeriesIndex,
     step_ns: int = int(300e9),
     target_rows: int = BATCH_ROWS,
-    words: dict[str, tuple[tuple[str, ...], str]] | None = None,
+    words: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] | None = None,
     not_hosts: list[str] | None = None,
 ) -> Iterator[tuple[int, int, dict[str, Rows]]]:
     """[start, end) in time order as (batch start, batch end, rows): few, large requests.

@@ -1,18 +1,15 @@
-"""Analyzer benchmarks: batch rate end to end (parse + detect), detection alone, memory, and
-the scenario suite's scores on fresh seeds (``python -m bench.run --only analyzer``)."""
+"""Analyzer benchmarks: batch rate end to end (parse + detect), detection alone and memory
+(``python -m bench.run --only analyzer``); detection quality is bench_detection's."""
 
 from __future__ import annotations
 
 import json
 import resource
-import secrets
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-
-SCENARIOS = ("healthy", "thermal", "link", "memory", "sdc", "mixed", "chaos")
 
 
 def _sim(out: Path, scenario: str, nodes: int, duration: str, seed: int) -> None:
@@ -98,21 +95,6 @@ def _rates(path: Path) -> dict:
     }
 
 
-def _score(d: Path) -> dict:
-    from analyzer.evaluate import evaluate, gpu_days_from_manifest
-    from analyzer.pipeline import Analyzer
-    from analyzer.sources import read_chunks
-    from gpufleet import records
-
-    an = Analyzer()
-    for c in read_chunks(d / "telemetry.lp.gz"):
-        an.feed_bytes(c)
-    an.finish()
-    return evaluate(
-        records.read(d / "truth.jsonl"), an.incidents(), gpu_days_from_manifest(d / "truth.jsonl")
-    )
-
-
 def run(quick: bool) -> list[dict]:
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -181,31 +163,6 @@ def run(quick: bool) -> list[dict]:
                 "note": "bounded by window + lateness, not history",
             },
         ]
-        nodes = 8 if quick else 16
-        dur = "3h" if quick else "6h"
-        for sc in SCENARIOS if not quick else ("healthy", "mixed", "chaos"):
-            seed = secrets.randbelow(2**31)
-            d = tmp / sc
-            _sim(d, sc, nodes, dur, seed)
-            res = _score(d)
-            per = res["per_kind"]
-            worst = min(per.items(), key=lambda kv: min(kv[1]["precision"], kv[1]["recall"]), default=None)
-            worst_s = (
-                f"worst kind {worst[0]} P={worst[1]['precision']} R={worst[1]['recall']}" if worst else ""
-            )
-            rows.append(
-                {
-                    "benchmark": f"analyzer/{sc}",
-                    "metric": "precision / recall / F1",
-                    "value": f"{res['precision']} / {res['recall']} / {res['f1']}",
-                    "unit": "",
-                    "target": ">= 0.95 per kind",
-                    "note": f"seed {seed}, {nodes * 8} GPUs, {dur}; {worst_s}; latency median "
-                    f"{res['latency_median_s']} s, p95 {res['latency_p95_s']} s; cooling before impact "
-                    f"{res['cooling_before_impact']}; false/1000 GPU-days {res['false_per_1000_gpu_days']}",
-                }
-            )
-            (tmp / f"{sc}.json").write_text(json.dumps(res))
     return rows
 
 

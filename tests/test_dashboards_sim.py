@@ -57,6 +57,8 @@ def fleet(tmp_path_factory):
         for i, r in enumerate(truth):
             r.id = f"sim-{i:04d}"
             r.summary = f"{r.kind} on {r.host} GPU {r.gpu}: {r.detail}"
+        if not any(r.end is not None for r in truth):  # a resolved incident, for the duration panels
+            truth[0].end = truth[0].start + 600.0
         from analyzer.store import incident_lines
 
         server.write(DB, "\n".join(incident_lines(truth)))

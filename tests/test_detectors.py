@@ -20,7 +20,7 @@ STEP = 10
 def fleet(nodes=4, gpus=4, steps=480, links=2, fault=None, seed=0, t0=T0) -> bytes:
     """A small healthy fleet under steady load (one job per node), with one optional fault.
 
-    ``fault`` = (kind, node, gpu, step at which it starts).
+    ``fault`` = (kind, node, gpu, step at which it starts); gpu None: every GPU of the node.
     """
     rng = np.random.default_rng(seed)
     out = []
@@ -32,7 +32,7 @@ def fleet(nodes=4, gpus=4, steps=480, links=2, fault=None, seed=0, t0=T0) -> byt
         load = (s // 60) % 4 != 3  # 30 min of work, 10 min idle, repeated
         for n in range(nodes):
             for g in range(gpus):
-                on = kind is not None and n == fnode and g == fgpu and s >= fstep
+                on = kind is not None and n == fnode and fgpu in (None, g) and s >= fstep
                 if kind == "gpu_lost" and on and s > fstep:
                     continue
                 p = 690 + rng.normal(0, 2) if load else 80 + rng.normal(0, 0.5)
@@ -203,9 +203,19 @@ def test_each_fault_found_once_and_nothing_else(fault):
     kind, node, gpu, step = fault
     an = analyse(fleet(fault=fault))
     incs = an.incidents()
-    # throttling while power and peers say the GPU should be cool is also a cooling fault
-    expect = {"thermal_throttle": ["cooling_degradation", "thermal_throttle"]}.get(kind, [kind])
+    # throttling while power and peers say the GPU should be cool is a cooling fault: one page, the
+    # cooling incident, whose impact_at is when throttling began (the throttling is its update)
+    expect = {"thermal_throttle": ["cooling_degradation"]}.get(kind, [kind])
     assert sorted(i.kind for i in incs) == expect, [i.to_json()[:200] for i in incs]
+    if kind == "thermal_throttle":
+        inc = incs[0]
+        assert [x["kind"] for x in inc.evidence["impact"]] == ["thermal_throttle"]
+        # online, a throttle page sent before the cooling incident opened resolves into it
+        folded = [r for r in an.engine.absorbed if r.kind == "thermal_throttle"]
+        assert len(folded) == 1 and folded[0].end is not None
+        assert inc.impact_at is not None and inc.impact_at - (T0 + step * STEP) <= 2 * STEP
+        assert (inc.host, inc.gpu) == (f"node{node}", gpu)
+        return
     inc = next(i for i in incs if i.kind == kind)
     assert (inc.host, inc.gpu) == (f"node{node}", gpu)
     assert inc.summary and inc.id and inc.evidence.get("signals")
@@ -216,6 +226,88 @@ def test_each_fault_found_once_and_nothing_else(fault):
         assert inc.start - onset <= 2 * STEP  # hard faults: within a poll or two of the data
     if kind == "nvlink_degradation":
         assert inc.link == 1
+
+
+def test_node_wide_power_brake_is_one_node_incident():
+    # the node's PSU/BMC brakes all four GPUs at once: one page for the node, listing its GPUs
+    incs = analyse(fleet(fault=("power_brake", 2, None, 100))).incidents()
+    assert [(i.kind, i.host, i.gpu) for i in incs] == [("power_brake", "node2", None)], [
+        i.summary for i in incs
+    ]
+    assert incs[0].evidence["first"]["braked_gpus"] == [0, 1, 2, 3]
+    assert abs(incs[0].start - (T0 + 100 * STEP)) <= STEP
+    # one GPU braking alone stays a GPU incident
+    incs = analyse(fleet(fault=("power_brake", 2, 1, 100))).incidents()
+    assert [(i.kind, i.host, i.gpu) for i in incs] == [("power_brake", "node2", 1)]
+
+
+def test_pcie_width_down_on_an_idle_gpu_is_found():
+    # node3 GPU 0's link trains to x8 while the whole fleet idles: width does not drop at idle, so
+    # it is a fault at any load; a generation drop at idle is power management, no incident
+    lines = []
+    for ln in fleet(steps=480).decode().splitlines():
+        if ln.startswith("gpu,"):
+            ln = re.sub(r"utilization_gpu_ratio=[0-9.]+", "utilization_gpu_ratio=0.0", ln)
+            ln = re.sub(r"power_watts=[0-9.]+", "power_watts=80.0", ln)
+            ln = ln.replace("pcie_link_gen=5i", "pcie_link_gen=1i")  # every idle link: gen 1
+            s = (int(ln.rsplit(" ", 1)[1]) // 10**9 - T0) // STEP
+            if ",host=node3," in ln and ",gpu=0," in ln and s >= 200:
+                ln = ln.replace("pcie_link_width=16i", "pcie_link_width=8i")
+        lines.append(ln)
+    incs = analyse(("\n".join(lines) + "\n").encode()).incidents()
+    assert [(i.kind, i.host, i.gpu) for i in incs] == [("pcie_degradation", "node3", 0)], [
+        i.summary for i in incs
+    ]
+    assert abs(incs[0].start - (T0 + 200 * STEP)) <= 90
+
+
+def _stale(lines, node, gpu, steps):
+    out = []
+    for ln in lines:
+        if ln.startswith("gpu,") and f",host=node{node}," in ln and f",gpu={gpu}," in ln:
+            head, _, ts = ln.rsplit(" ", 2)
+            if (int(ts) // 10**9 - T0) // STEP in steps:
+                ln = f"{head} up=0i,health_code=1i {ts}"
+        out.append(ln)
+    return out
+
+
+def test_gpu_stale_longer_than_the_bound_is_a_warning():
+    lines = fleet(steps=480).decode().splitlines()
+    lines = _stale(lines, 1, 3, range(200, 260))  # 10 min stale: a warning, dated to its start
+    lines = _stale(lines, 2, 0, range(300, 312))  # 2 min stale, then back: nothing
+    incs = analyse(("\n".join(lines) + "\n").encode()).incidents()
+    assert [(i.kind, i.host, i.gpu, i.severity) for i in incs] == [("gpu_lost", "node1", 3, "warning")], [
+        i.summary for i in incs
+    ]
+    assert abs(incs[0].start - (T0 + 200 * STEP)) <= STEP
+
+
+def test_healthy_link_background_errors_stay_quiet():
+    # a healthy link's background: 5 CRC flit errors within 2 min and, later, one replay (the link
+    # correcting an error) -- far below DCGM's 100/s and below a degrading link's sustained rate
+    crc_at = {200: 1, 202: 2, 205: 3, 208: 4, 210: 5}
+    lines, n = [], 0
+    for ln in fleet(steps=480).decode().splitlines():
+        if ln.startswith("gpu_nvlink,") and ",host=node1," in ln and ",gpu=2," in ln and ",link=0," in ln:
+            s = (int(ln.rsplit(" ", 1)[1]) // 10**9 - T0) // STEP
+            n = max([v for k, v in crc_at.items() if k <= s], default=0)
+            ln = ln.replace("crc_flit_errors_total=0i", f"crc_flit_errors_total={n}i")
+            ln = ln.replace("replay_errors_total=0i", f"replay_errors_total={int(s >= 300)}i")
+        lines.append(ln)
+    assert n == 5
+    incs = analyse(("\n".join(lines) + "\n").encode()).incidents()
+    assert incs == [], [i.summary for i in incs]
+
+
+def test_node_losing_all_its_gpus_is_one_node_incident():
+    # every GPU of node2 falls off the bus at once (NVML lost, then silence): the node's PCIe switch
+    # or power, one critical page for the node listing its GPUs
+    incs = analyse(fleet(fault=("gpu_lost", 2, None, 100))).incidents()
+    assert [(i.kind, i.host, i.gpu, i.severity) for i in incs] == [("gpu_lost", "node2", None, "critical")], [
+        i.summary for i in incs
+    ]
+    assert incs[0].evidence["first"]["gpus"] == [0, 1, 2, 3]
 
 
 def test_power_cap_and_idle_are_not_throttling(healthy):
@@ -272,8 +364,14 @@ def _with_inlet(data: bytes, hot_rack: str | None, rise_c: float = 10.0, from_st
             rack = f"r{n // 2}"
             rise = rise_c * min(1.0, max(0.0, (s - from_step) / 240)) if rack == hot_rack else 0.0
             rise_at[(n, s // 3)] = rise
-            tags = {"host": f"node{n}", "sensor": "Inlet Temp", "sensor_type": "Temperature", "unit": "C",
-                    "cluster": "c1", "rack": rack}
+            tags = {
+                "host": f"node{n}",
+                "sensor": "Inlet Temp",
+                "sensor_type": "Temperature",
+                "unit": "C",
+                "cluster": "c1",
+                "rack": rack,
+            }
             value = round(float(room + rise + rng.normal(0, 0.2)), 1)
             out.append(encode("bmc_sensor", tags, {"value": value}, t * 10**9))
     lines = []
@@ -413,7 +511,17 @@ def test_evidence_is_built_when_read():
 
 
 def _thermal_fleet(
-    busy, offset, extra=None, nodes=4, gpus=8, steps=900, seed=3, throttling=None, step=STEP, inlet=None
+    busy,
+    offset,
+    extra=None,
+    nodes=4,
+    gpus=8,
+    steps=900,
+    seed=3,
+    throttling=None,
+    step=STEP,
+    inlet=None,
+    fan=None,
 ) -> bytes:
     """``gpu`` rows: T = 25 + offset + 0.04 * P (+ ``extra(n, g, s, p)``), load from ``busy(n, s)``;
     ``throttling(n, g, s)``: the GPU throttles (thermal bit, at 87 °C) whenever it works;
@@ -430,6 +538,18 @@ def _thermal_fleet(
                 warm = value - inlet(n, 0)
                 tags = {"host": f"node{n}", "sensor": "Inlet Temp", "unit": "C", "rack": f"r{n // 2}"}
                 out.append(encode("bmc_sensor", tags, {"value": value}, t))
+            if fan is not None:
+                rpm = float(fan(n, s))
+                tags = {
+                    "host": f"node{n}",
+                    "sensor": "FAN1",
+                    "sensor_type": "Fan",
+                    "unit": "RPM",
+                    "rack": f"r{n // 2}",
+                }
+                out.append(
+                    encode("bmc_sensor", tags, {"value": rpm, "state_code": 0 if rpm > 3000 else 2}, t)
+                )
             for g in range(gpus):
                 p = 690 + rng.normal(0, 2) if load else 80 + rng.normal(0, 0.5)
                 temp = 25 + offset(n, g) + 0.04 * p + rng.normal(0, 0.3) + (extra(n, g, s, p) if extra else 0)
@@ -446,6 +566,26 @@ def _thermal_fleet(
                 }
                 out.append(encode("gpu", {"host": f"node{n}", "gpu": str(g), "rack": f"r{n // 2}"}, f, t))
     return ("\n".join(out) + "\n").encode()
+
+
+def test_idle_node_cooling_failure_found_with_its_fans():
+    # the whole fleet idles; at step 400 node2's fans fail: its GPUs idle 2.5 °C warmer (below the
+    # 3.5 °C low-power bar a GPU needs alone) and its BMC reports the fan at 1500 RPM, state 2
+    def extra(n, g, s, p):
+        return 2.5 if (n == 2 and s >= 400) else 0.0
+
+    def fan(n, s):
+        return 1500.0 if (n == 2 and s >= 400) else 9800.0
+
+    idle = dict(busy=lambda n, s: False, offset=lambda n, g: 0.0, extra=extra, steps=900)
+    incs = analyse(_thermal_fleet(**idle, fan=fan)).incidents()
+    assert [(i.kind, i.host, i.gpu) for i in incs] == [("cooling_degradation", "node2", None)], [
+        i.summary for i in incs
+    ]
+    assert incs[0].evidence["first"]["fan_rpm"] == 1500.0 and incs[0].evidence["first"]["fan_state"] == 2
+    assert T0 + 400 * STEP - 60 <= incs[0].start <= T0 + 500 * STEP
+    # the same temperatures with healthy fans: no incident (2.5 °C at idle is within a GPU's spread)
+    assert analyse(_thermal_fleet(**idle, fan=lambda n, s: 9800.0)).incidents() == []
 
 
 def test_node_going_idle_alone_is_not_hot_against_its_own_median():
@@ -493,7 +633,9 @@ def test_cooling_incident_resolves_once_judged_healthy_at_load():
 def test_queued_hits_hold_no_window():
     # hits wait in the engine's queue until every stream has caught up (a sparse events stream can
     # hold them for hours): they must not keep their window's arrays alive through lazy evidence
-    an = Analyzer(Config())
+    cfg = Config()
+    cfg.engine["fold"] = {}  # the throttling incident itself, not folded into the cooling one
+    an = Analyzer(cfg)
     data = fleet(nodes=4, gpus=4, steps=480, fault=("thermal_throttle", 1, 2, 100))
     an.feed_bytes(data[: len(data) * 3 // 4].rsplit(b"\n", 1)[0] + b"\n")
     queued = [x for items in an.engine.pending.values() for x in items]
@@ -522,9 +664,12 @@ def test_throttling_that_stopped_at_full_load_resolves_and_a_new_episode_pages_a
         steps=1500,
         throttling=lambda n, g, s: (n, g) == (1, 2) and (s < 120 or s >= 1200),
     )
-    incs = [i for i in analyse(data).incidents() if i.kind == "thermal_throttle"]
+    # the second episode, throttling where the learned model says the GPU should run cool, pages as
+    # the cooling fault it is, with the throttling folded in as its impact
+    incs = [i for i in analyse(data).incidents() if i.kind in ("thermal_throttle", "cooling_degradation")]
     assert [(i.host, i.gpu) for i in incs] == [("node1", 2), ("node1", 2)]
     assert incs[0].end is not None and incs[1].end is None
+    assert incs[1].kind == "thermal_throttle" or incs[1].impact_at is not None
 
 
 def test_a_stream_that_arrives_after_the_others_is_not_resolved_by_their_progress():

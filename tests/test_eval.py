@@ -61,7 +61,7 @@ def test_metrics():
         rec(kind="cooling_degradation", gpu=1, start=T + 400),  # before impact
         rec(kind="cooling_degradation", gpu=2, start=T + 900),
     ]  # after impact
-    r = evaluate(truth, incs, gpu_days=2.0)
+    r = evaluate(truth, incs, gpu_days=2.0, lenient=True)
     sdc = r["per_kind"]["sdc"]
     assert (sdc["precision"], sdc["recall"]) == (round(2 / 3, 4), 0.5)
     assert sdc["latency_median_s"] == 10.0
@@ -94,3 +94,63 @@ def test_cli_json_and_bad_truth(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "truth.jsonl:2" in err and len(err.strip().splitlines()) == 1
     assert main(["eval", "--truth", str(tmp_path / "missing"), "--incidents", str(i)]) == 2
+
+
+def test_one_to_one_duplicate_pages():
+    """A node-wide fault paged once per GPU: one true page, seven duplicates (lenient hides them)."""
+    truth = [rec(kind="power_brake", gpu=None, start=T, end=T + 3600), rec(host="h2", start=T)]
+    incs = [rec(kind="power_brake", gpu=g, start=T + 5 + g) for g in range(8)] + [rec(host="h2", start=T + 3)]
+    r = evaluate(truth, incs, gpu_days=10.0)
+    pb = r["per_kind"]["power_brake"]
+    assert r["scoring"] == "one-to-one"
+    assert (pb["true_incidents"], pb["duplicates"], pb["false_incidents"]) == (1, 7, 7)
+    assert pb["precision"] == 0.125 and pb["recall"] == 1.0
+    assert pb["pages_per_fault"] == 8.0 and pb["max_pages_per_fault"] == 8
+    assert pb["latency_median_s"] == 5.0  # the earliest page is the one that counts
+    assert r["duplicates"] == 7 and r["false_incidents"] == 7
+    assert r["false_per_1000_gpu_days"] == 700.0
+    assert {d["gpu"] for d in r["duplicate_pages"]} == set(range(1, 8))
+    assert all(d["repeats"].startswith("power_brake h1 from ") for d in r["duplicate_pages"])
+    assert r["per_kind"]["sdc"]["duplicates"] == 0 and r["per_kind"]["sdc"]["precision"] == 1.0
+    lenient = evaluate(truth, incs, gpu_days=10.0, lenient=True)
+    assert lenient["per_kind"]["power_brake"]["precision"] == 1.0 and lenient["duplicates"] == 0
+
+
+def test_one_to_one_two_faults_share_a_place():
+    """Two faults on one GPU, two incidents: each fault takes one (earliest free), none is a duplicate."""
+    truth = [rec(start=T, end=T + 600), rec(start=T + 3600)]
+    incs = [rec(start=T + 3610), rec(start=T + 10)]
+    r = evaluate(truth, incs)
+    assert r["recall"] == 1.0 and r["precision"] == 1.0 and r["duplicates"] == 0
+    assert r["latency_median_s"] == 10.0
+
+
+def test_cli_gpu_days_from_data_and_lenient(tmp_path, capsys):
+    """GPU-days come from the GPU rows present, not the manifest's nominal fleet."""
+    t, i = tmp_path / "truth.jsonl", tmp_path / "inc.jsonl"
+    write(t, [rec()])
+    write(i, [rec(start=T + 5), rec(start=T + 50), rec(host="h9")])
+    (tmp_path / "manifest.json").write_text(json.dumps({"duration_seconds": 86400, "fleet": {"gpus": 1000}}))
+    # 2 GPUs x 6 h at a 10 s poll, with a 1 h hole on one of them (not observed: not counted)
+    lines = []
+    for g in (0, 1):
+        for k in range(6 * 360 + 1):
+            if g == 1 and 360 <= k < 720:
+                continue
+            lines.append(f"gpu,host=h1,gpu={g} power_watts=100 {int((T + 10 * k) * 1e9)}")
+    (tmp_path / "telemetry.lp").write_text("\n".join(lines) + "\n")
+    (tmp_path / "manifest.json").write_text(
+        json.dumps(
+            {"duration_seconds": 86400, "fleet": {"gpus": 1000}, "telemetry": {"file": "telemetry.lp"}}
+        )
+    )
+    assert main(["eval", "--truth", str(t), "--incidents", str(i), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert abs(out["gpu_days"] - (6 + 5) / 24) < 0.01
+    assert out["duplicates"] == 1 and out["false_incidents"] == 2
+    assert main(["eval", "--truth", str(t), "--incidents", str(i)]) == 0
+    text = capsys.readouterr().out
+    assert "scoring: one-to-one" in text and "duplicates: 1" in text and "duplicate page" in text
+    assert main(["eval", "--truth", str(t), "--incidents", str(i), "--lenient", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["scoring"] == "lenient" and out["false_incidents"] == 1

@@ -155,15 +155,16 @@ def test_pull_skips_empty_stretches_and_reads_in_few_large_requests(tmp_path):
         ref.finish()
         assert [(i.kind, i.host, i.gpu, i.start) for i in an.incidents()] == \
             [(i.kind, i.host, i.gpu, i.start) for i in ref.incidents()]
-        # of a node's BMC sensors only the inlet is asked for (the cooling model's input)
+        # of a node's BMC sensors only the inlet and the fans are asked for (the cooling model's input)
         t = int(T0 * 1e9)
         head = "bmc_sensor,host=n0,sensor="
         db.write("fleet", f"{head}Inlet\\ Temp,sensor_type=Temperature,unit=C value=24 {t}\n"
                           f"{head}FAN1,sensor_type=Fan,unit=RPM value=9000 {t}\n"
-                          f"{head}Temp,sensor_type=inlet_air,unit=C value=25 {t}\n")
+                          f"{head}Temp,sensor_type=inlet_air,unit=C value=25 {t}\n"
+                          f"{head}CPU\\ Temp,sensor_type=Temperature,unit=C value=61 {t}\n")
         got = influx.query({"bmc_sensor": {"value"}}, t, t + 1, an.parser.series, an.tag_words())
         got = got["bmc_sensor"]
-        assert sorted(got.num["value"]) == [24.0, 25.0]
+        assert sorted(got.num["value"]) == [24.0, 25.0, 9000.0]
         # a hole in the middle: one query finds where the data goes on
         later = fleet(steps=30, t0=T0 + 10 * 86400)
         db.write("fleet", later)

@@ -27,7 +27,7 @@ ONE_FIELD = {
 def fleet_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("replay") / "fleet"
     generate(
-        Fleet(scen.load("chaos"), seed=5, duration=1800.0, step=10.0, nodes=4, gpus_per_node=4),
+        Fleet(scen.load("chaos"), seed=5, duration=1800.0, step=10.0, nodes=8, gpus_per_node=4),
         out,
         progress=False,
     )

@@ -64,7 +64,15 @@ class Parsed:
         return {(p.tags["host"], int(p.tags["gpu"])) for p in self.by[measurement] if pred(p)}
 
     def truth_gpus(self, *kinds) -> set[tuple[str, int]]:
-        return {(r.host, r.gpu) for r in self.truth if r.kind in kinds and r.gpu is not None}
+        """GPUs the truth names; a node-scope record (gpu null) names every GPU of its host."""
+        host_gpus = defaultdict(set)
+        for p in self.by["gpu"]:
+            host_gpus[p.tags["host"]].add(int(p.tags["gpu"]))
+        out = set()
+        for r in self.truth:
+            if r.kind in kinds and r.host is not None:
+                out |= {(r.host, r.gpu)} if r.gpu is not None else {(r.host, g) for g in host_gpus[r.host]}
+        return out
 
 
 @pytest.fixture(scope="module")
@@ -154,8 +162,13 @@ def test_truth_records_shape(mixed):
         "sdc",
         "gpu_lost",
         "straggler",
-        "thermal_throttle",
     } <= kinds
+    # throttling a cooling fault caused is that fault's impact (one record), not a second record
+    cooling = [r for r in mixed.truth if r.kind == "cooling_degradation"]
+    assert any(r.impact_at is not None for r in cooling)
+    for r in mixed.truth:
+        if r.kind == "thermal_throttle":
+            assert not any(c.host == r.host and c.gpu in (None, r.gpu) for c in cooling)
     start = mixed.manifest["start"]
     for r in mixed.truth:
         assert r.host and r.rack and r.cluster and r.severity in ("critical", "warning")
@@ -178,14 +191,22 @@ def test_thermal_signature_only_on_thermal_faults(mixed):
             p.fields.get("clock_event_reasons", 0) & 0x60 or p.fields.get("clock_event_sw_thermal") == 1
         ),
     )
-    assert throttled and throttled <= mixed.truth_gpus("thermal_throttle")
-    causes = mixed.truth_gpus("cooling_degradation")
-    assert mixed.truth_gpus("thermal_throttle") <= causes
-    # a cooling fault that throttles has impact_at == its GPU's first throttle record start
-    tt = {(r.host, r.gpu): r for r in mixed.truth if r.kind == "thermal_throttle"}
+    assert throttled and throttled <= mixed.truth_gpus("thermal_throttle", "cooling_degradation")
+    # the truth of throttling is the physics' (die at its limit, clock cut), not the reason bits the
+    # detector reads (a bit can show at a cut of half a watt): the two agree within a minute; a
+    # cooling fault's impact_at is when its throttling began
+    first_bit: dict = {}
+    for p in mixed.by["gpu"]:
+        r = p.fields.get("clock_event_reasons", 0)
+        if r & 0x60:
+            key = (p.tags["host"], int(p.tags["gpu"]))
+            first_bit[key] = min(first_bit.get(key, p.time / 1e9), p.time / 1e9)
+    checked = 0
     for r in mixed.truth:
-        if r.kind == "cooling_degradation" and (r.host, r.gpu) in tt:
-            assert r.impact_at == tt[(r.host, r.gpu)].start
+        if r.kind in ("cooling_degradation", "thermal_throttle") and (r.host, r.gpu) in first_bit:
+            assert r.impact_at is not None and abs(r.impact_at - first_bit[(r.host, r.gpu)]) <= 60.0
+            checked += 1
+    assert checked
 
 
 def test_power_brake_signature(mixed):
@@ -196,13 +217,20 @@ def test_power_brake_signature(mixed):
 
 
 def test_nvlink_signature_on_one_link(mixed):
-    bad = {
-        (p.tags["host"], int(p.tags["gpu"]), int(p.tags["link"]))
-        for p in mixed.by["gpu_nvlink"]
-        if p.fields["crc_flit_errors_total"] or p.fields["up"] == 0 or p.fields["replay_errors_total"]
-    }
+    # every link every 30 s (the agent's gpu.nvlink_interval); healthy links carry a background of
+    # sporadic CRC errors and rare replays, far below a degrading link's; only that one goes down
+    # or recovers
+    times = sorted({p.time for p in mixed.by["gpu_nvlink"]})
+    assert {b - a for a, b in zip(times, times[1:], strict=False)} == {30 * 10**9}
+    last = {}
+    for p in sorted(mixed.by["gpu_nvlink"], key=lambda p: p.time):
+        last[(p.tags["host"], int(p.tags["gpu"]), int(p.tags["link"]))] = p.fields
     want = {(r.host, r.gpu, r.link) for r in mixed.truth if r.kind == "nvlink_degradation"}
-    assert bad == want
+    healthy = [f for k, f in last.items() if k not in want]
+    assert sum(f["crc_flit_errors_total"] > 0 for f in healthy) > len(healthy) / 3  # the background
+    assert max(f["crc_flit_errors_total"] for f in healthy) < 40
+    assert all(f["up"] == 1 and f["recovery_errors_total"] == 0 for f in healthy)
+    assert max(f["replay_errors_total"] for f in healthy) <= 2
     host, gpu, link = next(iter(want))
     rows = sorted(
         (
@@ -222,8 +250,14 @@ def test_nvlink_signature_on_one_link(mixed):
 
 
 def test_pcie_signature(mixed):
-    replays = mixed.gpus_with("gpu", lambda p: p.fields.get("pcie_replay_total", 0) > 0)
-    assert replays == mixed.truth_gpus("pcie_degradation")
+    # healthy GPUs replay a few times an hour (the background); the faulty one storms
+    last = {}
+    for p in mixed.by["gpu"]:
+        if "pcie_replay_total" in p.fields:
+            last[(p.tags["host"], int(p.tags["gpu"]))] = p.fields["pcie_replay_total"]
+    storm = {k for k, v in last.items() if v > 100}
+    assert storm == mixed.truth_gpus("pcie_degradation")
+    assert sum(v > 0 for k, v in last.items() if k not in storm) > len(last) / 2
 
 
 def test_sdc_only_canary(mixed):
@@ -355,9 +389,11 @@ def test_chaos_nuisances_are_visible_but_not_in_truth(tmp_path):
     # late data: timestamps go backwards somewhere in the file
     times = [x.time for x in p.by["host"]]
     assert any(b < a - 600e9 for a, b in zip(times, times[1:], strict=False))
-    faulty_hosts = {r.host for r in p.truth}
-    assert not faulty_hosts & reload_hosts
-    assert all(r.detail.startswith("caused by") for r in p.truth if r.kind == "thermal_throttle")
+    # nuisances land on faulty nodes too (as in a real fleet), node churn excepted (a node that is
+    # not there has no fault to find); a cooling fault's throttling is its impact, not a record
+    churn_hosts = {e["host"] for e in nu["node_churn"]}
+    assert not {r.host for r in p.truth} & churn_hosts
+    assert not [r for r in p.truth if r.kind == "thermal_throttle" and "no injected" not in r.detail]
     # no two points share a series and a timestamp (a database would keep only one)
     keys = [(m, tuple(sorted(x.tags.items())), x.time) for m, pts in p.by.items() for x in pts]
     assert len(keys) == len(set(keys))
@@ -509,10 +545,41 @@ def test_link_scenario_modes(tmp_path):
     pcie = {(r.host, r.gpu): r.detail for r in p.truth if r.kind == "pcie_degradation"}
     narrow = p.gpus_with("gpu", lambda x: x.fields.get("pcie_link_width", 16) < 16)
     oldgen = p.gpus_with("gpu", lambda x: x.fields.get("pcie_link_gen", 5) < 5)
-    storms = p.gpus_with("gpu", lambda x: x.fields.get("pcie_replay_total", 0) > 0)
+    storms = p.gpus_with("gpu", lambda x: x.fields.get("pcie_replay_total", 0) > 100)  # not the background
     assert narrow == {k for k, d in pcie.items() if "width" in d}
     assert oldgen == {k for k, d in pcie.items() if "generation" in d}
     assert storms == {k for k, d in pcie.items() if "storm" in d} and len(storms) == 2
     assert all(
         x.fields["pcie_link_width_max"] == 16 for x in p.by["gpu"] if "pcie_link_width_max" in x.fields
     )
+
+
+def test_node_faults_idle_cooling_and_power_brake(tmp_path):
+    """A node cooling failure on an idle node and a node-wide power brake: one node record each."""
+    f = tmp_path / "nodes.toml"
+    f.write_text(
+        'name = "nodes"\n[workload]\nbusy = 0.95\n'
+        '[[fault]]\nkind = "cooling_degradation"\nmode = "node_idle"\nonset = "40%"\n'
+        '[[fault]]\nkind = "power_brake"\nmode = "node"\nonset = "30%"\n'
+    )
+    p = Parsed(run_sim(tmp_path, str(f), nodes=4, duration=3 * 3600.0))
+    (cool,) = [r for r in p.truth if r.kind == "cooling_degradation"]
+    (brake,) = [r for r in p.truth if r.kind == "power_brake"]
+    assert cool.gpu is None and brake.gpu is None and cool.host != brake.host
+    assert "idle node" in cool.detail and cool.impact_at is None  # an idle GPU does not throttle
+    assert not [r for r in p.truth if r.kind == "thermal_throttle"]
+    # the cooling node runs no job from 30 min before its onset; its fan falls to a critical state
+    t_idle = int((cool.start - 1800) * 1e9)
+    rows = [x for x in p.by["gpu"] if x.tags["host"] == cool.host and x.time > t_idle]
+    assert rows and all(
+        x.fields.get("clock_event_reasons", 1) & 0x1 for x in rows if "clock_event_reasons" in x.fields
+    )
+    fans = [x for x in p.by["bmc_sensor"] if x.tags["host"] == cool.host and x.tags["sensor"] == "FAN1"]
+    assert (
+        fans[0].fields["value"] > 9000
+        and fans[-1].fields["value"] < 3000
+        and fans[-1].fields["state_code"] == 2
+    )
+    # every GPU of the braked node brakes, and no GPU of another node
+    braked = p.gpus_with("gpu", lambda x: x.fields.get("clock_event_reasons", 0) & 0x80)
+    assert braked == {(brake.host, g) for g in range(8)}

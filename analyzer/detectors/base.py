@@ -353,3 +353,84 @@ def lookup(mapping: dict, keys: np.ndarray, default=np.nan) -> np.ndarray:
         inside = (ks >= 0) & (ks <= hi)
         table[ks[inside]] = vs[inside]
     return table[keys]
+
+
+def distinct_count(inv: np.ndarray, ent: np.ndarray, mask: np.ndarray, n: int) -> np.ndarray:
+    """Per group: how many distinct entities have a row with ``mask`` set."""
+    if not mask.any():
+        return np.zeros(n, np.int64)
+    m = int(ent.max()) + 2
+    key = inv[mask].astype(np.int64) * m + (ent[mask] + 1)
+    if n * m <= 8 * len(key) + 2**20:  # pairs counted on a table of all (group, entity) pairs
+        present = np.zeros(n * m, bool)
+        present[key] = True
+        return present.reshape(n, m).sum(1)
+    return np.bincount(np.unique(key) // m, minlength=n)
+
+
+def node_together(window, tab, hot: np.ndarray, seen: np.ndarray, share_: float, min_gpus: int):
+    """Rows of ``hot`` whose node had at least ``share_`` of its GPUs seen in the same minute (and
+    ``min_gpus``) hot together: a fault of the node (its PSU, its fans), not of one GPU. Returns
+    (row mask, hot GPUs per row's node-minute)."""
+    if not hot.any():
+        return np.zeros(len(hot), bool), np.zeros(len(hot), np.int64)
+    node = window.node_of[tab.ent]
+    inv, ng = buckets(tab.t, 60.0, node)
+    hot_g = distinct_count(inv, tab.ent, hot, ng)
+    seen_g = distinct_count(inv, tab.ent, seen, ng)
+    together = (hot_g >= min_gpus) & (hot_g >= share_ * np.maximum(seen_g, 1))
+    return together[inv] & hot, hot_g[inv]
+
+
+def per_key_minute(keys: np.ndarray, t: np.ndarray, idx: np.ndarray, score: np.ndarray) -> np.ndarray:
+    """Of the rows ``idx``, one per key and minute: the highest-scoring row speaks for it."""
+    grp = keys[idx] * 10**7 + np.floor(t[idx] / 60).astype(np.int64)
+    order = np.lexsort((-score[idx], grp))
+    first = np.ones(len(order), bool)
+    first[1:] = grp[order][1:] != grp[order][:-1]
+    return idx[order[first]]
+
+
+def node_scope_hits(hits: Hits, window, share_: float, min_gpus: int) -> Hits:
+    """Hits of at least ``share_`` of a node's GPUs (and ``min_gpus``) in the same minute become the
+    node's (gpu = -1): a fault of the node (every GPU falling off the bus at once is its PCIe
+    switch or its power, not eight GPUs), one page listing them in its evidence."""
+    if len(hits) < max(min_gpus, 1):
+        return hits
+    minute = np.floor(np.asarray(hits.t, float) / 60).astype(np.int64)
+    key = hits.host.astype(np.int64) * 10**9 + minute
+    u, inv = np.unique(key, return_inverse=True)
+    n_hit = distinct_count(inv, hits.gpu, hits.gpu >= 0, len(u))
+    per_node = np.bincount(window.node_of, minlength=int(hits.host.max()) + 1)
+    need = np.maximum(min_gpus, np.ceil(share_ * per_node[hits.host]))
+    wide = (n_hit[inv] >= need) & (hits.gpu >= 0)
+    if not wide.any():
+        return hits
+    gidx = window.reg.gpu_index
+    names: dict[int, list] = {}
+    for k, g in zip(inv[wide].tolist(), hits.gpu[wide].tolist(), strict=True):
+        names.setdefault(k, set()).add(gidx[g])
+    ev = hits.evidence
+    inv_l = inv.tolist()
+
+    def evidence(i):
+        d = dict(ev[i]) if ev else {}
+        if wide[i]:
+            d["scope"] = "node"
+            d["gpus"] = sorted(names[inv_l[i]])
+        return d
+
+    out = Hits(
+        hits.kind,
+        hits.host,
+        np.where(wide, -1, hits.gpu),
+        hits.link,
+        hits.t,
+        hits.score,
+        hits.critical,
+        Evidence(evidence, list(range(len(hits)))),
+        hits.rack,
+        hits.began,
+        hits.sustain,
+    )
+    return out

@@ -13,7 +13,12 @@ on steady rows is a hit. Throttled rows count too: a GPU throttling where power,
 peers say it should not has a cooling problem; the evidence says whether the hit came before
 throttling. When at least ``node_share`` of a node's GPUs (and ``node_min_gpus``) are hot in
 the same minute the hit moves to the node (gpu = null), and to the rack (host = null) when
-``rack_min_nodes`` nodes of one rack are.
+``rack_min_nodes`` nodes of one rack are (unless the rack's hosts report their inlet: then a
+rack-wide cause shows in the inlet rule, and hot nodes of the rack are node faults). A node whose
+BMC fan sensor says its fans are failing (``bmc_sensor`` with "fan" in its name or type: the state
+critical, or the RPM below ``fan_drop_share`` of the fleet's median) is a node fault once its
+GPUs run ``fan_excess_celsius`` above their own baselines together: a fan failure on an idle node
+warms its GPUs by a few degrees only.
 
 **Time to throttling** (where the GPUs report ``temperature_margin_celsius``, degrees to the
 nearest slowdown limit): the margin's fall over the trailing ``margin_trend_seconds`` at the same
@@ -26,7 +31,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from analyzer.detectors.base import Detector, Evidence, Hits, buckets, concat, group_median, lookup, nz
+from analyzer.detectors.base import (
+    Detector,
+    Evidence,
+    Hits,
+    buckets,
+    concat,
+    distinct_count,
+    group_median,
+    lookup,
+    nz,
+)
 from analyzer.detectors.thermal_throttle import thermal_bits
 from analyzer.frame import Window
 
@@ -58,6 +73,8 @@ class CoolingDegradation(Detector):
         inlet_track_seconds=14400.0,
         urgent_seconds=1800.0,
         margin_trend_seconds=600.0,
+        fan_excess_celsius=1.5,
+        fan_drop_share=0.6,
     ):
         self.min_power_watts = min_power_watts
         self.min_learn_samples = min_learn_samples
@@ -79,6 +96,8 @@ class CoolingDegradation(Detector):
         self.inlet_track_seconds = inlet_track_seconds
         self.urgent_seconds = urgent_seconds
         self.margin_trend_seconds = margin_trend_seconds
+        self.fan_excess_celsius = fan_excess_celsius
+        self.fan_drop_share = fan_drop_share
 
     # ------------------------------------------------------------------ features
     def _inlet(self, window: Window) -> np.ndarray:
@@ -151,6 +170,7 @@ class CoolingDegradation(Detector):
         """Per row: the GPU's learned offset and the bar its excess must pass. At low power the
         low-power baseline with the lower bar, at load the high-power one, where the GPU has them;
         otherwise the baseline over all steady load."""
+
         def learned(name):
             return lookup(getattr(self, name, {}), tab.ent)
 
@@ -312,6 +332,13 @@ class CoolingDegradation(Detector):
         slow = np.where(np.isfinite(slow), slow, 89.0)
         below = ~throttled & (temp < slow - self.throttle_margin_celsius)
         hot = ((nz(r) > thr) | (nz(from_fleet) > 0)) & np.isfinite(v)
+        # a node whose BMC reports its fans failing (RPM well below the fleet's, or the sensor's
+        # state critical): its GPUs warmer than their own baselines by fan_excess_celsius together
+        # are a node cooling fault even at idle, where a fan failure warms a GPU by only a few °C.
+        # Rows that pass only by this bar count towards the node, never towards a GPU incident.
+        fan_rpm, fan_state, fan_bad = self._fan(window)
+        by_fan = fan_bad & (nz(r) > self.fan_excess_celsius) & np.isfinite(v) & ~hot
+        hot |= by_fan
         sc = self.score(window)
         # the drift began where the excess last rose above half the bar and stayed there
         # (at most 3/4 of a smoothing span back: about what the smoothing delays a sudden step by)
@@ -337,17 +364,23 @@ class CoolingDegradation(Detector):
         # node scope: share of the node's evaluated GPUs hot in the same minute
         inv, ng = buckets(tab.t, 60.0, node)
         evald = np.isfinite(v) & new
-        hot_g = _distinct_count(inv, tab.ent, hot, ng)
-        ev_g = _distinct_count(inv, tab.ent, evald, ng)
+        hot_g = distinct_count(inv, tab.ent, hot, ng)
+        ev_g = distinct_count(inv, tab.ent, evald, ng)
         node_hot = (hot_g >= self.node_min_gpus) & (hot_g >= self.node_share * np.maximum(ev_g, 1))
         row_node_hot = node_hot[inv] & hot
         # rack scope: nodes of a rack hot together in the same minute
         rinv, rng_ = buckets(tab.t, 60.0, rack)
         node_key_hot = np.where(row_node_hot, node, -1)
-        rack_nodes = _distinct_count(rinv, node_key_hot, row_node_hot, rng_)
+        rack_nodes = distinct_count(rinv, node_key_hot, row_node_hot, rng_)
         rack_hot = rack_nodes >= self.rack_min_nodes
         row_rack_hot = rack_hot[rinv] & row_node_hot
-        gpu_rows = hot & ~row_node_hot
+        # a rack whose hosts report their inlet: a rack-wide cause (a hot aisle, a failing rack
+        # cooler) shows in the inlet (the inlet rule below), and the model subtracts it from the
+        # GPUs, so nodes of such a rack hot together are that many node faults, not a rack fault
+        with_inlet = self._racks_with_inlet(window)
+        if with_inlet.size and row_rack_hot.any():
+            row_rack_hot &= ~np.isin(rack, with_inlet)
+        gpu_rows = hot & ~row_node_hot & ~by_fan
         node_rows = row_node_hot & ~row_rack_hot
         parts = []
         idx = np.flatnonzero(gpu_rows)
@@ -398,10 +431,47 @@ class CoolingDegradation(Detector):
                     power,
                     scope,
                     hot_g[inv[sel]] if node_scope else rack_nodes[rinv[sel]],
+                    fan=(fan_rpm, fan_state) if node_scope else None,
                 )
             )
         held = self._hold(window, tab, hot, judged, [("gpu", tab.ent, gpu_rows), ("node", node, node_rows)])
         return concat(self.kind, parts + [inlet_hits, held])
+
+    def _fan(self, window: Window):
+        """Per GPU row: its host's latest fan RPM and sensor state at or before it (the slowest fan
+        when a host reports several), and whether they say the fans are failing: the state
+        critical (2), or the RPM below ``fan_drop_share`` of the fleet's median fan."""
+        tab = window.gpu
+        n = len(tab)
+        rpm, state = np.full(n, np.nan), np.full(n, np.nan)
+        fan = window.fan
+        if fan is None or not len(fan) or not n or "fan_rpm" not in fan.cols:
+            return rpm, state, np.zeros(n, bool)
+        node = window.node_of[tab.ent]
+        h, t = fan.ent, fan.t
+        v, s = fan.col("fan_rpm"), fan.col("fan_state")
+        key = h.astype(np.float64) * 1e7 + (t - t.min())
+        q = node.astype(np.float64) * 1e7 + (tab.t - t.min())
+        j = np.searchsorted(key, q, side="right") - 1
+        ok = (j >= 0) & (h[np.maximum(j, 0)] == node) & (tab.t - t[np.maximum(j, 0)] <= 300.0)
+        rpm[ok], state[ok] = v[j[ok]], s[j[ok]]
+        fleet = float(np.nanmedian(v)) if np.isfinite(v).any() else np.nan
+        with np.errstate(invalid="ignore"):
+            bad = (state >= 2) | (rpm < self.fan_drop_share * fleet)
+        return rpm, state, bad & ok
+
+    @staticmethod
+    def _racks_with_inlet(window: Window) -> np.ndarray:
+        """Rack ids whose hosts have an inlet reading in this window."""
+        bmc = window.bmc
+        if not len(bmc) or "inlet" not in bmc.cols or not len(window.node_of):
+            return np.zeros(0, np.int64)
+        host_rack = np.full(int(window.node_of.max()) + 1, -1, np.int64)
+        host_rack[window.node_of] = window.rack_of
+        h = bmc.ent[np.isfinite(bmc.cols["inlet"])]
+        h = h[h < len(host_rack)]
+        r = np.unique(host_rack[h])
+        return r[r >= 0]
 
     def _inlet_hits(self, window: Window) -> Hits:
         """Rack scope from the inlet itself: the inlet of a rack's nodes above their own usual inlet by
@@ -438,8 +508,8 @@ class CoolingDegradation(Detector):
         others = _leave_one_out_median(g_min, rmed)
         excess_row = dev - others[inv]
         hot_row = excess_row >= self.inlet_excess_celsius
-        hosts_hot = _distinct_count(inv, host, hot_row, ng)
-        hosts_all = _distinct_count(inv, host, np.ones(len(inv), bool), ng)
+        hosts_hot = distinct_count(inv, host, hot_row, ng)
+        hosts_all = distinct_count(inv, host, np.ones(len(inv), bool), ng)
         need = np.minimum(self.rack_min_nodes, hosts_all)
         flag = (rmed - others >= self.inlet_excess_celsius) & (hosts_hot >= np.maximum(need, 1))
         self._track_inlet(window, bmc.ent[ok], t, bmc.cols["inlet"][ok], rack, set(g_rack[flag].tolist()))
@@ -487,7 +557,22 @@ class CoolingDegradation(Detector):
             track[h] = cur + alpha * (m - cur)
 
     def _mk(
-        self, window, idx, hosts, gids, racks, t, score, r, thr, temp, power, scope, count=None, below=None
+        self,
+        window,
+        idx,
+        hosts,
+        gids,
+        racks,
+        t,
+        score,
+        r,
+        thr,
+        temp,
+        power,
+        scope,
+        count=None,
+        below=None,
+        fan=None,
     ):
         rows = idx.tolist()
         slope = round(getattr(self, "slope_", DEFAULT_SLOPE), 4)
@@ -511,6 +596,10 @@ class CoolingDegradation(Detector):
                 d["signals"].append("temperature_margin_celsius")
                 d["temperature_margin_celsius"] = _r(margin[i])
                 d["minutes_to_throttling"] = _r(to_thr[i] / 60.0) if np.isfinite(to_thr[i]) else None
+            if fan is not None and np.isfinite(fan[0][i]):
+                d["signals"] = d["signals"] + ["bmc_sensor fan"]
+                d["fan_rpm"] = _r(fan[0][i])
+                d["fan_state"] = None if not np.isfinite(fan[1][i]) else int(fan[1][i])
             return d
 
         margin, to_thr = getattr(self, "_margin", None), getattr(self, "_to_throttle", None)
@@ -574,19 +663,6 @@ def _time_to_throttle(tab, power: np.ndarray, seconds: float, polls: int = 90):
         ok = np.isfinite(margin) & np.isfinite(past_m) & (span >= seconds / 2) & same_load
         out = np.where(ok, np.where(rate < 0, np.maximum(margin, 0.0) / -rate, np.inf), np.nan)
     return margin, out
-
-
-def _distinct_count(inv: np.ndarray, ent: np.ndarray, mask: np.ndarray, n: int) -> np.ndarray:
-    """Per group: how many distinct entities have a row with ``mask`` set."""
-    if not mask.any():
-        return np.zeros(n, np.int64)
-    m = int(ent.max()) + 2
-    key = inv[mask].astype(np.int64) * m + (ent[mask] + 1)
-    if n * m <= 8 * len(key) + 2**20:  # pairs counted on a table of all (group, entity) pairs
-        present = np.zeros(n * m, bool)
-        present[key] = True
-        return present.reshape(n, m).sum(1)
-    return np.bincount(np.unique(key) // m, minlength=n)
 
 
 def _exact_group_median(g: np.ndarray, v: np.ndarray) -> np.ndarray:

@@ -2,14 +2,20 @@
 
 Reads gpu_event XID 79 (fallen off the bus), gpu.health_code == 2 (NVML GPU_IS_LOST), and
 absence: a GPU with no rows for ``lost_after_seconds`` while another GPU of its node still
-reports (a whole node going quiet is the node or its agent, not a lost GPU).
+reports (a whole node going quiet is the node or its agent, not a lost GPU): critical. A GPU the
+agent reports stale (``up=0, health_code=1``: NVML missed its deadline, the GPU is quarantined and
+retried) for ``stale_after_seconds`` in a row is a warning incident of the same kind (a hung
+driver call is how a GPU on its way off the bus often looks first); it turns critical if the GPU
+is then lost. When at least ``node_share`` of a node's GPUs (and ``node_min_gpus``) are lost in the
+same minute (an XID 79 on each: the node's PCIe switch or power, not each GPU) the incident is
+the node's (gpu = null), its evidence listing the GPUs.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from analyzer.detectors.base import Detector, Hits, concat
+from analyzer.detectors.base import Detector, Hits, concat, node_scope_hits
 from analyzer.frame import Window
 
 
@@ -21,12 +27,18 @@ class GpuLost(Detector):
         self,
         xids=(79,),
         lost_after_seconds=180.0,
+        stale_after_seconds=300.0,
+        node_share=0.5,
+        node_min_gpus=2,
         dwell_seconds=0.0,
         gap_seconds=86400.0,
         resolve_seconds=86400.0,
     ):
         self.xids = xids
         self.lost_after_seconds = lost_after_seconds
+        self.stale_after_seconds = stale_after_seconds
+        self.node_share = node_share
+        self.node_min_gpus = node_min_gpus
         self.dwell_seconds = dwell_seconds
         self.gap_seconds = gap_seconds
         self.resolve_seconds = resolve_seconds
@@ -47,6 +59,25 @@ class GpuLost(Detector):
                 lambda i: {"signals": ["gpu.health_code"], "health_code": 2},
             )
         ]
+        # stale for stale_after_seconds in a row: a warning (the run's start is the onset)
+        stale = tab.col("health_code") == 1
+        since = tab.run_start(stale)
+        long_stale = stale & (tab.t - np.nan_to_num(since, nan=np.inf) >= self.stale_after_seconds)
+        stale_hits = self._gpu_hits(
+            window,
+            tab,
+            long_stale,
+            long_stale.astype(float) * 0.5,
+            False,
+            lambda i: {
+                "signals": ["gpu.health_code", "gpu.up"],
+                "health_code": 1,
+                "stale_seconds": round(float(tab.t[i] - since[i]), 1),
+                "threshold_seconds": self.stale_after_seconds,
+            },
+        )
+        stale_hits.began = since[np.flatnonzero(long_stale & tab.in_window())]
+        parts.append(stale_hits)
         ev = window.event
         code = ev.col("code")
         typ = ev.text.get("type")
@@ -67,7 +98,9 @@ class GpuLost(Detector):
             )
         )
         parts.append(self._silent(window))
-        return concat(self.kind, parts)
+        # most of a node's GPUs lost in the same minute (XID 79 on each, NVML lost): the node's
+        # PCIe switch or power, one node incident
+        return node_scope_hits(concat(self.kind, parts), window, self.node_share, self.node_min_gpus)
 
     def _silent(self, window: Window) -> Hits:
         last = window.last_seen

@@ -1,12 +1,17 @@
 """nvlink_degradation: one NVLink link getting worse (CRC -> replay -> recovery -> down).
 
 Reads gpu_nvlink.crc_flit_errors_total, crc_data_errors_total, replay_errors_total,
-recovery_errors_total and up, per link. DCGM's fixed rules are the floor (any new replay or
-recovery; CRC at or above ``crc_rate_max`` per second); on top, a CRC rate far above the
-fleet's own per-link rate (learned, robust) flags the growth early, and a link that is down
-while its GPU's other links are up is flagged at once. A degrading link does not heal: its
-incident stays open while it keeps collecting errors below the bar, until it has gone
-``clear_seconds`` without a new error.
+recovery_errors_total and up, per link, judged against what a healthy link does (see
+docs/analyzer.md for the sources): healthy links throw a sporadic CRC error now and then (the
+replay mechanism corrects it) and, rarely, a replay; NVIDIA DCGM's health watch fails a link at a
+CRC rate of 100/s or more, at any replay or recovery, or when it is down, and only warns below.
+Here: a CRC rate at or above ``crc_rate_max`` (DCGM's 100/s), or sustained above the fleet's own
+links (``crc_fleet_factor`` x their 90th-percentile rate, at least ``crc_rate_min``); a sustained
+CRC rate of ``crc_count_min`` errors within ``crc_span_seconds`` (45 in 15 min: 0.05/s, hundreds
+of times a healthy link's background); ``replay_count_min`` replays within the span (one replay
+is a link correcting one error); any recovery (the link retrained: critical); a link down while
+its GPU's other links are up (critical). A degrading link does not heal: its incident stays open
+while it keeps collecting errors below the bar, until it has gone ``clear_seconds`` without one.
 """
 
 from __future__ import annotations
@@ -26,8 +31,9 @@ class NvlinkDegradation(Detector):
         crc_rate_max=100.0,
         crc_rate_min=1.0,
         crc_fleet_factor=20.0,
-        crc_count_min=5,
+        crc_count_min=45,
         crc_span_seconds=900.0,
+        replay_count_min=3,
         dwell_seconds=0.0,
         gap_seconds=600.0,
         resolve_seconds=3600.0,
@@ -36,6 +42,7 @@ class NvlinkDegradation(Detector):
         self.crc_rate_max = crc_rate_max
         self.crc_count_min = crc_count_min
         self.crc_span_seconds = crc_span_seconds
+        self.replay_count_min = replay_count_min
         self.crc_rate_min = crc_rate_min
         self.crc_fleet_factor = crc_fleet_factor
         self.dwell_seconds = dwell_seconds
@@ -68,7 +75,8 @@ class NvlinkDegradation(Detector):
     def score(self, window: Window) -> np.ndarray:
         tab = window.nvlink
         crc = nz(self._crc_rate(tab)) / self._threshold()
-        rep = nz(tab.delta("replay_errors_total")) + nz(tab.delta("recovery_errors_total"))
+        rep = nz(tab.delta("replay_errors_total")) / max(self.replay_count_min, 1)
+        rep = rep + nz(tab.delta("recovery_errors_total"))
         down = (tab.col("up") == 0).astype(float)
         return np.fmax(np.fmax(crc, rep), 10 * down)
 
@@ -92,11 +100,13 @@ class NvlinkDegradation(Detector):
         count = tab.rolling_sum(dcrc, self.crc_span_seconds)
         fleet = self.crc_fleet_factor * getattr(self, "fleet_crc_rate_", 0.0) * self.crc_span_seconds
         growing = (count >= max(self.crc_count_min, fleet)) & (dcrc > 0)
-        hit = (crc > thr) | (rep > 0) | (rec > 0) | down | growing
+        replays = tab.rolling_sum(rep, self.crc_span_seconds)
+        replaying = (replays >= self.replay_count_min) & (rep > 0)
+        hit = (crc > thr) | replaying | (rec > 0) | down | growing
         crit = down | (rec > 0)
-        # the degradation began with the first error of the span, not when the count crossed the bar
-        began = tab.rolling_first(dcrc > 0, self.crc_span_seconds)
-        t_hit = np.where(growing & np.isfinite(began), began, tab.t)
+        # the hit is when the rate crossed its bar: dating it back to the span's first error would
+        # date it to a healthy link's background error from before the fault, as often as not
+        t_hit = tab.t
 
         def ev(i):
             return {
@@ -104,7 +114,7 @@ class NvlinkDegradation(Detector):
                     n
                     for n, on in (
                         ("crc_errors", crc[i] > thr or growing[i]),
-                        ("replay_errors", rep[i] > 0),
+                        ("replay_errors", replaying[i]),
                         ("recovery_errors", rec[i] > 0),
                         ("link_down", down[i]),
                     )
@@ -114,6 +124,7 @@ class NvlinkDegradation(Detector):
                 "crc_threshold_per_s": round(thr, 3),
                 "crc_errors_in_span": int(count[i]),
                 "new_replays": int(rep[i]),
+                "replays_in_span": int(replays[i]),
                 "new_recoveries": int(rec[i]),
                 "up": None if np.isnan(up[i]) else int(up[i]),
             }

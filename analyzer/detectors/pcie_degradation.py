@@ -2,10 +2,11 @@
 
 Reads gpu.pcie_replay_total (replay rate against an allowance that scales with the link's
 generation x lanes: a wider, faster link moves more and may replay more), pcie_link_gen /
-pcie_link_width against pcie_link_gen_max / pcie_link_width_max (or the best seen on that GPU),
-judged only under load: links legitimately drop their generation to save power at idle. For
-the same reason a degraded link stays one incident while its GPU idles, until it has carried load
-``clear_seconds`` at full speed without replays beyond the allowance.
+pcie_link_width against pcie_link_gen_max / pcie_link_width_max (or the best seen on that GPU).
+The generation is judged only under load (links legitimately drop their generation to save power
+at idle); the width at any load (a link does not shed lanes at idle: fewer lanes than the GPU has
+is a link that trained down). A degraded link stays one incident while its GPU idles, until it
+has carried load ``clear_seconds`` at full speed without replays beyond the allowance.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ class PcieDegradation(Detector):
 
     def __init__(
         self,
-        replay_allowance_per_s=1.0,
+        replay_allowance_per_s=8 / 60,
         load_utilization=0.2,
         load_power_watts=200.0,
         downgrade_dwell_seconds=60.0,
@@ -78,7 +79,9 @@ class PcieDegradation(Detector):
         load = (nz(tab.col("utilization_gpu_ratio")) >= self.load_utilization) | (
             nz(tab.col("power_watts")) >= self.load_power_watts
         )
-        down = load & (((gen_eff < gmax) & np.isfinite(gen)) | ((width_eff < wmax) & np.isfinite(width)))
+        # the generation may drop at idle (link power management), the width does not: a link trained
+        # to fewer lanes than the GPU has is a fault at any load (an idle GPU's x8 link included)
+        down = (load & (gen_eff < gmax) & np.isfinite(gen)) | ((width_eff < wmax) & np.isfinite(width))
         # a downgrade must hold for the dwell time under load (a poll during retraining is not one)
         run = _run_seconds(tab, down)
         down_ok = down & (run >= self.downgrade_dwell_seconds)

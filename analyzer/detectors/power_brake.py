@@ -2,14 +2,26 @@
 
 Reads gpu.clock_event_hw_power_brake (bit 0x80 of clock_event_reasons) and the counter
 throttle_hw_power_brake_ns_total (brake time between polls counts). The SW power cap (0x4)
-is the driver holding the power limit: healthy, never read here.
+is the driver holding the power limit: healthy, never read here. A brake applied by the node's
+PSU or BMC slows every GPU of the node at once: when at least ``node_share`` of a node's GPUs
+(and ``node_min_gpus``) brake in the same minute, the hit is the node's (gpu = null), one page
+listing its GPUs, not one per GPU.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from analyzer.detectors.base import Detector, Hits, nz, share
+from analyzer.detectors.base import (
+    Detector,
+    Evidence,
+    Hits,
+    concat,
+    node_together,
+    nz,
+    per_key_minute,
+    share,
+)
 from analyzer.detectors.thermal_throttle import _f
 from analyzer.frame import Window
 
@@ -19,8 +31,18 @@ HW_POWER_BRAKE = 0x80
 class PowerBrake(Detector):
     kind = "power_brake"
 
-    def __init__(self, min_share=0.05, dwell_seconds=0.0, gap_seconds=35.0, resolve_seconds=3600.0):
+    def __init__(
+        self,
+        min_share=0.05,
+        dwell_seconds=0.0,
+        gap_seconds=35.0,
+        resolve_seconds=3600.0,
+        node_share=0.5,
+        node_min_gpus=2,
+    ):
         self.min_share = min_share
+        self.node_share = node_share
+        self.node_min_gpus = node_min_gpus
         self.dwell_seconds = dwell_seconds
         self.gap_seconds = gap_seconds
         self.resolve_seconds = resolve_seconds
@@ -55,4 +77,35 @@ class PowerBrake(Detector):
                 "power_watts": _f(power[i]),
             }
 
-        return self._gpu_hits(window, tab, (bits > 0) | (sc >= self.min_share), sc, False, ev)
+        hit = ((bits > 0) | (sc >= self.min_share)) & tab.in_window()
+        seen = tab.in_window()
+        together, n_hot = node_together(window, tab, hit, seen, self.node_share, self.node_min_gpus)
+        gpu_hits = self._gpu_hits(window, tab, hit & ~together, sc, False, ev)
+        idx = np.flatnonzero(together)
+        if not len(idx):
+            return gpu_hits
+        node = window.node_of[tab.ent]
+        sel = per_key_minute(node, tab.t, idx, sc)
+        gidx = window.reg.gpu_index
+        braked: dict[tuple, set] = {}
+        for i in idx.tolist():
+            braked.setdefault((int(node[i]), int(tab.t[i] // 60)), set()).add(gidx[int(tab.ent[i])])
+
+        def node_ev(j):
+            i = int(sel[j])
+            d = ev(i)
+            d["scope"] = "node"
+            d["braked_gpus"] = sorted(braked[(int(node[i]), int(tab.t[i] // 60))])
+            return d
+
+        node_hits = Hits(
+            self.kind,
+            node[sel].astype(np.int64),
+            np.full(len(sel), -1, np.int64),
+            np.full(len(sel), -1, np.int64),
+            tab.t[sel],
+            sc[sel],
+            np.zeros(len(sel), bool),
+            Evidence(node_ev, list(range(len(sel)))),
+        )
+        return concat(self.kind, [gpu_hits, node_hits])

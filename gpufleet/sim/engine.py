@@ -158,6 +158,13 @@ def xid_catalogue() -> dict[int, dict]:
                             "the installation is incomplete") from None
 
 
+def _steps(every, step: float) -> int:
+    """A cadence in steps: an int is steps, a float seconds (rounded to whole steps, at least 1)."""
+    if isinstance(every, int):
+        return max(1, every)
+    return max(1, int(round(float(every) / step)))
+
+
 class Writer:
     """gzip (mtime 0, no name: byte-identical output) fed by a queue from a background thread."""
 
@@ -210,8 +217,8 @@ class Generator:
         self.step_ns = int(round(fl.step * 1e9))
         self.start_ns = int(round(fl.start * 1e9))
         tel = fl.scenario.telemetry
-        self.slow_every = int(tel["slow_every"])
-        self.link_every = int(tel["nvlink_full_every"])
+        self.slow_every = _steps(tel["slow_every"], fl.step)
+        self.link_every = _steps(tel["nvlink_full_every"], fl.step)
         self.canary_steps = max(1, int(round(tel["canary_every"] / fl.step)))
         self.missing = float(tel["missing_rate"])
         self.counts: dict[str, int] = {}
@@ -260,11 +267,10 @@ class Generator:
         self.f_fast = [f for f, _ in gpu_fields({"fast"})]
         self.f_full = [f for f, _ in gpu_fields({"fast", "slow"})]
         self.t_lost = "%s up=0i,health_code=2i %d\n"
-        healthy = ",".join(f"{k}={v}i" for k, v in zip(NVLINK_FIELDS, (1, 0, 0, 0, 0), strict=True))
-        self.link_healthy = [
-            [head("gpu_nvlink", {**tags[g], "link": str(k)}) + " " + healthy + " " for k in range(m.nvlinks)]
-            for g in range(fl.n)
+        self.link_head = [
+            [head("gpu_nvlink", {**tags[g], "link": str(k)}) for k in range(m.nvlinks)] for g in range(fl.n)
         ]
+        self.t_link = "%s " + ",".join(f"{k}=%di" for k in NVLINK_FIELDS) + " %d\n"
         self.t_host = (
             "%s cpu_utilization_ratio=%r,memory_used_bytes=%di,memory_total_bytes=%di,"
             "load1=%r,load5=%r,load15=%r,uptime_seconds=%r %d\n"
@@ -347,10 +353,7 @@ class Generator:
         cnt_keys = list(st.counters())
         B = {key: np.empty((C, n), dtype=np.float64 if key == "energy_j" else np.int64) for key in cnt_keys}
         lost = np.empty((C, n), dtype=bool)
-        links_dirty: list[list[int]] = []
-        self._link_hist = []
-        link_gpus = sorted({kk for kk, _ in st.links})
-        prev_thr = st.phys.t_swth + st.phys.t_hwth
+        link_snap: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # chunk step -> (counts, up) at emission
         for c in range(C):
             for node in reload_at.get(c, ()):
                 st.reload_gpus(fl.gpu_node == node)
@@ -362,19 +365,17 @@ class Generator:
             for key in cnt_keys:
                 B[key][c] = cn[key]
             lost[c] = o["lost"]
-            thr = st.phys.t_swth + st.phys.t_hwth
-            hit = thr > prev_thr + 1e-9
+            # throttling truth from the physics (die at its thermal limit, clock cut), never from
+            # the throttle counters or reason bits the detector reads
+            hit = o["thermal_cut"]
             if hit.any():
                 self.first_thr = np.where(hit, np.minimum(self.first_thr, ts[c]), self.first_thr)
                 self.last_thr = np.where(hit, ts[c], self.last_thr)
-                self.hw_thr |= (o["reasons"] & HW_THERMAL) > 0
-            prev_thr = thr
+                self.hw_thr |= o["hw_cut"]
             for ev in evs:
                 self.events.append(ev)
-            self._link_hist.append({kk: st.link_rows(kk) for kk in link_gpus})
-            links_dirty.append(
-                [kk for (kk, _l), s in st.links.items() if s["up"] == 0 or (s["life"] - s["off"]).any()]
-            )
+            if ks[c] % self.link_every == 0:
+                link_snap[c] = (st.link_counts(), st.link_up())
         # -- rows ---------------------------------------------------------------------------
         node_p = present[:, fl.gpu_node]
         gok = gpu_ok[:, fl.gpu_node]
@@ -424,7 +425,7 @@ class Generator:
                 idx = np.argsort(np.concatenate(order), kind="stable")
                 parts.append("".join([lines[i] for i in idx.tolist()]))
                 self._count("gpu", len(lines))
-            parts.append(self._links(ks, tns, sel_base & ~lost, links_dirty))
+            parts.append(self._links(tns, sel_base & ~lost, link_snap))
             parts.append(self._canary(ks, ts, tns, sel_base & ~lost))
             parts.append(self._nodes(ts, tns, present & (late if want_late else ~late), phase_n, inlet_r, A))
         # events: the kernel log is read by the agent when it runs; an event of a missing poll
@@ -476,43 +477,27 @@ class Generator:
     def _count(self, key: str, n: int) -> None:
         self.counts[key] = self.counts.get(key, 0) + n
 
-    def _links(self, ks, tns, ok, dirty) -> str:
-        st = self.state
+    def _links(self, tns, ok, snap) -> str:
+        """Every link of every reporting GPU at the agent's NVLink cadence (gpu.nvlink_interval)."""
         out = []
-        full = (ks % self.link_every) == 0
-        link_gpus = {kk for kk, _ in st.links}
         rows = 0
-        for c in range(len(ks)):
+        for c, (counts, up) in snap.items():
             t = int(tns[c])
-            if full[c]:
-                gs = np.nonzero(ok[c])[0].tolist()
-            else:
-                gs = sorted({g for g in dirty[c] if ok[c, g]})
-            for g in gs:
-                if g in link_gpus:
-                    for link, up, a, b, r, rec in self._link_vals(c, g):
-                        if not full[c] and up == 1 and a + b + r + rec == 0:
-                            continue
-                        fields = {
-                            "up": up,
-                            "crc_flit_errors_total": a,
-                            "crc_data_errors_total": b,
-                            "replay_errors_total": r,
-                            "recovery_errors_total": rec,
-                        }
-                        out.append(
-                            encode("gpu_nvlink", {**self.gpu_tags[g], "link": str(link)}, fields, t) + "\n"
-                        )
-                        rows += 1
-                else:
-                    out.append("".join([f"{h}{t}\n" for h in self.link_healthy[g]]))
-                    rows += len(self.link_healthy[g])
+            gs = np.nonzero(ok[c])[0]
+            if not len(gs):
+                continue
+            v = counts[gs]
+            u = up[gs]
+            tmpl = self.t_link
+            heads = self.link_head
+            out.extend(
+                tmpl % (heads[g][li], u[j, li], *v[j, li].tolist(), t)
+                for j, g in enumerate(gs.tolist())
+                for li in range(v.shape[1])
+            )
+            rows += v.shape[0] * v.shape[1]
         self._count("gpu_nvlink", rows)
         return "".join(out)
-
-    def _link_vals(self, c: int, g: int):
-        """Link values of GPU g at chunk step c (recorded per step for faulty links)."""
-        return self._link_hist[c][g]
 
     def _canary(self, ks, ts, tns, ok) -> str:
         fl = self.fl
@@ -644,7 +629,8 @@ CONFIRM = 2  # rechecks after a failed canary check (the agent's canary.confirm 
 
 
 def truth(fleet: Fleet, gen: Generator) -> list[Record]:
-    """Ground truth: one record per injected fault, plus thermal_throttle per GPU that throttled."""
+    """Ground truth: one record per injected fault (a cooling fault's ``impact_at``: when its GPUs
+    began to throttle), plus thermal_throttle per GPU that throttled with no injected cause."""
     fl = fleet
     st = gen.state
     t0 = fl.start
@@ -676,7 +662,7 @@ def truth(fleet: Fleet, gen: Generator) -> list[Record]:
             impact = t0 + float(ft.min()) if len(ft) else None
             scope = {
                 "gpu": "GPU heatsink/thermal interface degrading",
-                "node": "node fan/coolant failure",
+                "node": "node fan/coolant failure" + (" on an idle node" if f.mode == "node_idle" else ""),
                 "rack": "rack inlet temperature rise",
             }.get(f.scope, "cooling")
             if f.kind == "thermal_throttle":
@@ -699,6 +685,8 @@ def truth(fleet: Fleet, gen: Generator) -> list[Record]:
         if f.kind == "power_brake":
             eps = f.params["episodes"]
             detail = f"{len(eps)} brake episodes of 20-120 s"
+            if f.scope == "node":
+                detail += ", every GPU of the node (PSU/BMC power brake)"
         elif f.kind == "nvlink_degradation":
             ls = st.links[(int(f.gpu), f.link)]
             impact = t0 + ls["first_replay"] if "first_replay" in ls else None
@@ -737,14 +725,17 @@ def truth(fleet: Fleet, gen: Generator) -> list[Record]:
         recs.append(
             Record(kind=f.kind, start=start, end=end, severity=sev, impact_at=impact, detail=detail, **idd)
         )
-    # throttling as it happened, per GPU
+    # throttling as it happened, per GPU, where no injected cooling fault caused it (that
+    # throttling is the cooling fault's impact: its record's impact_at, one page, not a second)
     for g in np.nonzero(np.isfinite(gen.first_thr))[0].tolist():
         node = int(fl.gpu_node[g])
         rack = int(fl.gpu_rack[g])
         f = thermal_gpus.get(g)
+        if f is not None and gen.first_thr[g] >= f.onset - 60:
+            continue
         first, last = float(gen.first_thr[g]), float(gen.last_thr[g])
         end = t0 + last if last < end_run - 600 else None
-        cause = f"caused by {f.kind} ({f.scope})" if f is not None else "no injected fault (load and inlet)"
+        cause = "no injected fault (load and inlet)"
         recs.append(
             Record(
                 kind="thermal_throttle",

@@ -239,9 +239,9 @@ class Fleet:
         node_order = [int(x) for x in rng.permutation(self.n_nodes)]
         rack_order = [int(x) for x in rng.permutation(self.n_racks)]
         # the widest scopes first, so a rack or node fault still finds a fault-free rack or node
-        rank = {"rack": 0, "node": 1}
+        rank = {"rack": 0, "node": 1, "node_idle": 1}
         for spec in sorted(self.scenario.faults, key=lambda s: rank.get(s.mode or "", 2)):
-            scope = {"node": "node", "rack": "rack"}.get(spec.mode, "gpu")
+            scope = {"node": "node", "node_idle": "node", "rack": "rack"}.get(spec.mode, "gpu")
             if spec.kind == "nvlink_degradation":
                 scope = "link"
             for _ in range(spec.count):
@@ -253,6 +253,16 @@ class Fleet:
                     break
                 node, gpu, rack = target
                 self.faults.append(self._resolve(spec, scope, node, gpu, rack, rng))
+        for f in self.faults:
+            if f.mode == "node_idle":
+                self._idle_from(f.node, max(0.0, f.onset - 1800.0))
+
+    def _idle_from(self, node: int, t0: float) -> None:
+        """The node runs no job from ``t0`` on (drained, or simply not scheduled)."""
+        keep = self.seg_t[node] < t0
+        self.seg_t[node] = np.append(self.seg_t[node][keep], t0)
+        self.seg_phase[node] = np.append(self.seg_phase[node][keep], np.int8(IDLE))
+        self.seg_job[node] = np.append(self.seg_job[node][keep], 0)
 
     def _target(
         self,
@@ -387,9 +397,9 @@ class Fleet:
         nu = self.scenario.nuisances
         d = self.duration
 
-        busy_nodes = {f.node for f in self.faults if f.node is not None}
-        busy_racks = {f.rack for f in self.faults if f.scope == "rack"}
-        calm = [i for i in range(self.n_nodes) if i not in busy_nodes and self.node_rack[i] not in busy_racks]
+        # nuisances land on any node, faulty ones included: a driver reload resets a degrading link's
+        # counters, an agent restart hides a fault's minutes, as in a real fleet
+        calm = list(range(self.n_nodes))
 
         def pick() -> int | None:
             return int(calm[int(rng.integers(0, len(calm)))]) if calm else None
@@ -408,12 +418,16 @@ class Fleet:
         self.agent_restarts = events(nu["agent_restarts"], 10, 60)
         self.late_batches = events(nu["late_batches"], 60, 600)
         churn = []
+        # a node that is not there has no fault to find: churn only where no fault is
+        faulty = {f.node for f in self.faults if f.node is not None}
+        faulty_racks = {f.rack for f in self.faults if f.scope == "rack"}
+        away = [i for i in calm if i not in faulty and self.node_rack[i] not in faulty_racks]
         for _ in range(nu["node_churn"]):
-            node = pick()
-            if node is None:
+            if not away:
                 break
+            node = int(away[int(rng.integers(0, len(away)))])
             if rng.uniform() < 0.5:
-                churn.append((node, 0.0, float(rng.uniform(0.1, 0.5)) * d))  # joins late
+                churn.append((node, 0.0, float(rng.uniform(0.1, 0.5)) * d))  # present, then leaves
             else:
-                churn.append((node, float(rng.uniform(0.5, 0.95)) * d, d + 1))  # leaves early
+                churn.append((node, float(rng.uniform(0.5, 0.95)) * d, d + 1))  # joins late
         self.churn = churn

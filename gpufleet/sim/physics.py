@@ -226,7 +226,13 @@ class Physics:
         noise_p = np.where(busy, 1.2, 0.05)
         power = np.maximum(self.pavg + rng.normal(0, 1, n) * noise_p, 1.0)
         power_inst = np.maximum(p_end + rng.normal(0, 1, n) * np.where(busy, 16.0, 0.4), 1.0)
+        # throttling as the physics has it (ground truth, never read from a counter or a reason bit):
+        # the die held at the thermal controller's target (or at slowdown) with its clock, hence its
+        # power, cut below what the load and the power limit would draw
+        thermal_cut = (sw_end | hw) & (self.temp >= m.t_sw_target - 0.5) & (p_end < p_dem - 0.5)
         return {
+            "thermal_cut": thermal_cut,
+            "hw_cut": hw & thermal_cut,
             "utilization_gpu": util_g,
             "utilization_memory": util_m,
             "power": power,

@@ -27,7 +27,8 @@ FLEET = {
     "model": "NVIDIA H200",
 }
 WORKLOAD = {"busy": 0.85, "job_hours": [0.5, 4.0], "job_nodes": [1, 1, 2, 2, 4], "fleet_idle": []}
-TELEMETRY = {"slow_every": 6, "nvlink_full_every": 30, "canary_every": "5m", "missing_rate": 0.0002}
+# cadences as the agent's defaults (gpu.slow_interval 60 s, gpu.nvlink_interval 30 s); an integer is steps
+TELEMETRY = {"slow_every": "60s", "nvlink_full_every": "30s", "canary_every": "5m", "missing_rate": 0.0002}
 NUISANCES = {
     "inlet_c": 24.0,
     "inlet_diurnal_c": 1.5,
@@ -38,11 +39,17 @@ NUISANCES = {
     "node_churn": 0,
     "background_sbe_per_gpu_day": 0.02,
     "collective_waits": 0,  # episodes of a job waiting in a collective on one GPU (gpufleet.sim.activity)
+    # what healthy links do (docs/faults.md): sporadic CRC errors the replay mechanism corrects, a
+    # rare burst, a rare replay; PCIe replays a few an hour
+    "nvlink_crc_per_link_hour": 1.0,
+    "nvlink_crc_bursts_per_link_day": 0.5,
+    "nvlink_replays_per_link_day": 0.1,
+    "pcie_replays_per_gpu_hour": 2.0,
 }
 MODES = {
-    "cooling_degradation": ("gpu", "node", "rack"),
+    "cooling_degradation": ("gpu", "node", "rack", "node_idle"),
     "thermal_throttle": ("heatsink",),
-    "power_brake": ("episodes",),
+    "power_brake": ("episodes", "node"),
     "nvlink_degradation": ("escalating",),
     "pcie_degradation": ("replay_storm", "width", "gen"),
     "memory_errors": ("sbe_storm", "remap_pending", "remap_failed", "dbe", "uncontained"),
@@ -162,10 +169,23 @@ def parse(doc: dict, name: str, src: str) -> Scenario:
         windows.append((_when(w[0], f"{src}: fleet_idle"), parse_duration(w[1], f"{src}: fleet_idle")))
     sc.workload["fleet_idle"] = windows
     for k in ("slow_every", "nvlink_full_every"):
-        _num(sc.telemetry, k, src, 1, 10_000, integer=True)
+        v = sc.telemetry[k]
+        if isinstance(v, str):
+            sc.telemetry[k] = parse_duration(v, f"{src}: {k}")  # seconds (float)
+        else:
+            _num(sc.telemetry, k, src, 1, 10_000, integer=True)  # steps (int)
     sc.telemetry["canary_every"] = parse_duration(sc.telemetry["canary_every"], f"{src}: canary_every")
     _num(sc.telemetry, "missing_rate", src, 0, 0.5)
-    for k in ("inlet_c", "inlet_diurnal_c", "inlet_drift_c", "background_sbe_per_gpu_day"):
+    for k in (
+        "inlet_c",
+        "inlet_diurnal_c",
+        "inlet_drift_c",
+        "background_sbe_per_gpu_day",
+        "nvlink_crc_per_link_hour",
+        "nvlink_crc_bursts_per_link_day",
+        "nvlink_replays_per_link_day",
+        "pcie_replays_per_gpu_hour",
+    ):
         _num(sc.nuisances, k, src, 0, 60)
     for k in ("driver_reloads", "agent_restarts", "late_batches", "node_churn", "collective_waits"):
         _num(sc.nuisances, k, src, 0, 100_000, integer=True)

@@ -81,6 +81,17 @@ class SimState:
         self.done: set[tuple[int, str]] = set()  # one-shot events already fired
         self.first: dict[int, float] = {}  # id(fault) -> first time its signature showed
         self.bg_sbe = fleet.scenario.nuisances["background_sbe_per_gpu_day"] / 86400.0
+        # what healthy links do: sporadic CRC errors (a few bursts), rare replays; PCIe replays
+        nu = fleet.scenario.nuisances
+        self.link_bg = np.zeros((n, m.nvlinks, N_ERR), dtype=np.int64)  # lifetime background counts
+        self.link_bg_off = np.zeros_like(self.link_bg)
+        self.bg_rates = (
+            (0, nu["nvlink_crc_per_link_hour"] / 3600.0, 0),
+            (1, nu["nvlink_crc_per_link_hour"] * 0.3 / 3600.0, 0),
+            (0, nu["nvlink_crc_bursts_per_link_day"] / 86400.0, 10),  # a burst: 3..10 errors at once
+            (2, nu["nvlink_replays_per_link_day"] / 86400.0, 0),
+        )
+        self.bg_pcie = nu["pcie_replays_per_gpu_hour"] / 3600.0
 
     def _touches(self, f: Fault) -> bool:
         fl = self.fleet
@@ -114,6 +125,7 @@ class SimState:
         self.remap_pending[:] = 0
         for st in self.links.values():
             st["off"] = st["life"].copy()
+        self.link_bg_off = self.link_bg.copy()
 
     def reload_gpus(self, sel: np.ndarray) -> None:
         """Driver reload on some GPUs only (a node's): offsets of those GPUs move."""
@@ -132,6 +144,7 @@ class SimState:
         for (k, _), st in self.links.items():
             if sel[k]:
                 st["off"] = st["life"].copy()
+        self.link_bg_off[sel] = self.link_bg[sel]
 
     def step(
         self,
@@ -187,6 +200,7 @@ class SimState:
             elif k == "nvlink_degradation":
                 self._nvlink(f, int(sel[0]), t, dt, rng, events)
         phase = apply_waits(self.fleet, self.idx, t, phase)  # the collective-wait nuisance
+        self._background(dt, rng)
         if self.bg_sbe > 0:
             hits = rng.random(n) < self.bg_sbe * dt
             if hits.any():
@@ -309,16 +323,43 @@ class SimState:
             "pcie_link_width": self.width.copy(),
         }
 
+    def _background(self, dt: float, rng: np.random.Generator) -> None:
+        """Healthy links' and PCIe links' background errors over ``dt`` (a few events fleet-wide:
+        drawn as one Poisson count and spread over random links, not one draw per link)."""
+        flat = self.link_bg.reshape(-1)
+        cells = self.link_bg.shape[0] * self.link_bg.shape[1]
+        for col, rate, burst in self.bg_rates:
+            k = rng.poisson(rate * dt * cells) if rate > 0 else 0
+            if k:
+                where = rng.integers(0, cells, k) * N_ERR + col
+                np.add.at(flat, where, rng.integers(3, burst + 1, k) if burst else 1)
+        k = rng.poisson(self.bg_pcie * dt * self.n) if self.bg_pcie > 0 else 0
+        if k:
+            np.add.at(self.pcie, rng.integers(0, self.n, k), 1)
+
+    def link_counts(self) -> np.ndarray:
+        """Every link's counters as the driver reports them now: (GPU, link, crc_flit, crc_data,
+        replay, recovery), background plus the faulty links' own."""
+        v = self.link_bg - self.link_bg_off
+        for (k, link), st in self.links.items():
+            v[k, link] += st["life"] - st["off"]
+        return v
+
+    def link_up(self) -> np.ndarray:
+        up = np.ones(self.link_bg.shape[:2], dtype=np.int64)
+        for (k, link), st in self.links.items():
+            up[k, link] = int(st["up"])
+        return up
+
     def link_rows(self, k: int) -> list[tuple[int, int, int, int, int, int]]:
         """(link, up, crc_flit, crc_data, replay, recovery) for every link of local GPU ``k``."""
+        v = self.link_bg[k] - self.link_bg_off[k]
         out = []
         for link in range(self.fleet.model.nvlinks):
             st = self.links.get((k, link))
-            if st is None:
-                out.append((link, 1, 0, 0, 0, 0))
-            else:
-                v = st["life"] - st["off"]
-                out.append((link, int(st["up"]), int(v[0]), int(v[1]), int(v[2]), int(v[3])))
+            c = v[link] + (st["life"] - st["off"] if st is not None else 0)
+            up = int(st["up"]) if st is not None else 1
+            out.append((link, up, int(c[0]), int(c[1]), int(c[2]), int(c[3])))
         return out
 
     def canary(self, k: int, t: float, rng: np.random.Generator) -> tuple[int, int, str]:
