@@ -91,7 +91,7 @@ def render() -> str:
                 "|---|---|---|---|---|---|---|---|"]
         for x in catalogue.fields(m):
             out.append(f"| `{x.field}` | {x.type} | `{x.unit}` | {x.kind} | {x.tier} | {_cell(_otel(x))} | "
-                       f"{_cell(x.source)} | {_cell(x.description)} |")
+                       f"{_cell(x.origin)} | {_cell(x.description)} |")
     out += ["", "## incident", "",
             "Written back to InfluxDB by the analyzer (not by the agent): "
             f"{inc.rows}. The `id` field ties the two writes to one incident.", "",
