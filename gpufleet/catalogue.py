@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 
+from gpufleet.errors import GpufleetError
+
 KINDS = {"gauge", "counter", "updowncounter", "info", "event"}
 # Measurements whose fields the GPU collector reads as the catalogue says (``call``, ``field_id``,
 # ``bit_of``, ``read``): every entry of these names how it is read.
@@ -175,6 +177,23 @@ def measurements() -> tuple[str, ...]:
 
 def tags(measurement: str) -> tuple[str, ...]:
     return IDENTITY_TAGS[measurement] + OPERATOR_TAGS
+
+
+@cache
+def xids() -> dict[int, dict]:
+    """The XID catalogue (``xid_catalogue.toml``, NVIDIA's Xid catalog): code -> {name, mnemonic,
+    severity, action, investigate?, secondary?, description?}; read by the agent's XID collector,
+    the simulator and the analyzer's actions.
+
+    A catalogue that is missing or unreadable is an error (an incomplete installation), never an
+    empty table: XIDs would lose their severities without a word.
+    """
+    try:
+        doc = tomllib.loads(resources.files("gpufleet").joinpath("xid_catalogue.toml").read_text())
+        return {int(k): v for k, v in doc.get("xid", {}).items()}
+    except (OSError, ValueError) as exc:
+        raise GpufleetError(f"XID catalogue gpufleet/xid_catalogue.toml: cannot read it ({exc}); "
+                            "the installation is incomplete") from None
 
 
 def incident() -> Measurement:
