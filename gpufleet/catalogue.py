@@ -18,7 +18,7 @@ KINDS = {"gauge", "counter", "updowncounter", "info", "event"}
 # ``bit_of``, ``read``): every entry of these names how it is read.
 READ_MEASUREMENTS = ("gpu", "gpu_nvlink")
 TYPES = {"float", "int", "string"}
-TIERS = {"fast", "slow", "event"}
+TIERS = {"fast", "slow", "nvlink", "event"}
 
 OPERATOR_TAGS = ("cluster", "rack")
 

@@ -35,8 +35,8 @@ def test_every_gpu_entry_is_read_as_the_catalogue_says():
             if m.reader in ROW_READERS:
                 assert m.reader in PLAN[m.tier]["readers"]
                 assert callable(getattr(GpuCollector, f"_read_{m.reader}"))
-    for m in catalogue.fields("gpu_nvlink"):
-        assert m.reader == "nvlink"
+    for m in catalogue.fields("gpu_nvlink"):  # the link rows: their own reader and cadence
+        assert m.reader == "nvlink" and m.tier == "nvlink"
     assert set(gpu_mod.NVLINK_THROUGHPUT) | {n for n, _ in gpu_mod.NVLINK_COUNTERS} | {"up"} == \
         {m.field for m in catalogue.fields("gpu_nvlink")}
 

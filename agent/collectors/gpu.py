@@ -15,7 +15,8 @@
 - **Tiers**: the fast set is read every poll, the slow set (limits, thresholds, retired pages,
   remapped rows, processes and job, the PCIe error and perf-policy counters) every
   ``slow_interval_s`` and on the first poll; a slow field of a fast call (the memory size) is
-  kept on slow polls only. The slow field batch is costly (21 ids took 6.7 ms on an H200: more
+  kept on slow polls only. The ``gpu_nvlink`` rows (tier ``nvlink``) are read on the first poll
+  and then every ``nvlink_interval_s``. The slow field batch is costly (21 ids took 6.7 ms on an H200: more
   than the whole fast poll); the thermal margin call (~1-1.5 ms) is fast.
 - **GPM** (GPU Performance Monitoring, Hopper and newer): SM, tensor and DRAM activity, PCIe and
   NVLink bandwidth, computed by ``nvmlGpmMetricsGet`` from this poll's sample and the previous
@@ -154,6 +155,10 @@ _GPM_LOCK = threading.Lock()  # one GPM call at a time in this process (concurre
 _GPM_IDS = tuple(GPM_METRICS)
 MAX_LINKS = 18  # NVLink links per GPU up to Hopper; the first poll probes them
 _LINK = {m.field: m for m in catalogue.fields("gpu_nvlink")}
+for _m in _LINK.values():  # the link rows are read at their own cadence (nvlink_interval_s)
+    if _m.tier != "nvlink" or _m.reader != "nvlink":
+        raise catalogue.CatalogueError(f"catalogue gpu_nvlink.{_m.field}: the GPU collector reads it with "
+                                       'read = "nvlink", tier = "nvlink"')
 # NVLink error counters: catalogue field -> the nvmlDeviceGetNvLinkErrorCounter counter; their
 # per-link field ids (``{link}`` in the catalogue's field_id; NVML defines them for links 0..11):
 # one nvmlDeviceGetFieldValues call reads them all; links above 11, and any counter the batch
