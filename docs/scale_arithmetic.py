@@ -156,7 +156,7 @@ def rows(fleet: Fleet, interval_s: float) -> list[Row]:
     }
     out = []
     for meas, (series, per_tick, cadence) in per.items():
-        fast = [m.field for m in catalogue.fields(meas) if m.tier == "fast"]
+        fast = [m.field for m in catalogue.fields(meas) if m.tier in ("fast", "nvlink")]  # per its cadence
         slow = [m.field for m in catalogue.fields(meas) if m.tier == "slow"]
         head, _ = _field_text(meas)
         # head + space + fields (commas counted in _bytes) + space + 19-digit timestamp + newline

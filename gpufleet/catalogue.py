@@ -11,9 +11,14 @@ from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 
+from gpufleet.errors import GpufleetError
+
 KINDS = {"gauge", "counter", "updowncounter", "info", "event"}
+# Measurements whose fields the GPU collector reads as the catalogue says (``call``, ``field_id``,
+# ``bit_of``, ``read``): every entry of these names how it is read.
+READ_MEASUREMENTS = ("gpu", "gpu_nvlink")
 TYPES = {"float", "int", "string"}
-TIERS = {"fast", "slow", "event"}
+TIERS = {"fast", "slow", "nvlink", "event"}
 
 OPERATOR_TAGS = ("cluster", "rack")
 
@@ -60,10 +65,21 @@ class Metric:
     unit: str
     type: str
     tier: str
-    source: str
     description: str
+    source: str = ""
     scale: float = 1.0
     attributes: dict[str, str] = field(default_factory=dict)
+    # How the GPU collector reads it (measurements in READ_MEASUREMENTS; see catalogue.toml)
+    call: str = ""
+    args: tuple = ()
+    member: str | int | None = None
+    count: bool = False
+    field_id: str = ""
+    bit_of: str = ""
+    mask: int = 0
+    read: str = ""
+    gpm_metric: str = ""
+    needs_nvlink: bool = False
 
     @property
     def key(self) -> tuple[str, str]:
@@ -72,6 +88,39 @@ class Metric:
     @property
     def python_type(self) -> type:
         return {"float": float, "int": int, "string": str}[self.type]
+
+    @property
+    def reader(self) -> str:
+        """How the GPU collector reads it: a named reader (``read``), ``field`` (a field value of
+        the tier's ``nvmlDeviceGetFieldValues`` batch), ``bit`` (a flag of another field) or
+        ``call`` (one NVML call); "" for measurements the catalogue does not drive."""
+        if self.read:
+            return self.read
+        if self.field_id:
+            return "field"
+        if self.bit_of:
+            return "bit"
+        return "call" if self.call else ""
+
+    @property
+    def origin(self) -> str:
+        """Where the value comes from, in words (``docs/schema.md``'s source column)."""
+        parts = []
+        if self.field_id:
+            scope = " per link" if self.measurement == "gpu_nvlink" else ""
+            parts.append(f"field value {self.field_id}{scope}")
+        if self.call:
+            member = f".{self.member}" if isinstance(self.member, str) else (
+                f"[{self.member}]" if self.member is not None else "")
+            call = f"{self.call}({', '.join(self.args)}){member}" + (" (length)" if self.count else "")
+            parts.append(f"or {call}" if self.field_id else call)
+        if self.bit_of:
+            parts.append(f"bit {self.mask:#x} of {self.bit_of}")
+        if self.gpm_metric:
+            parts.append(f"nvmlGpmMetricsGet {self.gpm_metric}")
+        if self.source:
+            parts.append(f"({self.source})" if parts else self.source)
+        return " ".join(parts)
 
 
 class CatalogueError(ValueError):
@@ -84,9 +133,13 @@ def parse(data: dict) -> list[Metric]:
     seen: set[tuple[str, str]] = set()
     for i, raw in enumerate(data.get("metric", [])):
         try:
-            m = Metric(**raw)
+            m = Metric(**{**raw, "args": tuple(raw.get("args", ()))})
         except TypeError as exc:
             raise CatalogueError(f"metric #{i}: {exc}") from None
+        if m.measurement in READ_MEASUREMENTS and not m.reader:
+            raise CatalogueError(f"{m.measurement}.{m.field}: says neither call, field_id, bit_of nor read")
+        if m.measurement not in READ_MEASUREMENTS and not m.source:
+            raise CatalogueError(f"{m.measurement}.{m.field}: no source")
         if m.kind not in KINDS:
             raise CatalogueError(f"{m.measurement}.{m.field}: unknown kind {m.kind!r}")
         if m.type not in TYPES:
@@ -124,6 +177,23 @@ def measurements() -> tuple[str, ...]:
 
 def tags(measurement: str) -> tuple[str, ...]:
     return IDENTITY_TAGS[measurement] + OPERATOR_TAGS
+
+
+@cache
+def xids() -> dict[int, dict]:
+    """The XID catalogue (``xid_catalogue.toml``, NVIDIA's Xid catalog): code -> {name, mnemonic,
+    severity, action, investigate?, secondary?, description?}; read by the agent's XID collector,
+    the simulator and the analyzer's actions.
+
+    A catalogue that is missing or unreadable is an error (an incomplete installation), never an
+    empty table: XIDs would lose their severities without a word.
+    """
+    try:
+        doc = tomllib.loads(resources.files("gpufleet").joinpath("xid_catalogue.toml").read_text())
+        return {int(k): v for k, v in doc.get("xid", {}).items()}
+    except (OSError, ValueError) as exc:
+        raise GpufleetError(f"XID catalogue gpufleet/xid_catalogue.toml: cannot read it ({exc}); "
+                            "the installation is incomplete") from None
 
 
 def incident() -> Measurement:

@@ -70,7 +70,8 @@ def render() -> str:
         "- Tags are low-cardinality identity only; operator labels `cluster` and `rack` are added to",
         "  every row. Job ids and other high-cardinality values are fields, never tags.",
         "- Tiers: `fast` fields are in every poll's row, `slow` ones in the rows of the slow cadence",
-        "  (and the first poll), `event` ones when something happens.",
+        "  (and the first poll), `nvlink` ones at the NVLink cadence (`[gpu] nvlink_interval`, and the",
+        "  first poll), `event` ones when something happens.",
         "",
         "## Measurements",
         "",
@@ -91,7 +92,7 @@ def render() -> str:
                 "|---|---|---|---|---|---|---|---|"]
         for x in catalogue.fields(m):
             out.append(f"| `{x.field}` | {x.type} | `{x.unit}` | {x.kind} | {x.tier} | {_cell(_otel(x))} | "
-                       f"{_cell(x.source)} | {_cell(x.description)} |")
+                       f"{_cell(x.origin)} | {_cell(x.description)} |")
     out += ["", "## incident", "",
             "Written back to InfluxDB by the analyzer (not by the agent): "
             f"{inc.rows}. The `id` field ties the two writes to one incident.", "",

@@ -86,7 +86,7 @@ def test_runbook_base_url_from_argument_or_environment(monkeypatch):
 
 
 def test_every_xid_resolution_bucket_has_words():
-    doc = tomllib.loads((ROOT / "agent" / "xid_catalogue.toml").read_text())
+    doc = tomllib.loads((ROOT / "gpufleet" / "xid_catalogue.toml").read_text())
     for code, info in doc["xid"].items():
         words = xid_action(info["action"])
         assert words and words != info["action"], f"xid {code}: no words for {info['action']}"

@@ -58,10 +58,20 @@ def test_identity_tags_come_from_the_catalogue_file():
         assert catalogue.MEASUREMENTS[m].rows
 
 
-def test_a_missing_xid_catalogue_is_an_error(monkeypatch, tmp_path):
+def test_one_xid_catalogue_loader_in_the_core_and_a_missing_one_is_an_error(monkeypatch, tmp_path):
+    from agent.collectors import xid
     from gpufleet.sim import engine
 
-    assert engine.xid_catalogue()  # the shipped one reads
+    table = catalogue.xids()
+    assert table[79]["severity"] and engine.xid_catalogue() is table  # the simulator: the one loader
+    assert not hasattr(xid, "xid_catalogue")  # the agent: no loader of its own
+    for path in (ROOT / "gpufleet").rglob("*.py"):  # the core never reads the agent's package files
+        assert 'files("agent")' not in path.read_text(), path
+    catalogue.xids.cache_clear()
     monkeypatch.setattr(resources, "files", lambda pkg: tmp_path)  # a package folder without the file
-    with pytest.raises(GpufleetError, match="XID catalogue.*installation is incomplete"):
-        engine.xid_catalogue()
+    try:
+        with pytest.raises(GpufleetError, match="XID catalogue.*installation is incomplete"):
+            engine.xid_catalogue()
+    finally:
+        monkeypatch.undo()
+        catalogue.xids.cache_clear()

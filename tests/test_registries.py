@@ -2,8 +2,9 @@
 
 Sinks (``analyzer.alerting.base.REGISTRY``): secrets never in ``repr`` or logs, URLs redacted,
 one failing sink never stops the others. Collectors (``agent.model.REGISTRY``): each has a test
-on recorded or replayed real data, and one raising collector never stops the others (shown
-with a toy collector built from the registry: one module plus one ``@register`` line).
+on recorded or replayed real data, one raising collector never stops the others, and a new
+collector is one module plus one ``@register`` line: a toy one, written as a module the agent
+has never seen, is loaded by name and its rows reach the sink.
 """
 
 from __future__ import annotations
@@ -152,3 +153,58 @@ def test_one_raising_collector_never_stops_the_others(tmp_path, monkeypatch):
     text = "".join(p.read_text() for p in tmp_path.glob("*.lp"))
     assert "gpu," in text and "host," in text
     assert "collector=boom" in text and "success=0" in text
+
+
+TOY = '''"""A toy collector: this module plus its one registry line."""
+from agent.model import Sample, register
+
+
+@register("toy")
+class Toy:
+    def __init__(self, config=None, **_):
+        self.polls = 0
+
+    def collect(self, now_ns):
+        self.polls += 1
+        return [Sample("host", {}, {"load1": 0.25 * self.polls}, now_ns)]
+
+    def close(self):
+        pass
+'''
+
+
+def test_a_new_collector_is_one_module_and_one_registry_line(tmp_path, monkeypatch):
+    """A collector module the agent has never seen (written here, found on the collectors'
+    package path) is loaded by name from ``[agent] collectors`` and its rows reach the sink."""
+    import sys
+
+    import agent.collectors as pkg
+    from agent import config
+    from agent.daemon import Agent
+    from agent.model import REGISTRY
+
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "toy.py").write_text(TOY)
+    monkeypatch.setattr(pkg, "__path__", [*pkg.__path__, str(mods)])
+    assert "toy" not in REGISTRY
+    out = tmp_path / "lp"
+    cfg = config.apply_overrides(config.load(None), backend="sim", file_dir=str(out))
+    cfg = config.validate({**cfg, "agent": {**cfg["agent"], "collectors": ["toy", "gpu"]},
+                           "file": {**cfg["file"], "compress": False}})
+    try:
+        a = Agent(cfg)
+        try:
+            assert [c.name for c in a.collectors] == ["toy", "gpu"]
+            assert a.tick(int(T0 * 1e9)) and a.tick(int((T0 + 1) * 1e9))
+            assert a.stats["toy"][1] is True and a.stats["gpu"][1]
+        finally:
+            a.close()
+    finally:
+        REGISTRY.pop("toy", None)
+        sys.modules.pop("agent.collectors.toy", None)
+    lines = "".join(p.read_text() for p in out.glob("*.lp")).splitlines()
+    toy = [ln for ln in lines if ln.startswith("host,") and "load1=" in ln]
+    assert [ln.split("load1=")[1].split(",")[0].split(" ")[0] for ln in toy] == ["0.25", "0.5"]
+    assert any(ln.startswith("gpu,") for ln in lines)
+    assert any("collector=toy" in ln and "success=1" in ln for ln in lines)

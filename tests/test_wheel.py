@@ -97,7 +97,7 @@ def test_wheel_declares_extras_and_entry_point(wheel):
         names = z.namelist()
         (ep,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
         assert re.search(r"^gpufleet\s*=\s*gpufleet\.cli:main$", z.read(ep).decode(), re.M)
-    assert "gpufleet/catalogue.toml" in names
+    assert "gpufleet/catalogue.toml" in names and "gpufleet/xid_catalogue.toml" in names
     assert "agent/model.py" in names
     for outsider in ("tests/", "bench/", "packaging/", "docs/"):
         assert not any(n.startswith(outsider) for n in names), f"{outsider} shipped in the wheel"

@@ -13,7 +13,8 @@ import pynvml
 import pytest
 
 from agent.backends.recorded import RecordedBackend
-from agent.collectors.xid import XidCollector, normalise_pci, parse_xid_line, xid_catalogue
+from agent.collectors.xid import XidCollector, normalise_pci, parse_xid_line
+from gpufleet.catalogue import xids as xid_catalogue
 from gpufleet.errors import ConfigError
 from tests.conftest import FIXTURES
 

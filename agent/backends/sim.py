@@ -26,68 +26,50 @@ import uuid as _uuid
 import pynvml
 
 from agent.backends._proctree import ProcTree
-from agent.backends._replay import AnswerBackend, DeviceAnswers, Handle
-from agent.collectors.gpu import GPM_METRICS, NVLINK_THROUGHPUT, SLOW_FIELD_IDS
+from agent.backends._replay import AnswerBackend, DeviceAnswers, Handle, call_key
+from agent.collectors.gpu import (
+    GPM_METRICS,
+    NVLINK_COUNTER_FIELDS,
+    NVLINK_COUNTERS,
+    NVLINK_STATE_FIELD,
+    NVLINK_THROUGHPUT,
+    PLAN,
+)
 from gpufleet import catalogue
 
+# What the GPU collector reads, and how, is the catalogue's (agent.collectors.gpu.PLAN): the
+# simulated node answers exactly those calls and field ids, in NVML units (the catalogue's scale
+# undone).
 _U32, _U64 = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
-_FIELDS = (  # catalogue field -> (NVML field id, value type, factor to NVML units)
-    ("throttle_sw_power_cap_ns_total", 74, _U64, 1),
-    ("throttle_sw_thermal_ns_total", 269, _U64, 1),
-    ("throttle_hw_thermal_ns_total", 270, _U64, 1),
-    ("throttle_hw_power_brake_ns_total", 271, _U64, 1),
-    ("temperature_memory_celsius", 82, _U32, 1),
-    ("power_instant_watts", 186, _U32, 1000),
-    ("energy_joules_total", 83, _U64, 1000),
-    *((name, fid, _U32 if fid >= 169 else _U64, 1) for fid, name in SLOW_FIELD_IDS.items()),
-)
-_CALLS = (  # catalogue field -> (NVML call key, factor to NVML units)
-    ("power_watts", "nvmlDeviceGetPowerUsage", 1000),
-    ("power_limit_watts", "nvmlDeviceGetEnforcedPowerLimit", 1000),
-    ("energy_joules_total", "nvmlDeviceGetTotalEnergyConsumption", 1000),
-    ("temperature_gpu_celsius", "nvmlDeviceGetTemperature(0)", 1),
-    ("temperature_shutdown_celsius", "nvmlDeviceGetTemperatureThreshold(0)", 1),
-    ("temperature_slowdown_celsius", "nvmlDeviceGetTemperatureThreshold(1)", 1),
-    ("temperature_memory_max_celsius", "nvmlDeviceGetTemperatureThreshold(2)", 1),
-    ("temperature_max_operating_celsius", "nvmlDeviceGetTemperatureThreshold(3)", 1),
-    ("clock_sm_mhz", "nvmlDeviceGetClockInfo(1)", 1),
-    ("clock_memory_mhz", "nvmlDeviceGetClockInfo(2)", 1),
-    ("clock_sm_max_mhz", "nvmlDeviceGetMaxClockInfo(1)", 1),
-    ("performance_state", "nvmlDeviceGetPerformanceState", 1),
-    ("pcie_link_gen", "nvmlDeviceGetCurrPcieLinkGeneration", 1),
-    ("pcie_link_gen_max", "nvmlDeviceGetMaxPcieLinkGeneration", 1),
-    ("pcie_link_width", "nvmlDeviceGetCurrPcieLinkWidth", 1),
-    ("pcie_link_width_max", "nvmlDeviceGetMaxPcieLinkWidth", 1),
-    ("pcie_replay_total", "nvmlDeviceGetPcieReplayCounter", 1),
-    ("ecc_corrected_volatile_total", "nvmlDeviceGetTotalEccErrors(0,0)", 1),
-    ("ecc_uncorrected_volatile_total", "nvmlDeviceGetTotalEccErrors(1,0)", 1),
-    ("ecc_corrected_aggregate_total", "nvmlDeviceGetTotalEccErrors(0,1)", 1),
-    ("ecc_uncorrected_aggregate_total", "nvmlDeviceGetTotalEccErrors(1,1)", 1),
-    ("retired_pages_pending", "nvmlDeviceGetRetiredPagesPendingStatus", 1),
-    ("fan_speed_ratio", "nvmlDeviceGetFanSpeed", 100),
-    ("temperature_margin_celsius", "nvmlDeviceGetMarginTemperature", 1),
+# field values an H200 answers as unsigned int, with the PCIe link counters (ids from
+# NVML_FI_DEV_PCIE_L0_TO_RECOVERY_COUNTER up); the others as unsigned long long
+_U32_FIELDS = {pynvml.NVML_FI_DEV_MEMORY_TEMP, pynvml.NVML_FI_DEV_POWER_INSTANT}
+
+
+def _factor(name: str):
+    """Catalogue unit -> NVML unit of field ``name`` (an integer where the scale is 1/n)."""
+    inv = 1.0 / catalogue.by_key()[("gpu", name)].scale
+    return round(inv) if abs(inv - round(inv)) < 1e-9 else inv
+
+
+_FIELDS = tuple(  # catalogue field -> (NVML field id, value type, factor to NVML units)
+    (name, fid, _U32 if fid in _U32_FIELDS or fid >= pynvml.NVML_FI_DEV_PCIE_L0_TO_RECOVERY_COUNTER
+     else _U64, _factor(name))
+    for tier in PLAN.values() for fid, name in tier["fields"].items())
+_CALLS = (  # catalogue field -> (NVML call key, factor to NVML units): the calls answered as is
+    *((name, call_key(c.fn, c.args), _factor(name)) for tier in PLAN.values() for c in tier["calls"]
+      for name, member, count, _, bits in c.outs if member is None and not count and not bits),
+    *((name, call_key(fn, args), _factor(name)) for tier in PLAN.values()
+      for _, name, _, fn, args in tier["fallback"]),
 )
 # GPM: catalogue field -> (NVML metric id, factor to NVML units: percent, MiB/s)
 _GPM = tuple((name, mid, 1.0 / catalogue.by_key()[("gpu", name)].scale) for mid, name in GPM_METRICS.items())
 # per-link throughput counters: catalogue field -> (field id, bytes per NVML unit)
 _LINK_IO = tuple((name, fid, unit) for name, (fid, unit) in NVLINK_THROUGHPUT.items())
-_FLAGS = (("clock_event_idle", 0x1), ("clock_event_sw_power_cap", 0x4), ("clock_event_hw_slowdown", 0x8),
-          ("clock_event_sync_boost", 0x10), ("clock_event_sw_thermal", 0x20),
-          ("clock_event_hw_thermal", 0x40), ("clock_event_hw_power_brake", 0x80))
-_LINK_COUNTERS = (("replay_errors_total", pynvml.NVML_NVLINK_ERROR_DL_REPLAY),
-                  ("recovery_errors_total", pynvml.NVML_NVLINK_ERROR_DL_RECOVERY),
-                  ("crc_flit_errors_total", pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT),
-                  ("crc_data_errors_total", pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA))
-
-
-# NVML's per-link field ids of the NVLink error counters (links 0..11 have one each)
-_LINK_FIELD_PREFIX = (("crc_flit_errors_total", "CRC_FLIT"), ("crc_data_errors_total", "CRC_DATA"),
-                      ("replay_errors_total", "REPLAY"), ("recovery_errors_total", "RECOVERY"))
-NVLINK_COUNTER_FIELDS = {(name, link): getattr(pynvml, f"NVML_FI_DEV_NVLINK_{kind}_ERROR_COUNT_L{link}")
-                         for name, kind in _LINK_FIELD_PREFIX for link in range(32)
-                         if hasattr(pynvml, f"NVML_FI_DEV_NVLINK_{kind}_ERROR_COUNT_L{link}")}
+_FLAGS = tuple(flag for tier in PLAN.values() for c in tier["calls"] for *_, bits in c.outs for flag in bits)
+_LINK_COUNTERS = NVLINK_COUNTERS
 _OK = pynvml.NVML_SUCCESS
-_LINK_STATE = pynvml.NVML_FI_DEV_NVLINK_GET_STATE
+_LINK_STATE = NVLINK_STATE_FIELD
 _ACTIVE, _INACTIVE = pynvml.NVML_NVLINK_STATE_ACTIVE, pynvml.NVML_NVLINK_STATE_INACTIVE
 
 

@@ -5,13 +5,19 @@
   NoPermission and FunctionNotFound mean "absent" (never 0): logged once per GPU and call, and
   remembered, so the call is not made again on that GPU. GpuIsLost marks the GPU lost; Unknown
   and Timeout mark it stale. Any other NVML error leaves the value out of this poll only.
+- **The read plan comes from the catalogue** (:data:`PLAN`, built at import from
+  ``gpufleet/catalogue.toml``): each entry of ``gpu`` and ``gpu_nvlink`` names its NVML call and
+  arguments (``call``, ``args``, ``member``, ``count``), its field id (``field_id``: one
+  ``nvmlDeviceGetFieldValues`` batch per tier), a flag of another field (``bit_of``, ``mask``) or
+  a named reader (``read``: ``health``, ``processes``, ``mig_devices``, ``nvlink``, ``gpm``: code
+  a call cannot say), and its tier. Entries sharing a call are one call. An entry the collector
+  cannot read (an unknown constant, reader or tier) fails the import with one clear line.
 - **Tiers**: the fast set is read every poll, the slow set (limits, thresholds, retired pages,
-  remapped rows, processes and job) every ``slow_interval_s`` and on the first poll.
-  ``nvmlDeviceGetFieldValues`` batches the throttle-time counters (fields 74, 269, 270, 271),
-  memory temperature (82), instant power (186) and the energy counter (83) in the fast tier, and
-  the PCIe link error counters (169, 173-183) and perf-policy time counters (75-81) in the slow
-  tier (a batch of 21 such ids took 6.7 ms on an H200: more than the whole fast poll). The
-  thermal margin (``nvmlDeviceGetMarginTemperature``, ~1-1.5 ms) is fast.
+  remapped rows, processes and job, the PCIe error and perf-policy counters) every
+  ``slow_interval_s`` and on the first poll; a slow field of a fast call (the memory size) is
+  kept on slow polls only. The ``gpu_nvlink`` rows (tier ``nvlink``) are read on the first poll
+  and then every ``nvlink_interval_s``. The slow field batch is costly (21 ids took 6.7 ms on an H200: more
+  than the whole fast poll); the thermal margin call (~1-1.5 ms) is fast.
 - **GPM** (GPU Performance Monitoring, Hopper and newer): SM, tensor and DRAM activity, PCIe and
   NVLink bandwidth, computed by ``nvmlGpmMetricsGet`` from this poll's sample and the previous
   poll's (at least ``GPM_MIN_INTERVAL_S`` apart; the first poll only takes a sample). Absent on a
@@ -39,6 +45,7 @@ import struct
 import sys
 import threading
 import time
+from typing import NamedTuple
 
 import pynvml
 
@@ -53,98 +60,123 @@ ABSENT = {E.NVML_ERROR_NOT_SUPPORTED, E.NVML_ERROR_NO_PERMISSION, E.NVML_ERROR_F
 LOST = {E.NVML_ERROR_GPU_IS_LOST}
 STALE = {E.NVML_ERROR_UNKNOWN, E.NVML_ERROR_TIMEOUT}
 HEALTH = {"up": 0, "stale": 1, "lost": 2}
-COR, UNC = E.NVML_MEMORY_ERROR_TYPE_CORRECTED, E.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
-SBE = E.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS
-DBE = E.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
 
-# Clock-event reason bits -> decoded flag fields
-REASON_FLAGS = (
-    ("clock_event_idle", 0x1),
-    ("clock_event_sw_power_cap", 0x4),
-    ("clock_event_hw_slowdown", 0x8),
-    ("clock_event_sync_boost", 0x10),
-    ("clock_event_sw_thermal", 0x20),
-    ("clock_event_hw_thermal", 0x40),
-    ("clock_event_hw_power_brake", 0x80),
-)
-# Batched field values: NVML field id -> catalogue field
-FIELD_IDS = {
-    74: "throttle_sw_power_cap_ns_total",
-    269: "throttle_sw_thermal_ns_total",
-    270: "throttle_hw_thermal_ns_total",
-    271: "throttle_hw_power_brake_ns_total",
-    82: "temperature_memory_celsius",
-    186: "power_instant_watts",
-    83: "energy_joules_total",
-}
-NVLINK_COUNTERS = (
-    ("crc_flit_errors_total", E.NVML_NVLINK_ERROR_DL_CRC_FLIT),
-    ("crc_data_errors_total", E.NVML_NVLINK_ERROR_DL_CRC_DATA),
-    ("replay_errors_total", E.NVML_NVLINK_ERROR_DL_REPLAY),
-    ("recovery_errors_total", E.NVML_NVLINK_ERROR_DL_RECOVERY),
-)
-_COUNTER_ENUM = dict(NVLINK_COUNTERS)
-# Slow-tier field values: NVML field id -> catalogue field (PCIe link errors, perf-policy time).
+
+# -- the read plan, built from the catalogue ---------------------------------------------------
+# Each entry of measurements gpu and gpu_nvlink says how it is read (gpufleet/catalogue.toml):
+# ``call`` (+ ``args``, ``member``, ``count``), ``field_id`` (a field value of its tier's batch),
+# ``bit_of`` + ``mask`` (a flag of another field), or ``read``: one of the named readers below,
+# code that a call and its arguments cannot say.
+POLL_READERS = ("health", "nvlink", "gpm")  # the poll itself: up/health_code, the link rows, GPM
+ROW_READERS = ("processes", "mig_devices")  # GpuCollector._read_<name>(g, f, extra), in their tier
+
+
+def _const(name: str, where: str) -> int:
+    """A pynvml constant named in the catalogue."""
+    value = getattr(E, name, None)
+    if not isinstance(value, int):
+        raise catalogue.CatalogueError(f"{where}: {name!r} is not an NVML constant of this nvidia-ml-py")
+    return value
+
+
+def _arg(name: str, where: str):
+    return name if name == "link" else _const(name, where)
+
+
+class _Call(NamedTuple):
+    """One NVML call of the plan and the fields its answer gives."""
+
+    key: str  # "nvmlDeviceGetClockInfo(NVML_CLOCK_SM)": the query gate's name for it
+    fn: str
+    args: tuple
+    # (field, member (attribute, index or None), count, slow only, ((flag field, mask), ...))
+    outs: tuple
+
+
+_PLAIN = (None, False, False, ())  # an out that is the answer itself: no member, count, tier or flags
+
+
+def _call_key(m) -> str:
+    return f"{m.call}({', '.join(m.args)})"
+
+
+def _plan(metrics) -> dict:
+    """The collector's read plan for the gpu measurement, per tier, in catalogue order."""
+    bits: dict[str, list] = {}
+    for m in metrics:
+        if m.reader == "bit":
+            bits.setdefault(m.bit_of, []).append((m.field, int(m.mask)))
+    calls: dict[str, dict] = {}  # call key -> {"fn", "args", "outs", "tiers"}
+    plan = {t: {"fields": {}, "fallback": [], "readers": []} for t in ("fast", "slow")}
+    for m in metrics:
+        where = f"catalogue gpu.{m.field}"
+        r = m.reader
+        if m.tier not in plan:
+            raise catalogue.CatalogueError(f"{where}: tier {m.tier!r} is not one the GPU collector reads")
+        if r == "call":
+            c = calls.setdefault(_call_key(m), {"fn": m.call, "args": tuple(_arg(a, where) for a in m.args),
+                                                "outs": [], "tiers": set()})
+            c["outs"].append((m.field, m.member, m.count, m.tier == "slow", tuple(bits.get(m.field, ()))))
+            c["tiers"].add(m.tier)
+        elif r == "field":
+            fid = _const(m.field_id, where)
+            plan[m.tier]["fields"][fid] = m.field
+            if m.call:  # where the field value is not supported: the call
+                plan[m.tier]["fallback"].append((fid, m.field, _call_key(m), m.call,
+                                                 tuple(_arg(a, where) for a in m.args)))
+        elif r in ROW_READERS:
+            if r not in plan[m.tier]["readers"]:
+                plan[m.tier]["readers"].append(r)
+        elif r not in ("bit", *POLL_READERS):
+            raise catalogue.CatalogueError(f"{where}: no reader {r!r} in the GPU collector")
+    for key, c in calls.items():  # a call with a fast field is made every poll
+        tier = "fast" if "fast" in c["tiers"] else "slow"
+        plan[tier].setdefault("calls", []).append(_Call(key, c["fn"], c["args"], tuple(c["outs"])))
+    for t in plan.values():
+        t["calls"] = tuple(t.get("calls", ()))
+    return plan
+
+
+_GPU = catalogue.fields("gpu")
+PLAN = _plan(_GPU)
+# Batched field values per tier: NVML field id -> catalogue field. The fast batch (throttle time,
+# memory temperature, instant power, energy) is cheap; the slow one (PCIe link errors,
+# perf-policy time: 21 ids took 6.7 ms on an H200, more than the whole fast poll) is not.
 # The PCIe byte counters (197/198) are not read: they are 32-bit and wrap every ~0.07 s at
 # PCIe Gen5 x16 line rate, faster than any poll; GPM's PCIe rates replace them.
-SLOW_FIELD_IDS = {
-    75: "perf_policy_thermal_ns_total",
-    76: "perf_policy_sync_boost_ns_total",
-    77: "perf_policy_board_limit_ns_total",
-    78: "perf_policy_low_utilization_ns_total",
-    79: "perf_policy_reliability_ns_total",
-    80: "perf_policy_app_clocks_ns_total",
-    81: "perf_policy_base_clocks_ns_total",
-    169: "pcie_l0_to_recovery_total",
-    173: "pcie_correctable_errors_total",
-    174: "pcie_naks_received_total",
-    175: "pcie_receiver_errors_total",
-    176: "pcie_bad_tlp_total",
-    177: "pcie_naks_sent_total",
-    178: "pcie_bad_dllp_total",
-    179: "pcie_nonfatal_errors_total",
-    180: "pcie_fatal_errors_total",
-    181: "pcie_unsupported_requests_total",
-    182: "pcie_lcrc_errors_total",
-    183: "pcie_lane_errors_total",
-}
+FIELD_IDS = PLAN["fast"]["fields"]
+SLOW_FIELD_IDS = PLAN["slow"]["fields"]
 # GPM: NVML metric id -> catalogue field (a share or a rate over the interval between two samples).
-GPM_METRICS = {
-    E.NVML_GPM_METRIC_SM_UTIL: "sm_active_ratio",
-    E.NVML_GPM_METRIC_SM_OCCUPANCY: "sm_occupancy_ratio",
-    E.NVML_GPM_METRIC_ANY_TENSOR_UTIL: "tensor_active_ratio",
-    E.NVML_GPM_METRIC_DRAM_BW_UTIL: "dram_active_ratio",
-    E.NVML_GPM_METRIC_PCIE_TX_PER_SEC: "pcie_tx_bytes_per_second",
-    E.NVML_GPM_METRIC_PCIE_RX_PER_SEC: "pcie_rx_bytes_per_second",
-    E.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC: "nvlink_tx_bytes_per_second",
-    E.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC: "nvlink_rx_bytes_per_second",
-}
+GPM_METRICS = {_const(m.gpm_metric, f"catalogue gpu.{m.field}"): m.field for m in _GPU if m.reader == "gpm"}
 # NVLink rates only for a GPU with NVLink links (a GPU without answers 0, which is not a reading)
-GPM_NEEDS_LINKS = frozenset({"nvlink_tx_bytes_per_second", "nvlink_rx_bytes_per_second"})
+GPM_NEEDS_LINKS = frozenset(m.field for m in _GPU if m.reader == "gpm" and m.needs_nvlink)
 GPM_MIN_INTERVAL_S = 0.1  # NVML's floor between the two samples of a metrics call
 _GPM_LOCK = threading.Lock()  # one GPM call at a time in this process (concurrent calls are unsafe)
 _GPM_IDS = tuple(GPM_METRICS)
 MAX_LINKS = 18  # NVLink links per GPU up to Hopper; the first poll probes them
-# Per-link field ids of the NVLink error counters (NVML defines them for links 0..11): one
-# nvmlDeviceGetFieldValues call reads them all; links above 11, and any counter the batch answers
-# NotSupported for, fall back to nvmlDeviceGetNvLinkErrorCounter.
-_NVLINK_FIELD_PREFIX = {
-    "crc_flit_errors_total": "NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_L",
-    "crc_data_errors_total": "NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_L",
-    "replay_errors_total": "NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_L",
-    "recovery_errors_total": "NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_L",
-}
-NVLINK_COUNTER_FIELDS = {(name, link): getattr(E, f"{prefix}{link}")
-                         for name, prefix in _NVLINK_FIELD_PREFIX.items()
-                         for link in range(MAX_LINKS) if hasattr(E, f"{prefix}{link}")}
+_LINK = {m.field: m for m in catalogue.fields("gpu_nvlink")}
+for _m in _LINK.values():  # the link rows are read at their own cadence (nvlink_interval_s)
+    if _m.tier != "nvlink" or _m.reader != "nvlink":
+        raise catalogue.CatalogueError(f"catalogue gpu_nvlink.{_m.field}: the GPU collector reads it with "
+                                       'read = "nvlink", tier = "nvlink"')
+# NVLink error counters: catalogue field -> the nvmlDeviceGetNvLinkErrorCounter counter; their
+# per-link field ids (``{link}`` in the catalogue's field_id; NVML defines them for links 0..11):
+# one nvmlDeviceGetFieldValues call reads them all; links above 11, and any counter the batch
+# answers NotSupported for, fall back to nvmlDeviceGetNvLinkErrorCounter.
+NVLINK_COUNTERS = tuple((name, _const(m.args[1], f"catalogue gpu_nvlink.{name}"))
+                        for name, m in _LINK.items() if "{link}" in m.field_id)
+_COUNTER_ENUM = dict(NVLINK_COUNTERS)
+NVLINK_COUNTER_FIELDS = {(name, link): getattr(E, _LINK[name].field_id.format(link=link))
+                         for name, _ in NVLINK_COUNTERS
+                         for link in range(MAX_LINKS) if hasattr(E, _LINK[name].field_id.format(link=link))}
 # The link state as a field value, scoped to the link: active (and asleep, a low-power state of a
 # trained link) is up; inactive or traffic disabled is down.
-NVLINK_STATE_FIELD = E.NVML_FI_DEV_NVLINK_GET_STATE
+NVLINK_STATE_FIELD = _const(_LINK["up"].field_id, "catalogue gpu_nvlink.up")
 NVLINK_STATE_UP = {E.NVML_NVLINK_STATE_ACTIVE, E.NVML_NVLINK_STATE_SLEEP}
-# Per-link data throughput counters (KiB, 64-bit), read with the link rows, scoped to the link;
-# no per-call fallback: a link that answers NotSupported leaves them out.
-NVLINK_THROUGHPUT = {"tx_data_bytes_total": (E.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 1024),
-                     "rx_data_bytes_total": (E.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, 1024)}
+# Per-link data throughput counters (scoped to the link; KiB, 64-bit: the catalogue's scale),
+# read with the link rows; no per-call fallback: a link that answers NotSupported leaves them out.
+NVLINK_THROUGHPUT = {name: (_const(m.field_id, f"catalogue gpu_nvlink.{name}"), int(m.scale))
+                     for name, m in _LINK.items() if m.field_id and not m.call}
 _VALUE_MEMBER = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 
 # nvmlFieldValue_t read in bulk: pynvml's structure classes answer every attribute through a
@@ -335,6 +367,12 @@ class GpuCollector:
         self._init_retry_at = 0.0
         self._next_slow = 0.0
         self._conv = _conv()
+        # the plan's calls bound to this backend: (gate key, function or None, args, outs, the
+        # one field of a call whose answer is the value itself, else None)
+        self._calls = {tier: tuple((c.key, getattr(self.backend, c.fn, None), c.args, c.outs,
+                                    c.outs[0][0] if len(c.outs) == 1 and c.outs[0][1:] == _PLAIN else None)
+                                   for c in p["calls"])
+                       for tier, p in PLAN.items()}
         self._resolve_job = None
         if jobs:
             try:
@@ -441,57 +479,66 @@ class GpuCollector:
     # -- one GPU -----------------------------------------------------------------------------
     def _read_gpu(self, g: _Gpu, slow: bool, now_ns: int, links: bool = True,
                   now: float | None = None) -> list[Sample]:
-        B, q, put = self.backend, self._q, self._put
         if g.handle is None:
             self._identify(g)
         f: dict[str, object] = {}
-        u = q(g, "utilization", B.nvmlDeviceGetUtilizationRates)
-        if u is not None:
-            put(f, "utilization_gpu_ratio", u.gpu)
-            put(f, "utilization_memory_ratio", u.memory)
-        m = q(g, "memory", B.nvmlDeviceGetMemoryInfo)
-        if m is not None:
-            put(f, "memory_used_bytes", m.used)
-            if slow:
-                put(f, "memory_total_bytes", m.total)
-        put(f, "power_watts", q(g, "power", B.nvmlDeviceGetPowerUsage))
-        put(f, "temperature_gpu_celsius",
-            q(g, "temperature", B.nvmlDeviceGetTemperature, E.NVML_TEMPERATURE_GPU))
-        put(f, "clock_sm_mhz", q(g, "clock_sm", B.nvmlDeviceGetClockInfo, E.NVML_CLOCK_SM))
-        put(f, "clock_memory_mhz", q(g, "clock_mem", B.nvmlDeviceGetClockInfo, E.NVML_CLOCK_MEM))
-        put(f, "performance_state", q(g, "pstate", B.nvmlDeviceGetPerformanceState))
-        reasons = q(g, "clock_event_reasons", B.nvmlDeviceGetCurrentClocksEventReasons)
-        if reasons is not None:
-            reasons = int(reasons)
-            f["clock_event_reasons"] = reasons
-            for name, bit in REASON_FLAGS:
-                f[name] = 1 if reasons & bit else 0
-        put(f, "pcie_link_gen", q(g, "pcie_gen", B.nvmlDeviceGetCurrPcieLinkGeneration))
-        put(f, "pcie_link_width", q(g, "pcie_width", B.nvmlDeviceGetCurrPcieLinkWidth))
-        put(f, "pcie_replay_total", q(g, "pcie_replay", B.nvmlDeviceGetPcieReplayCounter))
-        put(f, "ecc_corrected_volatile_total", q(g, "ecc_cv", B.nvmlDeviceGetTotalEccErrors,
-                                                  COR, E.NVML_VOLATILE_ECC))
-        put(f, "ecc_uncorrected_volatile_total", q(g, "ecc_uv", B.nvmlDeviceGetTotalEccErrors,
-                                                    UNC, E.NVML_VOLATILE_ECC))
-        put(f, "fan_speed_ratio", q(g, "fan", B.nvmlDeviceGetFanSpeed))
-        put(f, "temperature_margin_celsius",
-            q(g, "margin_temperature", getattr(B, "nvmlDeviceGetMarginTemperature", None)))
+        extra = {"pci_bus_id": g.pci_bus_id, "pids": None}
+        fast = PLAN["fast"]
+        self._read_calls(g, f, self._calls["fast"], slow)
         self._read_fields(g, f)
-        if "energy_joules_total" not in f and 83 not in g.field_ids:
-            put(f, "energy_joules_total", q(g, "energy", B.nvmlDeviceGetTotalEnergyConsumption))
-
-        pids = None
+        self._read_fallback(g, f, fast["fallback"], g.field_ids)
         if slow:
-            pids = self._read_slow(g, f)
+            plan = PLAN["slow"]
+            self._read_fields(g, f, slow=True)
+            self._read_fallback(g, f, plan["fallback"], g.slow_field_ids)
+            self._read_calls(g, f, self._calls["slow"], True)
+            for name in plan["readers"]:
+                getattr(self, f"_read_{name}")(g, f, extra)
         f["up"] = 1
         f["health_code"] = 0
         tags = {**g.tags, **g.job_tags} if g.job_tags else g.tags
         link_rows = self._read_nvlink(g, now_ns) if self.nvlink and (links or g.links is None) else []
         if self.gpm and g.gpm is not False:
             self._read_gpm(g, f, now_ns / 1e9 if now is None else now)
-        out = [Sample("gpu", tags, f, now_ns, extra={"pci_bus_id": g.pci_bus_id, "pids": pids})]
+        out = [Sample("gpu", tags, f, now_ns, extra=extra)]
         out.extend(link_rows)
         return out
+
+    def _read_calls(self, g: _Gpu, f: dict, calls: tuple, slow: bool) -> None:
+        """The plan's NVML calls: each answer gives its fields (a member of it, or its length)
+        and the flags decoded from them; a slow-tier field of a fast call only on slow polls."""
+        q, put = self._q, self._put
+        for key, fn, args, outs, only in calls:
+            v = q(g, key, fn, *args)
+            if v is None:
+                continue
+            if only is not None:
+                put(f, only, v)
+                continue
+            for name, member, count, slow_only, bits in outs:
+                if slow_only and not slow:
+                    continue
+                x = v
+                if member is not None:
+                    if isinstance(member, str):
+                        x = getattr(v, member)
+                    elif member < len(v):
+                        x = v[member]
+                    else:
+                        continue
+                if count:
+                    x = len(x)
+                put(f, name, x)
+                if bits:
+                    x = int(x)
+                    for flag, mask in bits:
+                        f[flag] = 1 if x & mask else 0
+
+    def _read_fallback(self, g: _Gpu, f: dict, fallback: list, ids: list[int]) -> None:
+        """A field whose field value this GPU does not support (dropped from its batch): the call."""
+        for fid, name, key, fn, args in fallback:
+            if name not in f and fid not in ids:
+                self._put(f, name, self._q(g, key, getattr(self.backend, fn, None), *args))
 
     def _read_fields(self, g: _Gpu, f: dict, slow: bool = False) -> None:
         """One nvmlDeviceGetFieldValues batch: the fast ids, or (``slow``) the slow-tier ids.
@@ -526,53 +573,33 @@ class GpuCollector:
                 keep.append(fid)  # transient: ask again next poll
         return keep
 
-    def _read_slow(self, g: _Gpu, f: dict) -> list[int] | None:
-        B, q, put = self.backend, self._q, self._put
-        self._read_fields(g, f, slow=True)
-        lim = q(g, "power_limit", B.nvmlDeviceGetEnforcedPowerLimit)
-        put(f, "power_limit_watts", lim)
-        for name, th in (("temperature_slowdown_celsius", E.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN),
-                         ("temperature_shutdown_celsius", E.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN),
-                         ("temperature_max_operating_celsius", E.NVML_TEMPERATURE_THRESHOLD_GPU_MAX),
-                         ("temperature_memory_max_celsius", E.NVML_TEMPERATURE_THRESHOLD_MEM_MAX)):
-            put(f, name, q(g, f"threshold {th}", B.nvmlDeviceGetTemperatureThreshold, th))
-        put(f, "clock_sm_max_mhz", q(g, "clock_sm_max", B.nvmlDeviceGetMaxClockInfo, E.NVML_CLOCK_SM))
-        put(f, "pcie_link_gen_max", q(g, "pcie_gen_max", B.nvmlDeviceGetMaxPcieLinkGeneration))
-        put(f, "pcie_link_width_max", q(g, "pcie_width_max", B.nvmlDeviceGetMaxPcieLinkWidth))
-        put(f, "ecc_corrected_aggregate_total", q(g, "ecc_ca", B.nvmlDeviceGetTotalEccErrors,
-                                                   COR, E.NVML_AGGREGATE_ECC))
-        put(f, "ecc_uncorrected_aggregate_total", q(g, "ecc_ua", B.nvmlDeviceGetTotalEccErrors,
-                                                     UNC, E.NVML_AGGREGATE_ECC))
-        for name, cause in (("retired_pages_sbe", SBE),
-                            ("retired_pages_dbe", DBE)):
-            pages = q(g, f"retired_pages {cause}", B.nvmlDeviceGetRetiredPages, cause)
-            if pages is not None:
-                f[name] = len(pages)
-        put(f, "retired_pages_pending", q(g, "retired_pending", B.nvmlDeviceGetRetiredPagesPendingStatus))
-        rr = q(g, "remapped_rows", B.nvmlDeviceGetRemappedRows)
-        if rr is not None:
-            for name, v in zip(("remapped_rows_correctable", "remapped_rows_uncorrectable",
-                                "remapped_rows_pending", "remapped_rows_failure"), rr, strict=False):
-                put(f, name, int(v))
-        mig = q(g, "mig_mode", B.nvmlDeviceGetMigMode)
-        if mig is not None:
-            current = int(mig[0])
-            f["mig_mode"] = current
-            n = 0
-            if current == 1:
-                slots = q(g, "mig_max", B.nvmlDeviceGetMaxMigDeviceCount) or 0
-                for i in range(int(slots)):
-                    try:
-                        B.nvmlDeviceGetMigDeviceHandleByIndex(g.handle, i)
-                        n += 1
-                    except E.NVMLError as exc:
-                        if exc.value in LOST:
-                            raise _Lost() from None
-            f["mig_device_count"] = n
-        procs = q(g, "processes", B.nvmlDeviceGetComputeRunningProcesses)
+    # -- named readers (the catalogue's ``read = "..."``) ----------------------------------------
+    def _read_mig_devices(self, g: _Gpu, f: dict, extra: dict) -> None:
+        """mig_device_count: the MIG devices that answer, where MIG mode is on (0 where off)."""
+        if "mig_mode" not in f:
+            return
+        n = 0
+        if f["mig_mode"] == 1:
+            B = self.backend
+            slots = self._q(g, "mig_max", B.nvmlDeviceGetMaxMigDeviceCount) or 0
+            for i in range(int(slots)):
+                try:
+                    B.nvmlDeviceGetMigDeviceHandleByIndex(g.handle, i)
+                    n += 1
+                except E.NVMLError as exc:
+                    if exc.value in LOST:
+                        raise _Lost() from None
+        f["mig_device_count"] = n
+
+    def _read_processes(self, g: _Gpu, f: dict, extra: dict) -> None:
+        """process_count and job_id from the GPU's compute processes (their pids go to ``extra``),
+        and the operator-chosen job tags."""
+        B = self.backend
+        procs = self._q(g, "processes", B.nvmlDeviceGetComputeRunningProcesses)
         if procs is None:
-            return None
+            return
         pids = sorted({int(p.pid) for p in procs})
+        extra["pids"] = pids
         f["process_count"] = len(pids)
         proc_root = getattr(B, "proc_root", None)
         if pids and self._resolve_job is not None and proc_root:
@@ -592,7 +619,6 @@ class GpuCollector:
                     g.job_tags = job_tags(pids, self.job_tags, proc_root=proc_root)
                 except OSError as exc:
                     log.debug("gpu %d: job tags lookup failed: %s", g.index, exc)
-        return pids
 
     # -- GPM -------------------------------------------------------------------------------
     def _read_gpm(self, g: _Gpu, f: dict, now: float) -> None:

@@ -18,7 +18,7 @@ An XID seen by both paths is one row (the kernel log's); see :class:`XidCollecto
 Each event becomes one row: tags gpu/uuid/model (mapped from the PCI bus id through the
 backend's ``nvmlDeviceGetPciInfo``; left out when the address is not one of this node's GPUs),
 type (``xid``, ``ecc_sbe``, ``ecc_dbe``, ...), source; fields code, pid, process, message,
-pci_bus_id, and severity/action from ``agent/xid_catalogue.toml`` (NVIDIA's Xid catalog).
+pci_bus_id, and severity/action from ``gpufleet/xid_catalogue.toml`` (NVIDIA's Xid catalog).
 
 Formats parsed (several driver generations; see tests/fixtures/kmsg/):
 ``NVRM: Xid (0000:01:00): 79, GPU has fallen off the bus.`` (old, no ``PCI:``),
@@ -42,23 +42,13 @@ import stat
 import subprocess
 import threading
 import time
-import tomllib
-from functools import cache
 from pathlib import Path
 
 from agent.model import Sample, register
+from gpufleet import catalogue
 from gpufleet.errors import ConfigError, GpufleetError
 
-CATALOGUE = Path(__file__).resolve().parent.parent / "xid_catalogue.toml"
 log = logging.getLogger(__name__)
-
-
-@cache
-def xid_catalogue() -> dict[int, dict]:
-    """code -> {name, mnemonic, severity, action, investigate?, secondary?, description?}."""
-    with CATALOGUE.open("rb") as f:
-        doc = tomllib.load(f)
-    return {int(k): v for k, v in doc.get("xid", {}).items()}
 
 
 # ------------------------------------------------------------------------------ kernel log
@@ -694,7 +684,7 @@ class XidCollector:
         if pci:
             fields["pci_bus_id"] = pci
         if etype == "xid" and code is not None:
-            info = xid_catalogue().get(int(code))
+            info = catalogue.xids().get(int(code))
             if info:
                 sev, action = info["severity"], info["action"]
                 if int(code) == 154 and message:

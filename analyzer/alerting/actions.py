@@ -128,10 +128,10 @@ def xid_action(bucket: str | None) -> str:
 
 def xid_resolution(code) -> tuple[str, str]:
     """(name, what to do) of an XID code from the agent's XID catalogue; ('', '') when unknown."""
-    from agent.collectors.xid import xid_catalogue
+    from gpufleet.catalogue import xids
 
     try:
-        info = xid_catalogue().get(int(code))
+        info = xids().get(int(code))
     except (TypeError, ValueError, OSError):
         return "", ""
     if not info:

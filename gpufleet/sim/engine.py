@@ -142,20 +142,8 @@ def gpu_fields(tier: set[str]) -> list[tuple[str, str]]:
 
 
 def xid_catalogue() -> dict[int, dict]:
-    """The agent's XID catalogue (severity, action per code), read as data.
-
-    A catalogue that is missing or unreadable is an error (an incomplete installation), never
-    an empty table: the simulated XIDs would lose their severities without a word.
-    """
-    import tomllib
-    from importlib import resources
-
-    try:
-        doc = tomllib.loads(resources.files("agent").joinpath("xid_catalogue.toml").read_text())
-        return {int(k): v for k, v in doc.get("xid", {}).items()}
-    except (ImportError, OSError, ValueError) as exc:
-        raise GpufleetError(f"XID catalogue agent/xid_catalogue.toml: cannot read it ({exc}); "
-                            "the installation is incomplete") from None
+    """The XID catalogue (severity, action per code): :func:`gpufleet.catalogue.xids`."""
+    return catalogue.xids()
 
 
 def _steps(every, step: float) -> int:
