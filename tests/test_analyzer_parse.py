@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from analyzer import parse
 from analyzer.parse import Parser
-from gpufleet.lineprotocol import ParseError, encode, parse_line
+from gpufleet.lineprotocol import ParseError, encode, parse_line, skip_line
 
 ENGINES = ["c", "numpy"]
 FUZZ_SEEDS = int(os.environ.get("GPUFLEET_FUZZ_SEEDS", "40"))
@@ -54,7 +54,10 @@ def _as_points(p: Parser, rows) -> list[tuple]:
 def _reference(lines: list[str]) -> list[tuple]:
     out = []
     for ln in lines:
-        pt = parse_line(ln)
+        try:
+            pt = parse_line(ln)
+        except ParseError:  # InfluxDB's rules refuse some encodable names ("time" as a tag key)
+            continue
         fields = {k: (v if isinstance(v, str) else float(v)) for k, v in pt.fields.items()}
         out.append((pt.measurement, tuple(sorted(pt.tags.items())), pt.time, tuple(sorted(fields.items()))))
     return sorted(out, key=repr)
@@ -99,8 +102,11 @@ def test_garbage_is_skipped_and_counted(engine):
                 "gpu,host=a,gpu=0 power_watts==5 5",
                 'gpu,host=a,gpu=0 power_watts=1,x="unterminated 6',
                 "gpu,host=a,gpu=0 power_watts=7",  # no timestamp
-                "gpu,host=a,gpu=0 power_watts=abc 8",  # garbage value: absent, the row stays
+                "gpu,host=a,gpu=0 power_watts=abc 8",  # a bad value: InfluxDB refuses the line
                 "gpu,host=a,gpu=0 power_watts=nan 9",
+                "gpu,host=a,gpu=0 power_watts=1 10\r",  # a carriage return is no line end
+                " gpu,host=a,gpu=0 power_watts=11 11",  # leading blanks are skipped
+                "gpu,host=a,gpu=0 power_watts=12 0",  # time 0 is a time
                 "# a comment",
                 "",
                 "\x00\xff\xfe binary",
@@ -110,10 +116,11 @@ def test_garbage_is_skipped_and_counted(engine):
     )
     p, rows = _rows(data, engine)
     r = rows["gpu"]
-    assert sorted(r.t.tolist()) == [8, 9, 5 * 10**18]
-    assert np.isnan(r.num["power_watts"][r.t < 10]).all()
-    assert p.stats.bad_lines >= 4
+    assert sorted(r.t.tolist()) == [0, 11, 5 * 10**18]
+    assert sorted(r.num["power_watts"].tolist()) == [11.0, 12.0, 100.0]
+    assert p.stats.bad_lines == 7
     assert p.stats.no_timestamp == 1
+    assert p.stats.lines == 11
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -205,13 +212,11 @@ def _mutate(rng: random.Random, line: bytes) -> bytes:
 
 
 def _reference_point(line: bytes):
-    if line.startswith(b"#"):  # a comment
-        return None
     try:
-        pt = parse_line(line.decode("utf-8", "replace"))  # bad UTF-8 is replaced, not fatal
-    except (ParseError, ValueError):
+        pt = parse_line(line)
+    except ParseError:
         return None
-    if pt.time == 0 or not -(2**63) <= pt.time < 2**63:
+    if pt.time is None:
         return None
     fields = {k: (v if isinstance(v, str) else float(v)) for k, v in pt.fields.items()}
     return (pt.measurement, tuple(sorted(pt.tags.items())), pt.time, tuple(sorted(fields.items())))
@@ -219,24 +224,19 @@ def _reference_point(line: bytes):
 
 @pytest.mark.parametrize("seed", range(FUZZ_SEEDS))
 def test_c_tokenizer_on_mutated_lines(seed):
-    """Real-looking lines with random damage: every line the reference parser accepts comes out
-    identical; every other row C keeps has a value it marked unparsable (absent) -- and nothing
-    raises."""
+    """Real-looking lines with random damage: C keeps exactly the lines the reference parser
+    accepts, read identically, and nothing raises."""
     rng = random.Random(seed)
     lines = [_mutate(rng, ln) if rng.random() < 0.5 else ln for ln in _realistic_lines(rng)]
     lines.insert(rng.randrange(len(lines)), b"# comment")
     lines.insert(rng.randrange(len(lines)), b"")
-    crlf = seed % 4 == 0  # a file with CRLF line ends
-    p, rows = _rows(b"\r\n".join(lines) + b"\r\n" if crlf else b"\n".join(lines) + b"\n", "c")
+    if seed % 4 == 0:  # a file with CRLF line ends: InfluxDB reads the CR as part of the line
+        lines = [ln + b"\r" for ln in lines]
+    p, rows = _rows(b"\n".join(lines) + b"\n", "c")
     got = _as_points(p, rows)
     ref = sorted((r for r in map(_reference_point, lines) if r is not None), key=repr)
-    extra = list(got)
-    for r in ref:
-        assert r in extra, f"lost or changed: {r!r}"
-        extra.remove(r)
-    assert len(extra) <= p.stats.bad_values
-    real = sum(1 for ln in lines if ln.rstrip(b"\r") and not ln.startswith(b"#"))
-    assert p.stats.lines == real
+    assert got == ref
+    assert p.stats.lines == sum(1 for ln in lines if not skip_line(ln))
     assert p.stats.points == len(got)
 
 

@@ -25,7 +25,6 @@ from gpufleet.lineprotocol import escape_key, escape_measurement, format_value
 log = logging.getLogger("gpufleet.agent.lineprotocol")
 
 _RESOURCE_SKIP = ("service.", "telemetry.")
-_STR_ESC = str.maketrans({'"': r"\"", "\\": r"\\", "\n": r"\n", "\r": r"\r"})
 
 
 def _fmt(v: object, typ: type) -> str | None:
@@ -41,7 +40,7 @@ def _fmt(v: object, typ: type) -> str | None:
             return None
         return repr(v)
     if typ is str:
-        return '"' + str(v).translate(_STR_ESC) + '"'
+        return format_value(str(v))
     return format_value(v)
 
 
@@ -95,7 +94,7 @@ class LineProtocolExporter(MetricExporter):
                 v = str(v)
                 if v == "":
                     continue
-                head += f",{escape_key(str(k))}={escape_key(_tag_value(v))}"
+                head += f",{escape_key(str(k))}={escape_key(v)}"
             self._heads[hk] = head
         return head
 
@@ -209,10 +208,3 @@ class LineProtocolExporter(MetricExporter):
 
 _NO_PLAN = object()
 
-
-def _tag_value(v: str) -> str:
-    """Tag values: newlines become spaces; a trailing backslash would escape the separator."""
-    v = v.replace("\n", " ").replace("\r", " ")
-    if v.endswith("\\"):
-        v = v + " "
-    return v
