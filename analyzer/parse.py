@@ -18,6 +18,7 @@ mapping ids to tags.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 
@@ -387,8 +388,10 @@ class Parser:
         badl[lid[keys[(kb == _TAB) | (kb == 0)]]] = True  # InfluxDB skips blanks before a key
         is_str = buf[vstart] == _QUOTE
         vkind = np.full(len(vals), STR, np.uint8)
+        vnum = np.full(len(vals), np.nan)
+        ivals = np.zeros(len(vals), np.int64)
         ns = np.flatnonzero(~is_str)
-        vkind[ns] = _value_kinds(buf, vstart[ns], vlen[ns])
+        vkind[ns], vnum[ns], ivals[ns] = _values(buf, vstart[ns], vlen[ns])
         strs_ok = (vlen >= 2) & (buf[vstart + vlen - 1] == _QUOTE)
         badl[lid[vals[(vkind == 0) | (is_str & ~strs_ok)]]] = True
         nstr = np.bincount(lid[vals[is_str]], minlength=nlines)
@@ -429,7 +432,7 @@ class Parser:
         sel[gl] = True
         m = sel[klid]
         keys, vals, klid = keys[m], vals[m], klid[m]
-        vstart, vlen, is_str, vkind = vstart[m], vlen[m], is_str[m], vkind[m]
+        vstart, vlen, is_str, vkind, vnum, ivals = vstart[m], vlen[m], is_str[m], vkind[m], vnum[m], ivals[m]
         fp = _fingerprint(buf, tstart[keys], tlen[keys])
         nk = np.bincount(klid, minlength=len(nl))[gl]
         kfirst = np.zeros(len(nl) + 1, np.int64)
@@ -446,7 +449,6 @@ class Parser:
             gkey = sig ^ (mid * np.uint64(0xD6E8FEB86659FD93)) ^ (nk.astype(np.uint64) << np.uint64(48))
         ukeys, ginv = np.unique(gkey, return_inverse=True)
         groups = []
-        need = np.zeros(len(vals), bool)
         for g in range(len(ukeys)):
             rows = np.flatnonzero(ginv == g)
             line0 = gl[rows[0]]
@@ -461,13 +463,7 @@ class Parser:
             mname = self.series.measurement[int(sids[rows[0]])]
             cols = self._columns(mname, names)
             vidx = kfirst[gl[rows]][:, None] + np.array([j for j, _ in cols], np.int64)
-            need[vidx.ravel()] = True
             groups.append((rows, vidx, [n for _, n in cols], mname))
-        # convert only the values some detector reads (every value was checked above)
-        vnum = np.full(len(vals), np.nan)
-        ivals = np.zeros(len(vals), np.int64)
-        conv = np.flatnonzero(need & ~is_str)
-        _convert(buf, vstart[conv], vlen[conv], vkind[conv], vnum, ivals, conv)
         for rows, vidx, names, mname in groups:
             r = Rows(mname, sids[rows], tvals[rows])
             for j, name in enumerate(names):
@@ -573,19 +569,23 @@ def _gather(buf: np.ndarray, start: np.ndarray, n: np.ndarray, width: int) -> np
 
 
 def _fingerprint(buf: np.ndarray, start: np.ndarray, n: np.ndarray) -> np.ndarray:
-    """64-bit fingerprint of a key token: its length, bytes 0-8 and bytes 8-16 (or the last 8).
-
-    Injective over every field name in the catalogue (a test checks it); two unknown keys of one
-    length sharing their first 16 bytes would collide, and unknown keys are never read.
-    """
+    """64-bit hash of each key token's whole content (its length and every 8-byte word, mixed),
+    so that lines are grouped by their exact keys (a test checks it is injective over the
+    catalogue; two different keys collide with a chance of about 2**-64)."""
     if not len(start):
         return np.zeros(0, np.uint64)
     words = _words(buf)
-    a = words[start] & _LOW[np.clip(n, 0, 8)]
-    off = np.minimum(8, np.maximum(n - 8, 0))
-    b = words[start + off] & _LOW[np.clip(n - off, 0, 8)]
+    last = len(words) - 1
+    h = n.astype(np.uint64) * _MULT[2] + np.uint64(1)
     with np.errstate(over="ignore"):
-        return (a * _MULT[0]) ^ (b * _MULT[1]) ^ (n.astype(np.uint64) << np.uint64(56))
+        for j in range(0, min(int(n.max()), 64), 8):
+            w = words[np.minimum(start + j, last)] & _LOW[np.clip(n - j, 0, 8)]
+            h = (h ^ w) * _MULT[(j // 8) % 2]
+            h ^= h >> np.uint64(29)
+    for i in np.flatnonzero(n > 64).tolist():  # rare: the rest of a long key, in Python
+        rest = bytes(buf[start[i] + 64 : start[i] + n[i]])
+        h[i] ^= np.uint64(int.from_bytes(hashlib.blake2b(rest, digest_size=8).digest(), "little"))
+    return h
 
 
 _POS = np.arange(_VW)
@@ -594,48 +594,86 @@ _BOOLS = np.array(
 )
 _MAX_TS = np.bytes_(b"9223372036854775806")  # InfluxDB's range is +-(2**63 - 2)
 _ORD = {c: ord(c) for c in "0123456789.-+eEi"}
+_NOT_FLOAT = np.ones(256, bool)  # bytes a float token never holds (NUL included)
+_NOT_FLOAT[list(b"0123456789.eE+-")] = False
+_NOT_INT = np.ones(256, bool)
+_NOT_INT[list(b"0123456789-")] = False
+_FLOAT_RE = re.compile(rb"-?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\Z")
 
 
-def _value_kinds(buf: np.ndarray, start: np.ndarray, n: np.ndarray) -> np.ndarray:
-    """FLOAT, INT or BOOL for each non-string value token in InfluxDB's grammar (floats
-    -?(digits[.digits*]|.digits)([eE][+-]?digits)?, integers -?digits + i, the ten boolean
-    spellings); 0 for anything else, and for what the reference parser must decide (longer than
-    _VW bytes, integers of 19 digits or more, which may be out of range)."""
-    kind = np.zeros(len(start), np.uint8)
-    idx = np.flatnonzero((n > 0) & (n <= _VW))
-    if not len(idx):
-        return kind
-    g = _gather(buf, start[idx], n[idx], _VW)
-    L = n[idx]
-    pos = _POS[None, :]
-    inside = pos < L[:, None]
-    dig = (g >= _ORD["0"]) & (g <= _ORD["9"])
-    last = g[np.arange(len(idx)), L - 1]
-    lead = (pos == 0) & (g[:, :1] == _ORD["-"])
-    # integers
-    body = inside & (pos < (L - 1)[:, None]) & ~lead
-    nbody = body.sum(1)
-    is_int = (last == _ORD["i"]) & ~(body & ~dig).any(1) & (nbody >= 1) & (nbody <= 18)
-    # floats
-    ise = inside & ((g == _ORD["e"]) | (g == _ORD["E"]))
-    ne = ise.sum(1)
-    epos = np.where(ne > 0, ise.argmax(1), L)
-    mant = inside & (pos < epos[:, None]) & ~lead
-    dot = mant & (g == _ORD["."])
-    mant_ok = ~(mant & ~dig & ~dot).any(1) & (dot.sum(1) <= 1) & ((mant & dig).sum(1) >= 1)
-    expo = inside & (pos > epos[:, None])
-    sign = (pos == (epos + 1)[:, None]) & ((g == _ORD["+"]) | (g == _ORD["-"]))
-    edig = expo & ~sign
-    exp_ok = (ne == 0) | ((ne == 1) & ~(edig & ~dig).any(1) & (edig.sum(1) >= 1))
-    is_float = mant_ok & exp_ok & (last != _ORD["i"])
-    sci = np.flatnonzero(is_float & (ne == 1))  # an exponent may overflow: InfluxDB refuses that
-    if len(sci):
-        is_float[sci[~np.isfinite(g[sci].view(f"S{_VW}")[:, 0].astype(np.float64))]] = False
-    # booleans
-    word = g[:, :8].copy().view("<u8")[:, 0]
-    is_bool = (L <= 5) & np.isin(word, _BOOLS)
-    kind[idx] = np.where(is_int, INT, np.where(is_float, FLOAT, np.where(is_bool, BOOL, 0)))
-    return kind
+def _values(buf: np.ndarray, start: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(kind, float64 value, exact int64) of non-string value tokens in InfluxDB's grammar: floats
+    -?(digits[.digits*]|.digits)([eE][+-]?digits)? and finite, integers -?digits + i within int64,
+    the ten boolean spellings. Kind 0 for anything else and for tokens longer than _VW bytes: the
+    reference parser decides those. numpy's conversion is Python's float()/int(), correctly
+    rounded; a character check first keeps out what those take and InfluxDB does not (blanks,
+    underscores, inf, nan, a leading +)."""
+    k = len(start)
+    kind = np.zeros(k, np.uint8)
+    fval = np.full(k, np.nan)
+    ival = np.zeros(k, np.int64)
+    lo = 0
+    for w in (8, 16, _VW):
+        idx = np.flatnonzero((n > lo) & (n <= w))
+        lo = w
+        if not len(idx):
+            continue
+        L = n[idx]
+        g = _gather(buf, start[idx], L, w)
+        rows = np.arange(len(idx))
+        last = g[rows, L - 1]
+        pos = _POS[None, :w]
+        plus = g[:, 0] == _ORD["+"]
+        is_i = (last == _ORD["i"]) & (L >= 2) & ~plus
+        cand = np.flatnonzero(is_i & ~(_NOT_INT[g] & (pos < (L - 1)[:, None])).any(1))
+        if len(cand):
+            body = g[cand].copy()
+            body[np.arange(len(cand)), L[cand] - 1] = 0
+            iv, ok = _convert(body.view(f"S{w}")[:, 0], np.int64)
+            sel = idx[cand[ok]]
+            kind[sel] = INT
+            ival[sel] = iv[ok]
+            fval[sel] = iv[ok]
+        num = ((last >= _ORD["0"]) & (last <= _ORD["9"])) | (last == _ORD["."])
+        cand = np.flatnonzero(num & ~plus & ~(_NOT_FLOAT[g] & (pos < L[:, None])).any(1))
+        if len(cand):
+            fv, ok = _convert(g[cand].view(f"S{w}")[:, 0], np.float64)
+            ok &= np.isfinite(fv)
+            sel = idx[cand[ok]]
+            kind[sel] = FLOAT
+            fval[sel] = fv[ok]
+        cand = np.flatnonzero(~is_i & ~num & (L <= 5))
+        if len(cand):
+            word = g[cand, :8].copy().view("<u8")[:, 0]
+            sel = idx[cand[np.isin(word, _BOOLS)]]
+            kind[sel] = BOOL
+            fval[sel] = np.isin(buf[start[sel]], (ord("t"), ord("T")))
+    return kind, fval, ival
+
+
+def _convert(s: np.ndarray, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Bytes tokens to numbers in one call; where one of them is not a number, one by one."""
+    try:
+        return s.astype(dtype), np.ones(len(s), bool)
+    except (ValueError, OverflowError):
+        pass
+    out = np.zeros(len(s), dtype)
+    ok = np.zeros(len(s), bool)
+    for i, x in enumerate(s.tolist()):
+        try:
+            if dtype is np.int64:
+                v = int(x)
+                if not -(2**63) <= v < 2**63:
+                    continue
+            elif not _FLOAT_RE.match(x):
+                continue
+            else:
+                v = float(x)
+        except ValueError:
+            continue
+        out[i] = v
+        ok[i] = True
+    return out, ok
 
 
 def _timestamps(buf: np.ndarray, start: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -661,23 +699,3 @@ def _timestamps(buf: np.ndarray, start: np.ndarray, n: np.ndarray) -> tuple[np.n
     vals[sel] = g[good].view("S24")[:, 0].astype(np.int64)
     ok[sel] = True
     return vals, ok
-
-
-def _convert(buf, start, n, kind, vnum, ivals, where) -> None:
-    """Numbers of checked value tokens into vnum (float64) and ivals (exact int64)."""
-    b = kind == BOOL
-    if b.any():
-        vnum[where[b]] = np.isin(buf[start[b]], (ord("t"), ord("T")))
-    for typ, width in ((INT, 24), (FLOAT, _VW)):
-        sel = np.flatnonzero(kind == typ)
-        if not len(sel):
-            continue
-        m = n[sel] - (typ == INT)
-        g = _gather(buf, start[sel], m, width)
-        s = g.view(f"S{width}")[:, 0]
-        if typ == INT:
-            iv = s.astype(np.int64)
-            ivals[where[sel]] = iv
-            vnum[where[sel]] = iv
-        else:
-            vnum[where[sel]] = s.astype(np.float64)

@@ -22,7 +22,6 @@ from typing import NamedTuple
 _MEAS = str.maketrans({",": r"\,", " ": r"\ ", "\n": r"\ ", "\r": r"\ "})
 _KEY = str.maketrans({",": r"\,", "=": r"\=", " ": r"\ ", "\n": r"\ ", "\r": r"\ "})
 _STR = str.maketrans({'"': r"\"", "\\": r"\\", "\n": " ", "\r": " "})
-_MEAS_BS = re.compile(r'\\(?=["=])')  # InfluxDB unescapes \" and \= in a measurement
 
 
 class Point(NamedTuple):
@@ -34,10 +33,8 @@ class Point(NamedTuple):
 
 def escape_measurement(s: str) -> str:
     s = s.translate(_MEAS)
-    if "\\" in s:
-        s = _MEAS_BS.sub(r"\\\\", s)
-        if s.endswith("\\"):
-            s += "\\ "
+    if s.endswith("\\"):
+        s += "\\ "
     return s
 
 
@@ -212,6 +209,27 @@ def _unescape_tag(raw: bytes) -> bytes:
 
 def parse_head(head: bytes) -> tuple[str, dict[str, str]]:
     """Measurement and tags of a series head (the bytes before the first unescaped space)."""
+    if b"\\" not in head and b" " not in head:  # the common case, by splits
+        if not head or head[0] == _COMMA:
+            raise ParseError("missing measurement")
+        if len(head) > _MAX_KEY:
+            raise ParseError(f"max key length exceeded: {len(head)} > {_MAX_KEY}")
+        meas, *pairs = head.split(b",")
+        try:
+            measurement = meas.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ParseError("measurement is not valid UTF-8") from None
+        tags = {}
+        seen = set()
+        for pair in pairs:
+            k, _, v = pair.partition(b"=")
+            if not k or not v or b"=" in v[1:]:
+                raise ParseError(f"bad tag {pair!r}")
+            if k in seen or k == b"time":
+                raise ParseError(f"duplicate tags or tag key time: {pair!r}")
+            seen.add(k)
+            tags[k.decode("utf-8", "replace")] = v.decode("utf-8", "replace")
+        return measurement, tags
     b = head + b" "
     end, starts = _scan_head(b, 0)
     if end != len(head):

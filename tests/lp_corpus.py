@@ -85,7 +85,7 @@ def _position_lines() -> list[bytes]:
     return out + STRUCTURE
 
 
-def _sim_lines(tmp: Path) -> list[bytes]:
+def sim_lines(tmp: Path) -> list[bytes]:
     """The simulator's output: a short run, the first rows of every measurement."""
 
     from gpufleet.sim import scenario
@@ -106,7 +106,7 @@ def _sim_lines(tmp: Path) -> list[bytes]:
     return keep
 
 
-def _agent_lines() -> list[bytes]:
+def agent_lines() -> list[bytes]:
     """The agent's OpenTelemetry -> line-protocol exporter on the sim node, with hostile labels."""
     from agent.backends.sim import SimBackend, TinyNode
     from agent.collectors.gpu import GpuCollector
@@ -137,19 +137,26 @@ def _agent_lines() -> list[bytes]:
     return [ln.encode() for ln in out]
 
 
-def _encoder_lines(rng: random.Random) -> list[bytes]:
-    """gpufleet.lineprotocol.encode with hostile names and values."""
+def encoder_lines(rng: random.Random, plain_names: bool = False) -> list[bytes]:
+    """gpufleet.lineprotocol.encode with hostile tags and values; measurement and field names
+    hostile too, or (``plain_names``) as a catalogue could have them: no backslash, tab or line
+    end, no leading "#" (names InfluxDB 1.x cannot store and read back)."""
     from gpufleet.lineprotocol import encode
 
     chars = ["a", " ", ",", "=", '"', "\\", "\n", "\r", "\t", "é", "#", "x"]
+    plain = [c for c in chars if c not in "\\\t\n\r"]
     out = []
     for _ in range(150):
-        def s(k):
-            return "".join(rng.choice(chars) for _ in range(rng.randint(1, k)))
+        def s(k, alphabet=chars):
+            return "".join(rng.choice(alphabet) for _ in range(rng.randint(1, k)))
 
+        name = s(4, plain if plain_names else chars)
+        if plain_names:
+            name = name.lstrip("#") or "m"
+        key = s(4, plain if plain_names else chars)
         v = rng.choice([s(6), rng.randint(-(2**63), 2**63 - 1), rng.uniform(-1e300, 1e300), rng.random(),
                         rng.choice([True, False]), float(rng.randint(-5, 5)), 2**53 + 1])
-        line = encode(s(4), {s(3): s(5), "host": s(4)}, {s(4): v, "up": 1}, rng.randint(-(2**62), 2**62))
+        line = encode(name, {s(3): s(5), "host": s(4)}, {key: v, "up": 1}, rng.randint(-(2**62), 2**62))
         if line is not None:
             out.append(line.encode())
     return out
@@ -180,7 +187,7 @@ def edge_cases() -> list[bytes]:
 
 def corpus(tmp: Path, seed: int = 21) -> list[bytes]:
     rng = random.Random(seed)
-    own = _sim_lines(tmp) + _agent_lines() + _encoder_lines(rng)
+    own = sim_lines(tmp) + agent_lines() + encoder_lines(rng)
     made = _position_lines()
     lines = edge_cases() + made + own + _damaged(rng, made + own, 400)
     return list(dict.fromkeys(ln for ln in lines if b"\n" not in ln))

@@ -267,3 +267,110 @@ def test_field_sets_rotating_within_one_series(engine):
         lines.append(encode(meas, {"host": "h"}, {k: float(i * 10 + j) for j, k in enumerate(keys)}, i + 1))
     p, rows = _rows(("\n".join(lines) + "\n").encode(), engine)
     assert _as_points(p, rows) == _reference(lines)
+
+
+def _typed(p: Parser, rows) -> list[tuple]:
+    """(measurement, tags, time, fields) with each value in its own type, as Rows.kind says."""
+    out = []
+    for m, r in rows.items():
+        for i in range(len(r)):
+            fields = {}
+            for k, kind in r.kind.items():
+                code = int(kind[i])
+                if code == parse.STR:
+                    fields[k] = r.text[k][i]
+                elif code == parse.INT:
+                    fields[k] = int(r.ints[k][i]) if k in r.ints else int(r.num[k][i])
+                elif code == parse.BOOL:
+                    fields[k] = bool(r.num[k][i])
+                elif code == parse.FLOAT:
+                    fields[k] = float(r.num[k][i])
+            out.append((m, p.series.tags[int(r.sid[i])], int(r.t[i]), fields))
+    return out
+
+
+T = 1_700_000_000_000_000_000
+# issue 21's table, each line as InfluxDB 1.6.7 reads it (None: refused); the differential test
+# checks the same lines (tests/fixtures/lineprotocol/edge_cases.lp) against a real influxd
+ISSUE_TABLE = [
+    (rb"m,t=a\\b f=1 %d", ("m", {"t": "a\\\\b"}, T, {"f": 1.0})),
+    (rb"m,t=a\\ f=1 %d", None),
+    (rb"m k\\=1,z=2i %d", ("m", {}, T, {"k\\=1,z": 2})),
+    (rb'ma\"b f=1 %d', ('ma"b', {}, T, {"f": 1.0})),
+    (rb'm s="a\nb" %d', ("m", {}, T, {"s": "a\\nb"})),
+    (rb"m f=9223372036854775808i %d", None),
+    (rb"m f=9223372036854775807i %d", ("m", {}, T, {"f": 2**63 - 1})),
+    (rb"m f=-9007199254740993i %d", ("m", {}, T, {"f": -(2**53) - 1})),
+    (rb"m f=+1 %d", None),
+    (rb"m f=1e999 %d", None),
+    (rb"m f=inf %d", None),
+    (rb"m f=0u %d", None),
+    (rb"m f=1.0i %d", None),
+    (rb"m f=tRUE %d", None),
+    (rb"m f=t %d", ("m", {}, T, {"f": True})),
+    (rb"m f=FALSE,g=1i,h=2.5 %d", ("m", {}, T, {"f": False, "g": 1, "h": 2.5})),
+    (rb"m,t=x,t=y f=1 %d", None),
+    (rb"m f=1i,f=2.5 %d", None),
+    (rb"m f=1i,f=2i %d", ("m", {}, T, {"f": 2})),
+    (rb"m e\ k=1i,f=1 0", ("m", {}, 0, {"e k": 1, "f": 1.0})),
+    (rb"m f=1 9223372036854775807", None),
+    (rb"m f=1 -9223372036854775807", None),
+    (rb"m f=1 9223372036854775806", ("m", {}, 2**63 - 2, {"f": 1.0})),
+    (rb"m f=1 +%d", None),
+    (rb"m f=1 1_700_000_000_000_000_000", None),
+    (rb"m time=1,g=2 %d", ("m", {}, T, {"g": 2.0})),
+    (rb"m,time=a f=1 %d", None),
+]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("line,want", ISSUE_TABLE, ids=[ln.decode() for ln, _ in ISSUE_TABLE])
+def test_issue_table(engine, line, want):
+    if b"%d" in line:
+        line = line % T
+    p, rows = _rows(line + b"\n", engine)
+    assert _typed(p, rows) == ([want] if want else [])
+    assert p.stats.bad_lines == (0 if want else 1)
+    ref = None
+    try:
+        pt = parse_line(line)
+        ref = (pt.measurement, pt.tags, pt.time, pt.fields)
+    except ParseError:
+        pass
+    assert ref == want and (ref is None or all(type(v) is type(want[3][k]) for k, v in ref[3].items()))
+
+
+@pytest.mark.parametrize("seed", range(max(FUZZ_SEEDS // 4, 1)))
+def test_numpy_engine_on_mutated_lines(seed):
+    """The numpy engine on the same damaged lines: exactly the reference parser's points."""
+    rng = random.Random(1000 + seed)
+    lines = [_mutate(rng, ln) if rng.random() < 0.5 else ln for ln in _realistic_lines(rng)]
+    lines = [ln for chunk in lines for ln in chunk.split(b"\n")]
+    p, rows = _rows(b"\n".join(lines) + b"\n", "numpy")
+    assert _as_points(p, rows) == sorted((r for r in map(_reference_point, lines) if r is not None), key=repr)
+    assert p.stats.lines == sum(1 for ln in lines if not skip_line(ln))
+
+
+_HEAD_PARTS = [b"a", b"b", b",", b"=", b'"', b"time", b"\xff", b"#", b"\xc3\xa9"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(_HEAD_PARTS), max_size=10))
+def test_head_split_path_matches_the_scan(parts):
+    """parse_head takes a head without backslashes by splits: the answer of InfluxDB's scan."""
+    from gpufleet import lineprotocol as lp
+
+    head = b"".join(parts)
+
+    def scan():
+        b = head + b" "
+        end, starts = lp._scan_head(b, 0)
+        return lp._head_parts(b, end, starts)
+
+    results = []
+    for f in (lambda: lp.parse_head(head), scan):
+        try:
+            results.append(f())
+        except ParseError:
+            results.append(None)
+    assert results[0] == results[1]

@@ -105,12 +105,12 @@ def _scan_line_end(buf: bytes) -> int:
     return i
 
 
-_LOST = re.compile(rb"\\\\[ ,=]")
+_LOST = re.compile(rb'\\\\[ ,="]')
 
 
 def influx_loses(line: bytes) -> bool:
     r"""InfluxDB 1.6.7's own bug: a measurement holding a backslash right before an escaped space,
-    comma or equals sign (``a\\ b``) is written (204) but never read back: its series key and
+    comma, equals sign or quote (``a\\ b``) is written (204) but never read back: its series key and
     its index name disagree. The parsers read it as the write path names it (``a\ b``)."""
     head = line.lstrip(b" \t\0")
     i = 1
@@ -277,16 +277,17 @@ def _agree(got: list[tuple], want: list[tuple], lines: list[bytes], ix: Influx) 
 
 @skip_unless("influxd")
 def test_influxdb_loses_measurements_with_escaped_backslashes(influxd):
-    lines = [b"a\\\\ b f=1 1", b"m\\\\,t=a f=1 1", b"a\\\\=b f=1 1", b"\\\\,b f=1 1"]
+    lines = [b"a\\\\ b f=1 1", b"m\\\\,t=a f=1 1", b"a\\\\=b f=1 1", b"\\\\,b f=1 1", b'a\\\\"b f=1 1']
     assert all(map(influx_loses, lines)) and not influx_loses(b"a\\ b,t=a\\\\\\ b f=1 1")
     ix = Influx(influxd)
     for ln in lines:
         r = requests.post(influxd.url + "/write", params={"db": ix._db()}, data=ln, timeout=30)
         assert r.status_code == 204
         assert influxd.query("SELECT * FROM /.*/", db=f"c{ix.n}")["results"] == [{"statement_id": 0}]
-    assert [reference(ln)[0] for ln in lines] == ["a\\ b", "m\\,t=a", "a\\=b", "\\,b"]
+    assert [reference(ln)[0] for ln in lines] == ["a\\ b", "m\\,t=a", "a\\=b", "\\,b", 'a\\"b']
     for engine in ("c", "numpy"):
-        assert [p[0] for p in engine_points(engine, lines)[0]] == ["\\,b", "a\\ b", "a\\=b", "m\\,t=a"]
+        names = sorted(p[0] for p in engine_points(engine, lines)[0])
+        assert names == sorted(reference(ln)[0] for ln in lines)
 
 
 @skip_unless("influxd")
