@@ -207,34 +207,56 @@ def _unescape_tag(raw: bytes) -> bytes:
     return raw.replace(b"\\,", b",").replace(b"\\ ", b" ").replace(b"\\=", b"=")
 
 
+_PLACE = {b"\\,": b"\x00", b"\\ ": b"\x01", b"\\=": b"\x02"}
+_UNPLACE = bytes.maketrans(b"\x00\x01\x02", b", =")
+
+
 def parse_head(head: bytes) -> tuple[str, dict[str, str]]:
     """Measurement and tags of a series head (the bytes before the first unescaped space)."""
-    if b"\\" not in head and b" " not in head:  # the common case, by splits
-        if not head or head[0] == _COMMA:
-            raise ParseError("missing measurement")
-        if len(head) > _MAX_KEY:
-            raise ParseError(f"max key length exceeded: {len(head)} > {_MAX_KEY}")
-        meas, *pairs = head.split(b",")
-        try:
-            measurement = meas.decode("utf-8")
-        except UnicodeDecodeError:
-            raise ParseError("measurement is not valid UTF-8") from None
-        tags = {}
-        seen = set()
-        for pair in pairs:
-            k, _, v = pair.partition(b"=")
-            if not k or not v or b"=" in v[1:]:
-                raise ParseError(f"bad tag {pair!r}")
-            if k in seen or k == b"time":
-                raise ParseError(f"duplicate tags or tag key time: {pair!r}")
-            seen.add(k)
-            tags[k.decode("utf-8", "replace")] = v.decode("utf-8", "replace")
-        return measurement, tags
+    if b"\\\\" not in head and head[-1:] != b"\\" and not any(c in head for c in b"\x00\x01\x02"):
+        # the common case, by splits: every backslash escapes the one byte after it, so the
+        # escaped delimiters can stand aside as placeholders (the same answer as the scan, tested)
+        esc = b"\\" in head
+        raw = head
+        if esc:
+            for k, v in _PLACE.items():
+                raw = raw.replace(k, v)
+        if b" " not in raw:
+            return _split_head(raw, esc, len(head))
     b = head + b" "
     end, starts = _scan_head(b, 0)
     if end != len(head):
         raise ParseError("unexpected space in measurement or tags")
     return _head_parts(b, end, starts)
+
+
+def _split_head(raw: bytes, esc: bool, size: int) -> tuple[str, dict[str, str]]:
+    if not raw or raw[0] == _COMMA:
+        raise ParseError("missing measurement")
+    meas, *pairs = raw.split(b",")
+    if esc:
+        meas = meas.translate(_UNPLACE).replace(b'\\"', b'"')
+    try:
+        measurement = meas.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ParseError("measurement is not valid UTF-8") from None
+    tags = {}
+    seen = set()
+    for pair in pairs:
+        k, _, v = pair.partition(b"=")
+        if not k or not v or b"=" in v[1:]:
+            raise ParseError(f"bad tag {pair!r}")
+        if k in seen:
+            raise ParseError("duplicate tags")
+        seen.add(k)
+        if esc:
+            k, v = k.translate(_UNPLACE), v.translate(_UNPLACE)
+        if k == b"time":
+            raise ParseError('invalid tag key "time"')
+        tags[k.decode("utf-8", "replace")] = v.decode("utf-8", "replace")
+    if size > _MAX_KEY:
+        raise ParseError(f"max key length exceeded: {size} > {_MAX_KEY}")
+    return measurement, tags
 
 
 def _head_parts(b: bytes, end: int, starts: list[int]) -> tuple[str, dict[str, str]]:
