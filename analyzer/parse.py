@@ -36,8 +36,9 @@ _SP, _TAB, _COMMA, _EQ, _NL, _QUOTE, _BSLASH, _HASH = 32, 9, 44, 61, 10, 34, 92,
 FLOAT, INT, BOOL, STR = 1, 2, 3, 4
 _EXACT = 2**53  # integers beyond this are kept in Rows.ints (a float64 is not exact there)
 _VW = 32  # widest numeric value token the fast path converts
-_CODES = bytes(
-    1 if i in (_COMMA, _EQ, _SP, _NL) else 2 if i == _QUOTE else 3 if i == _BSLASH else 4 if i == 13 else 0
+_CODES = bytes(  # 4: a carriage return or a NUL, which the reference parser handles
+    1 if i in (_COMMA, _EQ, _SP, _NL) else 2 if i == _QUOTE else 3 if i == _BSLASH else 4 if i in (0, 13)
+    else 0
     for i in range(256)
 )
 _MULT = np.array([0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9], dtype=np.uint64)
@@ -285,9 +286,9 @@ class Parser:
 
     # ------------------------------------------------------------------ fast path
     def _fast(self, data: bytes, pieces: dict[str, list[Rows]]) -> None:
+        code = np.frombuffer(data.translate(_CODES) + b"\0" * _VW, np.uint8)
         data += b"\0" * _VW
         buf = np.frombuffer(data, np.uint8)
-        code = np.frombuffer(data.translate(_CODES), np.uint8)
         nz = np.flatnonzero(code.view(bool))  # every special byte, sparse from here on
         k = code[nz]
         nl = nz[buf[nz] == _NL]
@@ -321,7 +322,7 @@ class Parser:
         qpos = nz[qi]
         bl, ql = line_of(bsp), line_of(qpos)
         slow = real & (
-            (count(nz[k == 4]) > 0)  # a carriage return
+            (count(nz[k == 4]) > 0)  # a carriage return or a NUL
             | (count(qpos) % 2 == 1)
             | (np.bincount(bl[bsp > head_end[bl]], minlength=nlines) > 0)
             | (np.bincount(ql[qpos < head_end[ql]], minlength=nlines) > 0)
@@ -578,10 +579,13 @@ def _fingerprint(buf: np.ndarray, start: np.ndarray, n: np.ndarray) -> np.ndarra
     last = len(words) - 1
     h = n.astype(np.uint64) * _MULT[2] + np.uint64(1)
     with np.errstate(over="ignore"):
-        for j in range(0, min(int(n.max()), 64), 8):
-            w = words[np.minimum(start + j, last)] & _LOW[np.clip(n - j, 0, 8)]
-            h = (h ^ w) * _MULT[(j // 8) % 2]
-            h ^= h >> np.uint64(29)
+        h ^= words[start] & _LOW[np.clip(n, 0, 8)]
+        h *= _MULT[0]
+        for j in range(8, min(int(n.max()), 64), 8):  # the longer keys only, word by word
+            sel = np.flatnonzero(n > j)
+            w = words[np.minimum(start[sel] + j, last)] & _LOW[np.clip(n[sel] - j, 0, 8)]
+            h[sel] = ((h[sel] ^ w) * _MULT[(j // 8) % 2]) ^ np.uint64(j)
+        h ^= h >> np.uint64(29)
     for i in np.flatnonzero(n > 64).tolist():  # rare: the rest of a long key, in Python
         rest = bytes(buf[start[i] + 64 : start[i] + n[i]])
         h[i] ^= np.uint64(int.from_bytes(hashlib.blake2b(rest, digest_size=8).digest(), "little"))
@@ -594,10 +598,10 @@ _BOOLS = np.array(
 )
 _MAX_TS = np.bytes_(b"9223372036854775806")  # InfluxDB's range is +-(2**63 - 2)
 _ORD = {c: ord(c) for c in "0123456789.-+eEi"}
-_NOT_FLOAT = np.ones(256, bool)  # bytes a float token never holds (NUL included)
-_NOT_FLOAT[list(b"0123456789.eE+-")] = False
+_NOT_FLOAT = np.ones(256, bool)  # bytes a float token never holds (NUL: the padding)
+_NOT_FLOAT[list(b"\0" b"0123456789.eE+-")] = False
 _NOT_INT = np.ones(256, bool)
-_NOT_INT[list(b"0123456789-")] = False
+_NOT_INT[list(b"\0" b"0123456789-")] = False
 _FLOAT_RE = re.compile(rb"-?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\Z")
 
 
@@ -607,7 +611,8 @@ def _values(buf: np.ndarray, start: np.ndarray, n: np.ndarray) -> tuple[np.ndarr
     the ten boolean spellings. Kind 0 for anything else and for tokens longer than _VW bytes: the
     reference parser decides those. numpy's conversion is Python's float()/int(), correctly
     rounded; a character check first keeps out what those take and InfluxDB does not (blanks,
-    underscores, inf, nan, a leading +)."""
+    underscores, inf, nan, a leading +). Tokens hold no NUL (such lines take the slow path), so
+    the zero padding of a gathered token passes the character check."""
     k = len(start)
     kind = np.zeros(k, np.uint8)
     fval = np.full(k, np.nan)
@@ -620,24 +625,27 @@ def _values(buf: np.ndarray, start: np.ndarray, n: np.ndarray) -> tuple[np.ndarr
             continue
         L = n[idx]
         g = _gather(buf, start[idx], L, w)
-        rows = np.arange(len(idx))
-        last = g[rows, L - 1]
-        pos = _POS[None, :w]
+        last = g[np.arange(len(idx)), L - 1]
         plus = g[:, 0] == _ORD["+"]
         is_i = (last == _ORD["i"]) & (L >= 2) & ~plus
-        cand = np.flatnonzero(is_i & ~(_NOT_INT[g] & (pos < (L - 1)[:, None])).any(1))
+        cand = np.flatnonzero(is_i)
         if len(cand):
-            body = g[cand].copy()
+            body = g[cand]
             body[np.arange(len(cand)), L[cand] - 1] = 0
-            iv, ok = _convert(body.view(f"S{w}")[:, 0], np.int64)
+            good = ~_NOT_INT[body].any(1)
+            cand = cand[good]
+            iv, ok = _convert(body[good].view(f"S{w}")[:, 0], np.int64)
             sel = idx[cand[ok]]
             kind[sel] = INT
             ival[sel] = iv[ok]
             fval[sel] = iv[ok]
         num = ((last >= _ORD["0"]) & (last <= _ORD["9"])) | (last == _ORD["."])
-        cand = np.flatnonzero(num & ~plus & ~(_NOT_FLOAT[g] & (pos < L[:, None])).any(1))
+        cand = np.flatnonzero(num & ~plus)
         if len(cand):
-            fv, ok = _convert(g[cand].view(f"S{w}")[:, 0], np.float64)
+            gc = g[cand]
+            good = ~_NOT_FLOAT[gc].any(1)
+            cand = cand[good]
+            fv, ok = _convert(gc[good].view(f"S{w}")[:, 0], np.float64)
             ok &= np.isfinite(fv)
             sel = idx[cand[ok]]
             kind[sel] = FLOAT
