@@ -37,7 +37,14 @@ FLOAT, INT, BOOL, STR = 1, 2, 3, 4
 _EXACT = 2**53  # integers beyond this are kept in Rows.ints (a float64 is not exact there)
 _VW = 32  # widest numeric value token the fast path converts
 _CODES = bytes(  # 4: a carriage return or a NUL, which the reference parser handles
-    1 if i in (_COMMA, _EQ, _SP, _NL) else 2 if i == _QUOTE else 3 if i == _BSLASH else 4 if i in (0, 13)
+    1
+    if i in (_COMMA, _EQ, _SP, _NL)
+    else 2
+    if i == _QUOTE
+    else 3
+    if i == _BSLASH
+    else 4
+    if i in (0, 13)
     else 0
     for i in range(256)
 )
@@ -226,8 +233,29 @@ class Parser:
 
     # ------------------------------------------------------------------ C tokenizer
     def _fast_c(self, data: bytes, pieces: dict[str, list[Rows]]) -> None:
-        (real, bigint, head, group, f0, t, l0, l1, h0, hn, g_line, g_nf, fval, fival, ftype, fk0, fkn, fv0,
-         fvn, s0, s1) = _lpscan.scan(data)
+        (
+            real,
+            bigint,
+            head,
+            group,
+            f0,
+            t,
+            l0,
+            l1,
+            h0,
+            hn,
+            g_line,
+            g_nf,
+            fval,
+            fival,
+            ftype,
+            fk0,
+            fkn,
+            fv0,
+            fvn,
+            s0,
+            s1,
+        ) = _lpscan.scan(data)
         i64 = np.int64
         self.stats.lines += real
         s0, s1 = np.frombuffer(s0, i64), np.frombuffer(s1, i64)
@@ -455,8 +483,12 @@ class Parser:
             line0 = gl[rows[0]]
             nkeys = int(nk[rows[0]])
             k0 = int(kfirst[line0])
-            raw = [data[a : a + n] for a, n in zip(tstart[keys[k0 : k0 + nkeys]].tolist(),
-                                                    tlen[keys[k0 : k0 + nkeys]].tolist(), strict=True)]
+            raw = [
+                data[a : a + n]
+                for a, n in zip(
+                    tstart[keys[k0 : k0 + nkeys]].tolist(), tlen[keys[k0 : k0 + nkeys]].tolist(), strict=True
+                )
+            ]
             names = _plain_names(raw, int((head_end[gl[rows]] - starts[gl[rows]]).max()))
             if names is None:  # InfluxDB's corner cases (a key twice, "time", not UTF-8): line by line
                 self._slow(_slices(data, starts[gl[rows]], ends[gl[rows]]), pieces, count=False)
@@ -599,9 +631,9 @@ _BOOLS = np.array(
 _MAX_TS = np.bytes_(b"9223372036854775806")  # InfluxDB's range is +-(2**63 - 2)
 _ORD = {c: ord(c) for c in "0123456789.-+eEi"}
 _NOT_FLOAT = np.ones(256, bool)  # bytes a float token never holds (NUL: the padding)
-_NOT_FLOAT[list(b"\0" b"0123456789.eE+-")] = False
+_NOT_FLOAT[list(b"\00123456789.eE+-")] = False
 _NOT_INT = np.ones(256, bool)
-_NOT_INT[list(b"\0" b"0123456789-")] = False
+_NOT_INT[list(b"\00123456789-")] = False
 _FLOAT_RE = re.compile(rb"-?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\Z")
 
 

@@ -296,7 +296,7 @@ ISSUE_TABLE = [
     (rb"m,t=a\\b f=1 %d", ("m", {"t": "a\\\\b"}, T, {"f": 1.0})),
     (rb"m,t=a\\ f=1 %d", None),
     (rb"m k\\=1,z=2i %d", ("m", {}, T, {"k\\=1,z": 2})),
-    (rb'ma\"b f=1 %d', ('ma"b', {}, T, {"f": 1.0})),
+    (rb"ma\"b f=1 %d", ('ma"b', {}, T, {"f": 1.0})),
     (rb'm s="a\nb" %d', ("m", {}, T, {"s": "a\\nb"})),
     (rb"m f=9223372036854775808i %d", None),
     (rb"m f=9223372036854775807i %d", ("m", {}, T, {"f": 2**63 - 1})),
@@ -351,8 +351,24 @@ def test_numpy_engine_on_mutated_lines(seed):
     assert p.stats.lines == sum(1 for ln in lines if not skip_line(ln))
 
 
-_HEAD_PARTS = [b"a", b"b", b",", b"=", b'"', b"time", b"\xff", b"#", b"\xc3\xa9", b"\\", b"\\,", b"\\ ",
-               b"\\=", b'\\"', b" ", b"\x00"]
+_HEAD_PARTS = [
+    b"a",
+    b"b",
+    b",",
+    b"=",
+    b'"',
+    b"time",
+    b"\xff",
+    b"#",
+    b"\xc3\xa9",
+    b"\\",
+    b"\\,",
+    b"\\ ",
+    b"\\=",
+    b'\\"',
+    b" ",
+    b"\x00",
+]
 
 
 @settings(max_examples=1000, deadline=None)
