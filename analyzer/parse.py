@@ -136,7 +136,6 @@ class Stats:
     points: int = 0
     bad_lines: int = 0
     no_timestamp: int = 0
-    bad_values: int = 0
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -560,10 +559,6 @@ def _plain_names(keys: list[bytes], head_len: int) -> list[str] | None:
 _UNESC = re.compile(rb'\\([\\"])')
 
 
-def _unkey(raw: bytes) -> str:
-    return raw.decode("utf-8", "replace")
-
-
 def _unquote(raw: bytes) -> str:
     """A string field value as InfluxDB reads it: the bytes between the quotes, ``\\\\`` and ``\\"``
     unescaped (``\\n`` stays a backslash and an n)."""
@@ -631,9 +626,9 @@ _BOOLS = np.array(
 _MAX_TS = np.bytes_(b"9223372036854775806")  # InfluxDB's range is +-(2**63 - 2)
 _ORD = {c: ord(c) for c in "0123456789.-+eEi"}
 _NOT_FLOAT = np.ones(256, bool)  # bytes a float token never holds (NUL: the padding)
-_NOT_FLOAT[list(b"\00123456789.eE+-")] = False
+_NOT_FLOAT[list(b"\x00" + b"0123456789.eE+-")] = False
 _NOT_INT = np.ones(256, bool)
-_NOT_INT[list(b"\00123456789-")] = False
+_NOT_INT[list(b"\x00" + b"0123456789-")] = False
 _FLOAT_RE = re.compile(rb"-?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\Z")
 
 

@@ -47,3 +47,24 @@ def test_hostile_agent_labels_are_stored_as_written():
     assert tags["host"] in ("node-1", 'no de,"x"=1\\ ')
     assert tags["rack"] == "r 1,=2" and tags["room"] == "a\\,b" and tags["path"] == "C:\\ "
     assert tags["team"] == 'say "hi"\\ '
+
+
+@pytest.mark.parametrize("engine", ["c", "numpy"])
+@pytest.mark.parametrize("source", ["sim", "agent"])
+def test_fast_paths_take_the_projects_own_lines(own_lines, source, engine, monkeypatch):
+    # the project's plain output never needs the reference parser: the speed depends on it
+    from analyzer.parse import Parser
+
+    slow = []
+    real = Parser._slow
+
+    def counting(self, lines, pieces, count=True):
+        lines = list(lines)
+        slow.extend(lines)
+        return real(self, lines, pieces, count)
+
+    monkeypatch.setattr(Parser, "_slow", counting)
+    lines = [ln for ln in own_lines[source] if b'"' not in ln and b"\\\\" not in ln]  # not the hostile node
+    _, parser = engine_points(engine, lines)
+    assert parser.stats.points == len(lines) > 30
+    assert slow == []
