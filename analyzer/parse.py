@@ -342,7 +342,7 @@ class Parser:
         sp = nz[(k == 1) & (buf[nz] == _SP)]
         sp = sp[buf[sp - 1] != _BSLASH]
         j = np.searchsorted(sp, starts)
-        head_end = np.where(j < len(sp), sp[np.minimum(j, len(sp) - 1)], ends)
+        head_end = np.where(j < len(sp), sp[np.minimum(j, len(sp) - 1)], ends) if len(sp) else ends
         head_end = np.minimum(head_end, ends)
         bsp = nz[k == 3]
         qi = np.flatnonzero(k == 2)  # quotes, as indices into nz
@@ -355,10 +355,9 @@ class Parser:
             | (np.bincount(ql[qpos < head_end[ql]], minlength=nlines) > 0)
             | (head_end >= ends - 1)
         )
-        if slow.any():
-            keepq = ~slow[ql]
-            qi, qpos = qi[keepq], qpos[keepq]
         fast = real & ~slow
+        keepq = fast[ql]  # only the quotes of lines read here (a comment may hold one)
+        qi, qpos = qi[keepq], qpos[keepq]
         di = np.flatnonzero(k == 1)
         D = nz[di]
         drop = (buf[D - 1] == _BSLASH) & (buf[D] != _NL)

@@ -393,3 +393,18 @@ def test_head_split_path_matches_the_scan(parts):
         except ParseError:
             results.append(None)
     assert results[0] == results[1]
+
+
+_BITS = b'm f t = , . 1 i - e # \\ " \t \x00 \r'.split(b" ") + [b" ", b"m,t=a f=1", b" 1700000000000000000"]
+_BITS += [b",g=2i", b'=" x"', b"m f=1 2"]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(_BITS), max_size=12).map(b"".join), min_size=1, max_size=6))
+def test_degenerate_chunks(engine, lines):
+    """Short lines of delimiters and fragments: each engine reads exactly what the reference
+    parser reads, without falling back on the whole chunk (which would count lines twice)."""
+    p, rows = _rows(b"\n".join(lines) + b"\n", engine)
+    assert _as_points(p, rows) == sorted((r for r in map(_reference_point, lines) if r is not None), key=repr)
+    assert p.stats.lines == sum(1 for ln in lines if not skip_line(ln))
