@@ -2,15 +2,23 @@
  *
  * scan(data) walks every line once and keeps what analyzer/parse.py needs to build columns:
  *
- *   - for every line it can prove well formed (head, key=value fields, integer timestamp):
- *     the id of its head (measurement + tags, deduplicated within the chunk, compared byte
- *     for byte), the id of its group (measurement + field keys in order, likewise), the index
- *     of its first field and its timestamp;
- *   - for every field: the value as a double (NaN for strings and unparsable values), a type
- *     code, and where its key and value lie in the chunk;
- *   - the start and end of every other line (an escaped field key, no timestamp, a stray quote,
- *     a carriage return...): parse.py hands those to the reference parser, which decides and
- *     counts.
+ *   - for every line in the plain form InfluxDB reads without surprises (see below): the id of
+ *     its head (measurement + tags, deduplicated within the chunk, compared byte for byte), the
+ *     id of its group (measurement + field keys in order, likewise), the index of its first
+ *     field, its timestamp and where it lies in the chunk;
+ *   - for every field: the value as a double (NaN for strings), its exact int64 for integers, a
+ *     type code, and where its key and value lie in the chunk;
+ *   - the start and end of every other line: parse.py hands those to the reference parser
+ *     (gpufleet/lineprotocol.py, InfluxDB 1.x's own rules), which decides and counts.
+ *
+ * The plain form, all as InfluxDB 1.6.7 reads it: no leading whitespace; the head ends at the
+ * first space whose previous byte is not a backslash (escapes and quotes in the head are parsed
+ * once per series by parse.py); one space; fields key=value with keys free of backslashes,
+ * quotes, commas, spaces and equals signs; values: a string (quoted, backslash escapes, closed
+ * right before a comma or space), an integer -?digits followed by i within int64, a boolean
+ * (t T true True TRUE f F false False FALSE), or a float -?digits[.digits][e[+-]digits]
+ * (finite); one space; a timestamp -?digits within [-2^63+2, 2^63-2] ending the line. Anything
+ * else, valid or not, takes the reference parser.
  *
  * Numbers are converted exactly: decimal tokens with at most 19 significant digits and a
  * small power of ten take Clinger's fast path (one correctly rounded IEEE operation),
@@ -24,7 +32,7 @@
 #include <stdint.h>
 #include <string.h>
 
-enum { T_FLOAT = 0, T_INT = 1, T_UINT = 2, T_BOOL = 3, T_STR = 4, T_BAD = 5 };
+enum { T_FLOAT = 1, T_INT = 2, T_BOOL = 3, T_STR = 4 }; /* 0: absent (parse.py) */
 
 typedef struct {
     PyObject *obj; /* bytearray */
@@ -146,14 +154,14 @@ static int slow_double(const char *s, Py_ssize_t n, double *out) {
     return 0;
 }
 
-/* A float token as line protocol writes it (what Python's float() accepts, through the slow
- * path for the rare forms). 0 on success. */
+/* A float token in InfluxDB's grammar: -?(digits[.digits*]|.digits)([eE][+-]?digits)?, finite.
+ * 0 on success. */
 static int parse_float(const char *s, Py_ssize_t n, double *out) {
     const char *p = s, *e = s + n;
     int neg = 0, digits = 0, sig = 0;
     uint64_t m = 0;
     int64_t exp10 = 0;
-    if (p < e && (*p == '-' || *p == '+')) neg = (*p++ == '-');
+    if (p < e && *p == '-') neg = 1, p++;
     for (; p < e && (unsigned)(*p - '0') < 10; p++, digits++) {
         if (m || *p != '0') {
             if (sig < 19) m = m * 10 + (uint64_t)(*p - '0');
@@ -175,7 +183,7 @@ static int parse_float(const char *s, Py_ssize_t n, double *out) {
             }
         }
     }
-    if (!digits) return slow_double(s, n, out); /* nan, inf, garbage */
+    if (!digits) return -1;
     if (p < e && (*p == 'e' || *p == 'E')) {
         int eneg = 0, ed = 0;
         int64_t x = 0;
@@ -186,34 +194,32 @@ static int parse_float(const char *s, Py_ssize_t n, double *out) {
         if (!ed) return -1;
         exp10 += eneg ? -x : x;
     }
-    if (p != e) return slow_double(s, n, out);
+    if (p != e) return -1;
     if (sig <= 19 && m < (1ULL << 53) && exp10 >= -22 && exp10 <= 22) {
         double v = (double)m;
         v = exp10 < 0 ? v / POW10[-exp10] : v * POW10[exp10];
         *out = neg ? -v : v;
         return 0;
     }
-    return slow_double(s, n, out);
+    if (slow_double(s, n, out) || !isfinite(*out)) return -1; /* InfluxDB refuses an overflow */
+    return 0;
 }
 
-/* An integer token without its i/u suffix, as a double. */
-static int parse_int(const char *s, Py_ssize_t n, int allow_sign, double *out) {
+/* -?digits (the i already cut off) within int64. */
+static int parse_int(const char *s, Py_ssize_t n, int64_t *out) {
     const char *p = s, *e = s + n;
     int neg = 0;
     uint64_t m = 0;
-    if (allow_sign && p < e && (*p == '-' || *p == '+')) neg = (*p++ == '-');
+    if (p < e && *p == '-') neg = 1, p++;
     if (p == e) return -1;
-    if (e - p > 19) { /* beyond uint64's exact digits: still a valid integer */
-        const char *q;
-        for (q = p; q < e; q++)
-            if ((unsigned)(*q - '0') >= 10) return -1;
-        return slow_double(s, n, out);
-    }
     for (; p < e; p++) {
-        if ((unsigned)(*p - '0') >= 10) return -1;
-        m = m * 10 + (uint64_t)(*p - '0');
+        unsigned d = (unsigned)(*p - '0');
+        if (d >= 10) return -1;
+        if (m > (UINT64_MAX - d) / 10) return -1;
+        m = m * 10 + d;
     }
-    *out = neg ? -(double)m : (double)m;
+    if (m > (uint64_t)INT64_MAX + (uint64_t)neg) return -1;
+    *out = neg ? (int64_t)(0 - m) : (int64_t)m;
     return 0;
 }
 
@@ -234,28 +240,21 @@ static int parse_bool(const char *s, Py_ssize_t n, double *out) {
     return -1;
 }
 
-static int parse_value(const char *s, Py_ssize_t n, double *out) {
+/* Type code of a plain value token, or 0 when it is not one (the reference parser decides). */
+static int parse_value(const char *s, Py_ssize_t n, double *out, int64_t *iv) {
     char last = s[n - 1];
-    if (last == 'i') return parse_int(s, n - 1, 1, out) ? T_BAD : T_INT;
-    if (last == 'u') return parse_int(s, n - 1, 0, out) ? T_BAD : T_UINT;
-    if ((unsigned)(last - '0') < 10 || last == '.') return parse_float(s, n, out) ? T_BAD : T_FLOAT;
-    if (!parse_bool(s, n, out)) return T_BOOL;
-    return parse_float(s, n, out) ? T_BAD : T_FLOAT; /* nan, inf, "1e5" never end in a letter... */
+    if (last == 'i') {
+        if (parse_int(s, n - 1, iv)) return 0;
+        *out = (double)*iv;
+        return T_INT;
+    }
+    if ((unsigned)(last - '0') < 10 || last == '.') return parse_float(s, n, out) ? 0 : T_FLOAT;
+    return parse_bool(s, n, out) ? 0 : T_BOOL;
 }
 
-/* Timestamp: [-]digits, fits int64. */
+/* Timestamp: -?digits within InfluxDB's range [-2^63+2, 2^63-2]. */
 static int parse_ts(const char *s, Py_ssize_t n, int64_t *out) {
-    const char *p = s, *e = s + n;
-    int neg = 0;
-    uint64_t m = 0;
-    if (p < e && *p == '-') neg = 1, p++;
-    if (p == e || e - p > 19) return -1;
-    for (; p < e; p++) {
-        if ((unsigned)(*p - '0') >= 10) return -1;
-        m = m * 10 + (uint64_t)(*p - '0');
-    }
-    if (m > (uint64_t)INT64_MAX) return -1;
-    *out = neg ? -(int64_t)m : (int64_t)m;
+    if (parse_int(s, n, out) || *out < INT64_MIN + 2 || *out > INT64_MAX - 1) return -1;
     return 0;
 }
 
@@ -286,10 +285,11 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
     const char *d;
     Py_ssize_t n, pos, maxlines, real = 0;
     int64_t(*recent)[2] = NULL; /* per head: the last two groups its lines had */
-    Vec L_head, L_group, L_f0, L_t, H_start, H_len, G_line, G_nf;
-    Vec F_val, F_type, F_k0, F_kn, F_v0, F_vn, S_start, S_end;
-    Vec *all[] = {&L_head, &L_group, &L_f0, &L_t, &H_start, &H_len, &G_line, &G_nf,
-                  &F_val,  &F_type,  &F_k0, &F_kn, &F_v0,   &F_vn,  &S_start, &S_end};
+    Vec L_head, L_group, L_f0, L_t, L_start, L_end, H_start, H_len, G_line, G_nf;
+    Vec F_val, F_ival, F_type, F_k0, F_kn, F_v0, F_vn, S_start, S_end;
+    Vec *all[] = {&L_head, &L_group, &L_f0, &L_t,  &L_start, &L_end, &H_start, &H_len, &G_line, &G_nf,
+                  &F_val,  &F_ival,  &F_type, &F_k0, &F_kn,    &F_v0,  &F_vn,    &S_start, &S_end};
+    int bigint = 0; /* an integer beyond +-2^53, where the double is not exact */
     const int nvec = (int)(sizeof(all) / sizeof(all[0]));
     Table heads = {0}, groups = {0};
     PyObject *result = NULL;
@@ -301,7 +301,8 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
     maxlines = count_byte(d, n, '\n') + 1;
     for (i = 0; i < nvec; i++) all[i]->obj = NULL;
     if (vec_init(&L_head, maxlines, 8) || vec_init(&L_group, maxlines, 8) || vec_init(&L_f0, maxlines, 8) ||
-        vec_init(&L_t, maxlines, 8) || vec_init(&H_start, maxlines, 8) || vec_init(&H_len, maxlines, 8) ||
+        vec_init(&L_t, maxlines, 8) || vec_init(&L_start, maxlines, 8) || vec_init(&L_end, maxlines, 8) ||
+        vec_init(&H_start, maxlines, 8) || vec_init(&H_len, maxlines, 8) || vec_init(&F_ival, n / 16, 8) ||
         vec_init(&G_line, maxlines, 8) || vec_init(&G_nf, maxlines, 8) || vec_init(&F_val, n / 16, 8) ||
         vec_init(&F_type, n / 16, 1) || vec_init(&F_k0, n / 16, 8) || vec_init(&F_kn, n / 16, 8) ||
         vec_init(&F_v0, n / 16, 8) || vec_init(&F_vn, n / 16, 8) || vec_init(&S_start, maxlines, 8) ||
@@ -321,30 +322,32 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
         uint64_t h, gh = 0;
         int good = 0;
         pos = e + 1;
-        if (e > i0 && d[e - 1] == '\r') e--; /* CRLF line ends */
         if (e == i0 || d[i0] == '#') continue;
+        if (d[i0] == ' ' || d[i0] == '\t' || d[i0] == '\0') { /* leading whitespace: skipped, then */
+            for (j = i0; j < e && (d[j] == ' ' || d[j] == '\t' || d[j] == '\0'); j++)
+                ;
+            if (j == e || d[j] == '#') continue; /* blank or a comment */
+            real++;
+            goto slow;
+        }
         real++;
         if (F_val.n + (e - i0) / 2 + 1 > F_val.cap) { /* a field takes at least 2 bytes */
             Py_ssize_t cap = 2 * F_val.cap + (e - i0);
-            if (vec_grow(&F_val, cap) || vec_grow(&F_type, cap) || vec_grow(&F_k0, cap) || vec_grow(&F_kn, cap) ||
+            if (vec_grow(&F_val, cap) || vec_grow(&F_ival, cap) || vec_grow(&F_type, cap) || vec_grow(&F_k0, cap) ||
+                vec_grow(&F_kn, cap) ||
                 vec_grow(&F_v0, cap) || vec_grow(&F_vn, cap))
                 goto done;
         }
-        /* head: up to the first unescaped space; quotes are literal there */
-        for (j = i0; j < e; j++) {
+        /* head: up to the first space whose previous byte is not a backslash (InfluxDB's rule,
+         * even for an escaped backslash); quotes are literal there */
+        if (d[i0] == ',') goto slow;
+        for (j = i0 + 1; j < e; j++) {
             char c = d[j];
-            if (c == '\\') {
-                if (j + 1 >= e) goto slow;
-                j++;
-            } else if (c == ' ') {
-                break;
-            } else if (c == '\r') {
-                goto slow; /* the reference parser decides what a carriage return means */
-            } else if (c == ',' && meas_end < 0) {
-                meas_end = j;
-            }
+            if (d[j - 1] == '\\') continue;
+            if (c == ' ') break;
+            if (c == ',' && meas_end < 0) meas_end = j;
         }
-        if (j >= e || j == i0) goto slow;
+        if (j >= e - 1 || d[j + 1] == ' ' || d[j + 1] == '\t' || d[j + 1] == '\0') goto slow;
         if (meas_end < 0) meas_end = j;
         {
             Py_ssize_t head_end = j;
@@ -353,10 +356,11 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
             for (;;) {
                 Py_ssize_t k0 = j, v0;
                 double v = NAN;
+                int64_t iv = 0;
                 int type;
                 for (; j < e; j++) {
                     char c = d[j];
-                    if (c == '=' || c == ',' || c == ' ' || c == '\\' || c == '"' || c == '\r') break;
+                    if (c == '=' || c == ',' || c == ' ' || c == '\\' || c == '"') break;
                 }
                 if (j >= e || d[j] != '=' || j == k0) goto slow;
                 v0 = ++j;
@@ -365,20 +369,22 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
                         if (d[j] == '\\') j++;
                         else if (d[j] == '"') break;
                     }
-                    if (j >= e) goto slow;
+                    if (j >= e - 1 || (d[j + 1] != ',' && d[j + 1] != ' ')) goto slow;
                     j++;
                     type = T_STR;
                 } else {
                     for (; j < e; j++) {
                         char c = d[j];
                         if (c == ',' || c == ' ') break;
-                        if (c == '=' || c == '\\' || c == '"' || c == '\r') goto slow;
+                        if (c == '=' || c == '\\' || c == '"') goto slow;
                     }
                     if (j == v0) goto slow;
-                    type = parse_value(d + v0, j - v0, &v);
-                    if (type == T_BAD) v = NAN;
+                    type = parse_value(d + v0, j - v0, &v, &iv);
+                    if (!type) goto slow;
+                    if (type == T_INT && (iv > (1LL << 53) || iv < -(1LL << 53))) bigint = 1;
                 }
                 AT(F_val, double)[F_val.n++] = v;
+                AT(F_ival, int64_t)[F_ival.n++] = iv;
                 AT(F_type, uint8_t)[F_type.n++] = (uint8_t)type;
                 AT(F_k0, int64_t)[F_k0.n++] = k0;
                 AT(F_kn, int64_t)[F_kn.n++] = v0 - 1 - k0;
@@ -461,22 +467,24 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
             }
             AT(L_f0, int64_t)[L_f0.n++] = f0;
             AT(L_t, int64_t)[L_t.n++] = ts;
+            AT(L_start, int64_t)[L_start.n++] = i0;
+            AT(L_end, int64_t)[L_end.n++] = e;
             L_head.n++;
             good = 1;
         }
     slow:
         if (!good) {
             /* drop this line's fields and hand the whole line to the reference parser */
-            F_val.n = F_type.n = F_k0.n = F_kn.n = F_v0.n = F_vn.n = f0;
+            F_val.n = F_ival.n = F_type.n = F_k0.n = F_kn.n = F_v0.n = F_vn.n = f0;
             AT(S_start, int64_t)[S_start.n++] = i0;
             AT(S_end, int64_t)[S_end.n++] = e;
         }
     }
     for (i = 0; i < nvec; i++)
         if (vec_finish(all[i])) goto done;
-    result = Py_BuildValue("(nNNNNNNNNNNNNNNNN)", real, L_head.obj, L_group.obj, L_f0.obj, L_t.obj, H_start.obj,
-                           H_len.obj, G_line.obj, G_nf.obj, F_val.obj, F_type.obj, F_k0.obj, F_kn.obj, F_v0.obj,
-                           F_vn.obj, S_start.obj, S_end.obj);
+    result = Py_BuildValue("(niNNNNNNNNNNNNNNNNNNN)", real, bigint, L_head.obj, L_group.obj, L_f0.obj, L_t.obj,
+                           L_start.obj, L_end.obj, H_start.obj, H_len.obj, G_line.obj, G_nf.obj, F_val.obj,
+                           F_ival.obj, F_type.obj, F_k0.obj, F_kn.obj, F_v0.obj, F_vn.obj, S_start.obj, S_end.obj);
     ok = 1; /* the bytearrays now belong to the tuple (or, if it failed, are gone with it) */
 done:
     if (!ok)

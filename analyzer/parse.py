@@ -4,36 +4,48 @@ The analyzer reads millions of wide rows; a Python loop over every field of ever
 too slow. ``Parser.feed(chunk)`` finds every delimiter of a chunk with numpy, groups lines
 by their field-key signature (one producer writes its fields in one order), converts all
 numeric values of the chunk in one call and slices Python strings only for the series head
-(measurement and tags, cached) and for string fields. Lines the fast path cannot prove
-well-formed (escapes, odd quotes, stray delimiters) go through ``gpufleet.lineprotocol``;
-what that rejects is skipped and counted, never raised.
+(measurement and tags, cached) and for string fields. Both engines accept and read exactly what
+InfluxDB 1.x does (tests/test_lineprotocol_influx.py checks it against a real influxd): lines
+outside the plain form the fast paths handle (escapes in field keys or values, leading or
+repeated whitespace, odd numbers, duplicate keys, no timestamp...) go through the reference
+parser ``gpufleet.lineprotocol`` (InfluxDB's own rules); what that rejects is skipped and
+counted, never raised.
 
-Result: per measurement a :class:`Rows` block (series id, time in ns, float columns where
-NaN means absent, string columns) plus the :class:`SeriesIndex` mapping ids to tags.
+Result: per measurement a :class:`Rows` block (series id, time in ns, numeric columns where
+NaN means absent, string columns, the type of every value) plus the :class:`SeriesIndex`
+mapping ids to tags.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from gpufleet.lineprotocol import ParseError, parse_line
+from gpufleet.lineprotocol import ParseError, parse_head, parse_line, skip_line
 
 try:  # the C tokenizer (analyzer/_lpscan.c), built at install when a compiler is there
     from analyzer import _lpscan
 except ImportError:  # pragma: no cover - exercised where no compiler was available
     _lpscan = None
 
-_SP, _COMMA, _EQ, _NL, _QUOTE, _BSLASH, _HASH = 32, 44, 61, 10, 34, 92, 35
-_T_STR, _T_BAD = 4, 5  # value types from the C tokenizer
+_SP, _TAB, _COMMA, _EQ, _NL, _QUOTE, _BSLASH, _HASH = 32, 9, 44, 61, 10, 34, 92, 35
+# the type of a value (Rows.kind; the C tokenizer's codes too); 0: absent
+FLOAT, INT, BOOL, STR = 1, 2, 3, 4
+_EXACT = 2**53  # integers beyond this are kept in Rows.ints (a float64 is not exact there)
 _VW = 32  # widest numeric value token the fast path converts
-_NUMCHARS = np.zeros(256, bool)
-_NUMCHARS[[ord(c) for c in "0123456789.eE+-"]] = True
-_NUMCHARS[0] = True
-_CODES = bytes(
-    1 if i in (_COMMA, _EQ, _SP, _NL) else 2 if i == _QUOTE else 3 if i == _BSLASH else 4 if i == 13 else 0
+_CODES = bytes(  # 4: a carriage return or a NUL, which the reference parser handles
+    1
+    if i in (_COMMA, _EQ, _SP, _NL)
+    else 2
+    if i == _QUOTE
+    else 3
+    if i == _BSLASH
+    else 4
+    if i in (0, 13)
+    else 0
     for i in range(256)
 )
 _MULT = np.array([0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9], dtype=np.uint64)
@@ -63,13 +75,18 @@ class SeriesIndex:
 
 @dataclass
 class Rows:
-    """Rows of one measurement. ``num[field]`` is float64 with NaN for absent values."""
+    """Rows of one measurement. ``num[field]`` is float64 with NaN for absent values (integers
+    and booleans too: 1.0/0.0), ``text[field]`` the strings (None elsewhere), ``kind[field]`` the
+    type of each row's value (0 absent, FLOAT, INT, BOOL, STR), and ``ints[field]`` the exact
+    int64 values of a field holding an integer beyond +-2**53 (elsewhere ``num`` is exact)."""
 
     measurement: str
     sid: np.ndarray
     t: np.ndarray
     num: dict[str, np.ndarray] = field(default_factory=dict)
     text: dict[str, np.ndarray] = field(default_factory=dict)
+    kind: dict[str, np.ndarray] = field(default_factory=dict)
+    ints: dict[str, np.ndarray] = field(default_factory=dict)
 
     def __len__(self):
         return len(self.t)
@@ -91,6 +108,14 @@ class Rows:
             out.text[name] = np.concatenate(
                 [p.text.get(name, np.full(k, None, dtype=object)) for p, k in zip(parts, n, strict=False)]
             )
+        for name in dict.fromkeys(k for p in parts for k in p.kind):
+            out.kind[name] = np.concatenate(
+                [p.kind.get(name, np.zeros(k, np.uint8)) for p, k in zip(parts, n, strict=False)]
+            )
+        for name in dict.fromkeys(k for p in parts for k in p.ints):
+            out.ints[name] = np.concatenate(
+                [p.ints.get(name, np.zeros(k, np.int64)) for p, k in zip(parts, n, strict=False)]
+            )
         return out
 
     def take(self, idx) -> Rows:
@@ -100,6 +125,8 @@ class Rows:
             self.t[idx],
             {k: v[idx] for k, v in self.num.items()},
             {k: v[idx] for k, v in self.text.items()},
+            {k: v[idx] for k, v in self.kind.items()},
+            {k: v[idx] for k, v in self.ints.items()},
         )
 
 
@@ -109,7 +136,6 @@ class Stats:
     points: int = 0
     bad_lines: int = 0
     no_timestamp: int = 0
-    bad_values: int = 0
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -156,59 +182,79 @@ class Parser:
 
     # ------------------------------------------------------------------ slow path
     def _slow(self, lines, pieces: dict[str, list[Rows]], count: bool = True) -> None:
-        acc: dict[str, tuple[list, list, dict, dict]] = {}
+        acc: dict[str, tuple[list, list, dict]] = {}
         for raw in lines:
-            if not raw or raw[:1] == b"#" or not raw.strip():
+            if skip_line(raw):
                 continue
             self.stats.lines += count
             try:
-                p = parse_line(raw.decode("utf-8", "replace"))
-            except (ParseError, ValueError, IndexError):
+                p = parse_line(raw)
+            except ParseError:
                 self.stats.bad_lines += 1
                 continue
-            if p.time == 0:
+            if p.time is None:
                 self.stats.no_timestamp += 1
-                continue
-            if not -(2**63) <= p.time < 2**63:
-                self.stats.bad_lines += 1
                 continue
             if self.only is not None and p.measurement not in self.only:
                 continue
             sid = self.series.add(p.measurement, p.tags)
-            sids, ts, num, text = acc.setdefault(p.measurement, ([], [], {}, {}))
+            sids, ts, vals = acc.setdefault(p.measurement, ([], [], {}))
             i = len(ts)
             sids.append(sid)
             ts.append(p.time)
             for k, v in p.fields.items():
-                if isinstance(v, str):
-                    text.setdefault(k, {})[i] = v
-                else:
-                    try:
-                        fv = float(v)
-                    except (TypeError, ValueError):
-                        self.stats.bad_values += 1
-                        continue
-                    num.setdefault(k, {})[i] = fv
+                vals.setdefault(k, {})[i] = v
             self.stats.points += 1
-        for m, (sids, ts, num, text) in acc.items():
+        for m, (sids, ts, vals) in acc.items():
             n = len(ts)
             r = Rows(m, np.array(sids, np.int64), np.array(ts, np.int64))
-            for k, d in num.items():
-                col = np.full(n, np.nan)
-                col[list(d)] = list(d.values())
-                r.num[k] = col
-            for k, d in text.items():
-                col = np.full(n, None, dtype=object)
+            for k, d in vals.items():
+                kind = np.zeros(n, np.uint8)
+                num = np.full(n, np.nan)
+                text = None
                 for i, v in d.items():
-                    col[i] = v
-                r.text[k] = col
+                    if isinstance(v, str):
+                        if text is None:
+                            text = np.full(n, None, dtype=object)
+                        text[i] = v
+                        kind[i] = STR
+                        continue
+                    kind[i] = BOOL if isinstance(v, bool) else INT if isinstance(v, int) else FLOAT
+                    num[i] = v
+                    if kind[i] == INT and not -_EXACT <= v <= _EXACT:
+                        r.ints.setdefault(k, np.zeros(n, np.int64))[i] = v
+                r.kind[k] = kind
+                if text is not None:
+                    r.text[k] = text
+                if (kind != STR).any():
+                    r.num[k] = num
             pieces.setdefault(m, []).append(r)
 
     # ------------------------------------------------------------------ C tokenizer
     def _fast_c(self, data: bytes, pieces: dict[str, list[Rows]]) -> None:
-        (real, head, group, f0, t, h0, hn, g_line, g_nf, fval, ftype, fk0, fkn, fv0, fvn, s0, s1) = (
-            _lpscan.scan(data)
-        )
+        (
+            real,
+            bigint,
+            head,
+            group,
+            f0,
+            t,
+            l0,
+            l1,
+            h0,
+            hn,
+            g_line,
+            g_nf,
+            fval,
+            fival,
+            ftype,
+            fk0,
+            fkn,
+            fv0,
+            fvn,
+            s0,
+            s1,
+        ) = _lpscan.scan(data)
         i64 = np.int64
         self.stats.lines += real
         s0, s1 = np.frombuffer(s0, i64), np.frombuffer(s1, i64)
@@ -218,12 +264,12 @@ class Parser:
         if not len(head):
             return
         f0, t = np.frombuffer(f0, i64), np.frombuffer(t, i64)
-        h0, hn = np.frombuffer(h0, i64).tolist(), np.frombuffer(hn, i64).tolist()
-        sids = self._sids([data[a : a + k] for a, k in zip(h0, hn, strict=True)])
+        h0, hn = np.frombuffer(h0, i64).tolist(), np.frombuffer(hn, i64)
+        sids = self._sids([data[a : a + k] for a, k in zip(h0, hn.tolist(), strict=True)])
         self.stats.bad_lines += int(np.count_nonzero(sids == -2))
         sid = sids[head]
         fval, ftype = np.frombuffer(fval, np.float64), np.frombuffer(ftype, np.uint8)
-        self.stats.bad_values += int(np.count_nonzero(ftype == _T_BAD))
+        fival = np.frombuffer(fival, i64) if bigint else None
         fk0, fkn = np.frombuffer(fk0, i64), np.frombuffer(fkn, i64)
         fv0, fvn = np.frombuffer(fv0, i64), np.frombuffer(fvn, i64)
         g_line, g_nf = np.frombuffer(g_line, i64).tolist(), np.frombuffer(g_nf, i64).tolist()
@@ -235,14 +281,21 @@ class Parser:
             if not len(rows):
                 continue
             k0 = int(f0[line0])
-            keys = zip(fk0[k0 : k0 + nf].tolist(), fkn[k0 : k0 + nf].tolist(), strict=True)
+            spans = zip(fk0[k0 : k0 + nf].tolist(), fkn[k0 : k0 + nf].tolist(), strict=True)
+            keys = [data[a : a + k] for a, k in spans]
+            names = _plain_names(keys, int(hn[head[rows]].max()))
+            if names is None:  # InfluxDB's corner cases (a key twice, "time", not UTF-8): line by line
+                ls, le = np.frombuffer(l0, i64), np.frombuffer(l1, i64)
+                self._slow(_slices(data, ls[rows], le[rows]), pieces, count=False)
+                continue
             mname = self.series.measurement[int(sid[rows[0]])]
             r = Rows(mname, sid[rows], t[rows])
             first = f0[rows]
-            for j, name in self._columns(mname, [_unkey(data[a : a + k]) for a, k in keys]):
+            for j, name in self._columns(mname, names):
                 col = first + j
                 typ = ftype[col]
-                strs = typ == _T_STR
+                r.kind[name] = typ
+                strs = typ == STR
                 if strs.any():
                     vals = zip(fv0[col].tolist(), fvn[col].tolist(), strs.tolist(), strict=True)
                     r.text[name] = np.array(
@@ -251,14 +304,18 @@ class Parser:
                     if strs.all():
                         continue
                 r.num[name] = fval[col]
+                if fival is not None and (typ == INT).any():
+                    iv = fival[col]
+                    if ((iv > _EXACT) | (iv < -_EXACT)).any():
+                        r.ints[name] = iv
             self.stats.points += len(rows)
             pieces.setdefault(mname, []).append(r)
 
     # ------------------------------------------------------------------ fast path
     def _fast(self, data: bytes, pieces: dict[str, list[Rows]]) -> None:
+        code = np.frombuffer(data.translate(_CODES) + b"\0" * _VW, np.uint8)
         data += b"\0" * _VW
         buf = np.frombuffer(data, np.uint8)
-        code = np.frombuffer(data.translate(_CODES), np.uint8)
         nz = np.flatnonzero(code.view(bool))  # every special byte, sparse from here on
         k = code[nz]
         nl = nz[buf[nz] == _NL]
@@ -269,25 +326,38 @@ class Parser:
         ends = nl
         length = ends - starts
         first = buf[starts]
-        real = (length > 0) & (first != _HASH)
+        lead = (length > 0) & ((first == _SP) | (first == _TAB) | (first == 0))  # blanks: skipped first
+        real = (length > 0) & (first != _HASH) & ~lead
         self.stats.lines += int(real.sum())
 
         def count(pos):
             return np.bincount(np.searchsorted(nl, pos), minlength=nlines)
 
-        # a byte right after a backslash is escaped, never a delimiter (buf[-1] is a pad byte, not one)
+        def line_of(pos):
+            return np.searchsorted(nl, pos)
+
+        # the head ends at the first space whose previous byte is not a backslash; escapes and
+        # quotes there are the head parser's (once per series); after it, a backslash or a quote
+        # that is not a string's own takes the reference parser
+        sp = nz[(k == 1) & (buf[nz] == _SP)]
+        sp = sp[buf[sp - 1] != _BSLASH]
+        j = np.searchsorted(sp, starts)
+        head_end = np.where(j < len(sp), sp[np.minimum(j, len(sp) - 1)], ends) if len(sp) else ends
+        head_end = np.minimum(head_end, ends)
         bsp = nz[k == 3]
         qi = np.flatnonzero(k == 2)  # quotes, as indices into nz
         qpos = nz[qi]
-        unesc = buf[qpos - 1] != _BSLASH
-        qi, qpos = qi[unesc], qpos[unesc]
+        bl, ql = line_of(bsp), line_of(qpos)
         slow = real & (
-            (count(bsp[buf[bsp - 1] == _BSLASH]) > 0) | (count(qpos) % 2 == 1) | (count(nz[k == 4]) > 0)
+            (count(nz[k == 4]) > 0)  # a carriage return or a NUL
+            | (count(qpos) % 2 == 1)
+            | (np.bincount(bl[bsp > head_end[bl]], minlength=nlines) > 0)
+            | (np.bincount(ql[qpos < head_end[ql]], minlength=nlines) > 0)
+            | (head_end >= ends - 1)
         )
-        if slow.any():
-            keepq = ~slow[np.searchsorted(nl, qpos)]
-            qi, qpos = qi[keepq], qpos[keepq]
         fast = real & ~slow
+        keepq = fast[ql]  # only the quotes of lines read here (a comment may hold one)
+        qi, qpos = qi[keepq], qpos[keepq]
         di = np.flatnonzero(k == 1)
         D = nz[di]
         drop = (buf[D - 1] == _BSLASH) & (buf[D] != _NL)
@@ -311,11 +381,12 @@ class Parser:
         tok_fast = fast[lid]
         tlen = P - tstart
 
-        # per line: section 1 (fields) must alternate key= value, ; at most 3 sections
+        # per line: section 1 (fields) must alternate key= value, ; exactly 3 sections
         in1 = (sec == 1) & tok_fast
         pos1 = np.cumsum(in1) - 1
         first1 = np.full(len(nl), -1, np.int64)
         idx1 = np.flatnonzero(in1)
+        badl = np.zeros(len(nl), bool)
         # position of each section-1 token within its line
         if len(idx1):
             lid1 = lid[idx1]
@@ -326,32 +397,54 @@ class Parser:
             is_key = c[idx1] == _EQ
             okk = (p_in % 2 == 0) == is_key
             okk &= tlen[idx1] > 0
-            badl = np.zeros(len(nl), bool)
             badl[lid1[~okk]] = True
         else:
             lid1 = np.zeros(0, np.int64)
-            badl = np.zeros(len(nl), bool)
         last_tok = np.empty(len(nl), np.int64)
         last_tok[:-1] = line_first_tok[1:] - 1
         last_tok[-1] = len(P) - 1
         nsec = sec[last_tok]
         n1 = np.bincount(lid1, minlength=len(nl)) if len(lid1) else np.zeros(len(nl), np.int64)
-        badl |= (nsec < 1) | (nsec > 2) | (n1 < 2) | (n1 % 2 == 1)
+        badl |= (nsec != 2) | (n1 < 2) | (n1 % 2 == 1)  # no timestamp: the reference parser counts it
+
+        # keys and values of section 1, checked against InfluxDB's grammar; the timestamp too
+        keys = idx1[c[idx1] == _EQ]
+        vals = keys + 1
+        vstart, vlen = tstart[vals], tlen[vals]
+        kb = buf[tstart[keys]]
+        badl[lid[keys[(kb == _TAB) | (kb == 0)]]] = True  # InfluxDB skips blanks before a key
+        is_str = buf[vstart] == _QUOTE
+        vkind = np.full(len(vals), STR, np.uint8)
+        vnum = np.full(len(vals), np.nan)
+        ivals = np.zeros(len(vals), np.int64)
+        ns = np.flatnonzero(~is_str)
+        vkind[ns], vnum[ns], ivals[ns] = _values(buf, vstart[ns], vlen[ns])
+        strs_ok = (vlen >= 2) & (buf[vstart + vlen - 1] == _QUOTE)
+        badl[lid[vals[(vkind == 0) | (is_str & ~strs_ok)]]] = True
+        nstr = np.bincount(lid[vals[is_str]], minlength=nlines)
+        badl |= count(qpos) != 2 * nstr  # a quote inside a string or a key
+        ts_tok = np.full(len(nl), -1, np.int64)
+        t2 = np.flatnonzero((sec == 2) & (prevc == _SP))
+        ts_tok[lid[t2]] = t2
+        badl[lid[t2[c[t2] != _NL]]] = True  # the timestamp ends the line
+        tvals = np.zeros(len(nl), np.int64)
+        has_t = np.flatnonzero(fast & ~badl & (ts_tok >= 0))
+        tv, tok_ok = _timestamps(buf, tstart[ts_tok[has_t]], tlen[ts_tok[has_t]])
+        tvals[has_t] = tv
+        badl[has_t[~tok_ok]] = True
         badl &= fast
-        # section-0 tokens other than the measurement must alternate too; leave that to the head parse
         good = fast & ~badl
         if badl.any():
             self._slow(_slices(data, starts[badl], ends[badl]), pieces, count=False)
         if slow.any():
             self._slow(_slices(data, starts[slow], ends[slow]), pieces, count=False)
+        if lead.any():
+            self._slow(_slices(data, starts[lead], ends[lead]), pieces)
         gl = np.flatnonzero(good)
         if not len(gl):
             return
 
-        # heads: bytes before the first space of each good line
-        first_sp_tok = np.flatnonzero((c == _SP) & (sec == 0))  # token ending with the first space
-        head_end = np.full(len(nl), -1, np.int64)
-        head_end[lid[first_sp_tok]] = P[first_sp_tok]
+        # heads: bytes before the first unescaped space of each good line
         hs, he = starts[gl].tolist(), head_end[gl].tolist()
         sids = self._sids([data[a:b] for a, b in zip(hs, he, strict=True)])
         self.stats.bad_lines += int(np.count_nonzero(sids == -2))
@@ -359,29 +452,14 @@ class Parser:
         gl, sids = gl[keep], sids[keep]
         if not len(gl):
             return
+        tvals = tvals[gl]
 
-        # timestamps
-        ts_tok = np.full(len(nl), -1, np.int64)
-        t2 = np.flatnonzero((sec == 2) & (prevc == _SP))
-        ts_tok[lid[t2]] = t2
-        tt = ts_tok[gl]
-        has_t = tt >= 0
-        self.stats.no_timestamp += int((~has_t).sum())
-        gl, sids, tt = gl[has_t], sids[has_t], tt[has_t]
-        tvals, tok_ok = _to_numbers(buf, tstart[tt], tlen[tt], as_int=True)
-        self.stats.bad_lines += int((~tok_ok).sum())
-        gl, sids, tvals = gl[tok_ok], sids[tok_ok], tvals[tok_ok]
-        if not len(gl):
-            return
-
-        # keys / values of section 1
-        keys = idx1[c[idx1] == _EQ]
-        vals = keys + 1
         klid = lid[keys]
         sel = np.zeros(len(nl), bool)
         sel[gl] = True
         m = sel[klid]
         keys, vals, klid = keys[m], vals[m], klid[m]
+        vstart, vlen, is_str, vkind, vnum, ivals = vstart[m], vlen[m], is_str[m], vkind[m], vnum[m], ivals[m]
         fp = _fingerprint(buf, tstart[keys], tlen[keys])
         nk = np.bincount(klid, minlength=len(nl))[gl]
         kfirst = np.zeros(len(nl) + 1, np.int64)
@@ -397,34 +475,36 @@ class Parser:
         with np.errstate(over="ignore"):
             gkey = sig ^ (mid * np.uint64(0xD6E8FEB86659FD93)) ^ (nk.astype(np.uint64) << np.uint64(48))
         ukeys, ginv = np.unique(gkey, return_inverse=True)
-        vstart = tstart[vals]
-        is_str = buf[vstart] == _QUOTE
         groups = []
-        need = np.zeros(len(vals), bool)
         for g in range(len(ukeys)):
             rows = np.flatnonzero(ginv == g)
             line0 = gl[rows[0]]
-            k = int(nk[rows[0]])
-            names = self._names(data, tstart, tlen, keys, kfirst[line0], k)
+            nkeys = int(nk[rows[0]])
+            k0 = int(kfirst[line0])
+            raw = [
+                data[a : a + n]
+                for a, n in zip(
+                    tstart[keys[k0 : k0 + nkeys]].tolist(), tlen[keys[k0 : k0 + nkeys]].tolist(), strict=True
+                )
+            ]
+            names = _plain_names(raw, int((head_end[gl[rows]] - starts[gl[rows]]).max()))
+            if names is None:  # InfluxDB's corner cases (a key twice, "time", not UTF-8): line by line
+                self._slow(_slices(data, starts[gl[rows]], ends[gl[rows]]), pieces, count=False)
+                continue
             mname = self.series.measurement[int(sids[rows[0]])]
             cols = self._columns(mname, names)
             vidx = kfirst[gl[rows]][:, None] + np.array([j for j, _ in cols], np.int64)
-            need[vidx.ravel()] = True
             groups.append((rows, vidx, [n for _, n in cols], mname))
-        # convert only the values some detector reads
-        vnum = np.full(len(vals), np.nan)
-        sel = np.flatnonzero(need & ~is_str)
-        conv, vok = _to_numbers(buf, vstart[sel], tlen[vals[sel]], as_int=False)
-        vnum[sel] = conv
-        self.stats.bad_values += int((~vok).sum())
         for rows, vidx, names, mname in groups:
             r = Rows(mname, sids[rows], tvals[rows])
             for j, name in enumerate(names):
                 col = vidx[:, j]
-                strs = is_str[col]
+                typ = vkind[col]
+                r.kind[name] = typ
+                strs = typ == STR
                 if strs.any():
                     ss = vstart[col].tolist()
-                    ll = tlen[vals[col]].tolist()
+                    ll = vlen[col].tolist()
                     r.text[name] = np.array(
                         [
                             _unquote(data[a : a + n]) if q else None
@@ -434,6 +514,9 @@ class Parser:
                     )
                 if not strs.all():  # a field may be a number in one line and a string in another
                     r.num[name] = vnum[col]
+                    iv = ivals[col]
+                    if ((iv > _EXACT) | (iv < -_EXACT)).any():
+                        r.ints[name] = iv
             self.stats.points += len(rows)
             pieces.setdefault(mname, []).append(r)
 
@@ -442,71 +525,45 @@ class Parser:
         cache = self._heads
         return np.array([cache[h] if h in cache else self._head(h) for h in heads], np.int64)
 
-    def _names(self, data, tstart, tlen, keys, k0, k):
-        sig = tuple((int(tstart[keys[k0 + j]]), int(tlen[keys[k0 + j]])) for j in range(k))
-        return [_unkey(data[a : a + n]) for a, n in sig]
-
     def _columns(self, measurement: str, names: list[str]) -> list[tuple[int, str]]:
-        """(position, name) of the fields to keep; a key written twice in a line keeps its last
-        value, as InfluxDB does."""
+        """(position, name) of the fields to keep (a field named "time" never: InfluxDB drops it)."""
         wanted = self.fields.get(measurement) if self.fields is not None else None
-        last = {n: j for j, n in enumerate(names)}
-        return [(j, n) for n, j in last.items() if wanted is None or n in wanted]
+        return [(j, n) for j, n in enumerate(names) if n != "time" and (wanted is None or n in wanted)]
 
     def _head(self, head: bytes) -> int:
-        """Parse a new series head once; -1 if malformed or filtered out."""
+        """Parse a new series head once; -1 if filtered out, -2 if InfluxDB rejects it."""
         sid = -1
-        text = head.decode("utf-8", "replace")
         try:
-            if '"' in text or "\x00" in text or "\x01" in text or "\x02" in text or "\x03" in text:
-                p = parse_line(text + " x=1 1")
-                meas, tags = p.measurement, p.tags
-            else:  # plain splits, escapes swapped for placeholders first ("NVIDIA\ H200")
-                esc = "\\" in text
-                if esc:
-                    text = text.replace("\\\\", "\x00").replace("\\,", "\x01").replace("\\=", "\x02")
-                    text = text.replace("\\ ", "\x03")
-                meas, *pairs = text.split(",")
-                tags = {}
-                for pair in pairs:
-                    k, eq, v = pair.partition("=")
-                    if not eq or not k or "=" in v:
-                        raise ParseError(f"bad tag {pair!r}")
-                    tags[_unplace(k) if esc else k] = _unplace(v) if esc else v
-                meas = _unplace(meas) if esc else meas
-                if not meas:
-                    raise ParseError("empty measurement")
+            meas, tags = parse_head(head)
             if self.only is None or meas in self.only:
                 sid = self.series.add(meas, tags)
-        except (ParseError, ValueError):
+        except ParseError:
             sid = -2
         self._heads[head] = sid
         return sid
 
 
-_UNESC = re.compile(rb'\\(["\\nr])')
-_UNESC_TO = {b'"': b'"', b"\\": b"\\", b"n": b"\n", b"r": b"\r"}
-
-
-_PLACE = str.maketrans({"\x00": "\\", "\x01": ",", "\x02": "=", "\x03": " "})
-
-
-def _unplace(s: str) -> str:
-    return s.translate(_PLACE)
-
-
-def _unkey(raw: bytes) -> str:
-    if b"\\" in raw:
-        raw = re.sub(rb"\\([ ,=\\])", rb"\1", raw)
-    return raw.decode("utf-8", "replace")
-
-
-def _unquote(raw: bytes) -> str | None:
-    if len(raw) < 2 or raw[0] != _QUOTE or raw[-1] != _QUOTE:
+def _plain_names(keys: list[bytes], head_len: int) -> list[str] | None:
+    """Field names of a group of lines, or None where InfluxDB has a rule for them: a key written
+    twice, a field named "time" alone, a key that is not UTF-8, a series key too long."""
+    try:
+        names = [k.decode() for k in keys]
+    except UnicodeDecodeError:
         return None
+    if len(set(names)) != len(names) or names == ["time"] or head_len + 4 + max(map(len, keys)) > 65535:
+        return None
+    return names
+
+
+_UNESC = re.compile(rb'\\([\\"])')
+
+
+def _unquote(raw: bytes) -> str:
+    """A string field value as InfluxDB reads it: the bytes between the quotes, ``\\\\`` and ``\\"``
+    unescaped (``\\n`` stays a backslash and an n)."""
     body = raw[1:-1]
-    if b"\\" in body:  # one pass: "\\\\r" is a backslash and an r, not a carriage return
-        body = _UNESC.sub(lambda m: _UNESC_TO[m.group(1)], body)
+    if b"\\" in body:
+        body = _UNESC.sub(rb"\1", body)
     return body.decode("utf-8", "replace")
 
 
@@ -539,56 +596,140 @@ def _gather(buf: np.ndarray, start: np.ndarray, n: np.ndarray, width: int) -> np
 
 
 def _fingerprint(buf: np.ndarray, start: np.ndarray, n: np.ndarray) -> np.ndarray:
-    """64-bit fingerprint of a key token: its length, bytes 0-8 and bytes 8-16 (or the last 8).
-
-    Injective over every field name in the catalogue (a test checks it); two unknown keys of one
-    length sharing their first 16 bytes would collide, and unknown keys are never read.
-    """
+    """64-bit hash of each key token's whole content (its length and every 8-byte word, mixed),
+    so that lines are grouped by their exact keys (a test checks it is injective over the
+    catalogue; two different keys collide with a chance of about 2**-64)."""
     if not len(start):
         return np.zeros(0, np.uint64)
     words = _words(buf)
-    a = words[start] & _LOW[np.clip(n, 0, 8)]
-    off = np.minimum(8, np.maximum(n - 8, 0))
-    b = words[start + off] & _LOW[np.clip(n - off, 0, 8)]
+    last = len(words) - 1
+    h = n.astype(np.uint64) * _MULT[2] + np.uint64(1)
     with np.errstate(over="ignore"):
-        return (a * _MULT[0]) ^ (b * _MULT[1]) ^ (n.astype(np.uint64) << np.uint64(56))
+        h ^= words[start] & _LOW[np.clip(n, 0, 8)]
+        h *= _MULT[0]
+        for j in range(8, min(int(n.max()), 64), 8):  # the longer keys only, word by word
+            sel = np.flatnonzero(n > j)
+            w = words[np.minimum(start[sel] + j, last)] & _LOW[np.clip(n[sel] - j, 0, 8)]
+            h[sel] = ((h[sel] ^ w) * _MULT[(j // 8) % 2]) ^ np.uint64(j)
+        h ^= h >> np.uint64(29)
+    for i in np.flatnonzero(n > 64).tolist():  # rare: the rest of a long key, in Python
+        rest = bytes(buf[start[i] + 64 : start[i] + n[i]])
+        h[i] ^= np.uint64(int.from_bytes(hashlib.blake2b(rest, digest_size=8).digest(), "little"))
+    return h
 
 
-def _to_numbers(buf, start, n, as_int: bool, skip=None):
-    """Convert numeric tokens (optional i/u suffix) in bulk; returns (values, ok)."""
+_POS = np.arange(_VW)
+_BOOLS = np.array(
+    [int.from_bytes(w, "little") for w in b"t T true True TRUE f F false False FALSE".split()], np.uint64
+)
+_MAX_TS = np.bytes_(b"9223372036854775806")  # InfluxDB's range is +-(2**63 - 2)
+_ORD = {c: ord(c) for c in "0123456789.-+eEi"}
+_NOT_FLOAT = np.ones(256, bool)  # bytes a float token never holds (NUL: the padding)
+_NOT_FLOAT[list(b"\x00" + b"0123456789.eE+-")] = False
+_NOT_INT = np.ones(256, bool)
+_NOT_INT[list(b"\x00" + b"0123456789-")] = False
+_FLOAT_RE = re.compile(rb"-?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\Z")
+
+
+def _values(buf: np.ndarray, start: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(kind, float64 value, exact int64) of non-string value tokens in InfluxDB's grammar: floats
+    -?(digits[.digits*]|.digits)([eE][+-]?digits)? and finite, integers -?digits + i within int64,
+    the ten boolean spellings. Kind 0 for anything else and for tokens longer than _VW bytes: the
+    reference parser decides those. numpy's conversion is Python's float()/int(), correctly
+    rounded; a character check first keeps out what those take and InfluxDB does not (blanks,
+    underscores, inf, nan, a leading +). Tokens hold no NUL (such lines take the slow path), so
+    the zero padding of a gathered token passes the character check."""
     k = len(start)
-    dtype = np.int64 if as_int else np.float64
-    vals = np.zeros(k, dtype)
-    ok = np.zeros(k, bool)
-    if not k:
-        return vals, ok
-    last = buf[np.maximum(start + n - 1, 0)]
-    n = n - ((last == ord("i")) | (last == ord("u"))).astype(np.int64)
-    cand = (n > 0) & (n <= _VW)
-    if skip is not None:
-        cand &= ~skip
+    kind = np.zeros(k, np.uint8)
+    fval = np.full(k, np.nan)
+    ival = np.zeros(k, np.int64)
     lo = 0
-    for width in (8, 16, _VW):
-        idx = np.flatnonzero(cand & (n > lo) & (n <= width))
-        lo = width
+    for w in (8, 16, _VW):
+        idx = np.flatnonzero((n > lo) & (n <= w))
+        lo = w
         if not len(idx):
             continue
-        g = _gather(buf, start[idx], n[idx], width)
-        s = g.view(f"S{width}")[:, 0]
+        L = n[idx]
+        g = _gather(buf, start[idx], L, w)
+        last = g[np.arange(len(idx)), L - 1]
+        plus = g[:, 0] == _ORD["+"]
+        is_i = (last == _ORD["i"]) & (L >= 2) & ~plus
+        cand = np.flatnonzero(is_i)
+        if len(cand):
+            body = g[cand]
+            body[np.arange(len(cand)), L[cand] - 1] = 0
+            good = ~_NOT_INT[body].any(1)
+            cand = cand[good]
+            iv, ok = _convert(body[good].view(f"S{w}")[:, 0], np.int64)
+            sel = idx[cand[ok]]
+            kind[sel] = INT
+            ival[sel] = iv[ok]
+            fval[sel] = iv[ok]
+        num = ((last >= _ORD["0"]) & (last <= _ORD["9"])) | (last == _ORD["."])
+        cand = np.flatnonzero(num & ~plus)
+        if len(cand):
+            gc = g[cand]
+            good = ~_NOT_FLOAT[gc].any(1)
+            cand = cand[good]
+            fv, ok = _convert(gc[good].view(f"S{w}")[:, 0], np.float64)
+            ok &= np.isfinite(fv)
+            sel = idx[cand[ok]]
+            kind[sel] = FLOAT
+            fval[sel] = fv[ok]
+        cand = np.flatnonzero(~is_i & ~num & (L <= 5))
+        if len(cand):
+            word = g[cand, :8].copy().view("<u8")[:, 0]
+            sel = idx[cand[np.isin(word, _BOOLS)]]
+            kind[sel] = BOOL
+            fval[sel] = np.isin(buf[start[sel]], (ord("t"), ord("T")))
+    return kind, fval, ival
+
+
+def _convert(s: np.ndarray, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Bytes tokens to numbers in one call; where one of them is not a number, one by one."""
+    try:
+        return s.astype(dtype), np.ones(len(s), bool)
+    except (ValueError, OverflowError):
+        pass
+    out = np.zeros(len(s), dtype)
+    ok = np.zeros(len(s), bool)
+    for i, x in enumerate(s.tolist()):
         try:
-            vals[idx] = s.astype(dtype)
-            ok[idx] = True
+            if dtype is np.int64:
+                v = int(x)
+                if not -(2**63) <= v < 2**63:
+                    continue
+            elif not _FLOAT_RE.match(x):
+                continue
+            else:
+                v = float(x)
+        except ValueError:
             continue
-        except (ValueError, OverflowError):
-            pass
-        good = _NUMCHARS[g].all(axis=1)
-        for i, x in zip(idx.tolist(), s.tolist(), strict=True):
-            try:
-                vals[i] = int(x) if as_int else float(x)
-                ok[i] = True
-            except (ValueError, OverflowError):
-                pass
-        del good
-    if not as_int:
-        vals[~ok] = np.nan
+        out[i] = v
+        ok[i] = True
+    return out, ok
+
+
+def _timestamps(buf: np.ndarray, start: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """-?digits within InfluxDB's range; (values, ok). 19 digits and more take the reference parser."""
+    ok = np.zeros(len(start), bool)
+    vals = np.zeros(len(start), np.int64)
+    idx = np.flatnonzero((n > 0) & (n <= 24))
+    if not len(idx):
+        return vals, ok
+    g = _gather(buf, start[idx], n[idx], 24)
+    L = n[idx]
+    pos = _POS[None, :24]
+    lead = (pos == 0) & (g[:, :1] == _ORD["-"])
+    body = (pos < L[:, None]) & ~lead
+    nd = body.sum(1)
+    good = ~(body & ((g < _ORD["0"]) | (g > _ORD["9"]))).any(1) & (nd >= 1) & (nd <= 19)
+    long = np.flatnonzero(good & (nd == 19))  # compare the digits with the bound, as text
+    if len(long):
+        neg = (g[long, 0] == _ORD["-"]).astype(np.int64)
+        digits = _gather(buf, start[idx[long]] + neg, np.full(len(long), 19), 24).view("S24")[:, 0]
+        good[long[digits > _MAX_TS]] = False
+    sel = idx[good]
+    vals[sel] = g[good].view("S24")[:, 0].astype(np.int64)
+    ok[sel] = True
     return vals, ok

@@ -27,7 +27,6 @@ log = logging.getLogger("gpufleet.agent.lineprotocol")
 
 _RESOURCE_SKIP = ("service.", "telemetry.")
 MAX_PLANS = 20_000  # cached point plans (a node's steady state is a few thousand): then start over
-_STR_ESC = str.maketrans({'"': r"\"", "\\": r"\\", "\n": r"\n", "\r": r"\r"})
 
 
 def _fmt(v: object, typ: type) -> str | None:
@@ -43,7 +42,7 @@ def _fmt(v: object, typ: type) -> str | None:
             return None
         return repr(v)
     if typ is str:
-        return '"' + str(v).translate(_STR_ESC) + '"'
+        return format_value(str(v))
     return format_value(v)
 
 
@@ -92,7 +91,7 @@ class LineProtocolExporter(MetricExporter):
         hk = (meas, tags)
         head = self._heads.get(hk)
         if head is None:
-            head = self._heads[hk] = lp_head(meas, {k: _tag_value(str(v)) for k, v in tags})
+            head = self._heads[hk] = lp_head(meas, {k: str(v) for k, v in tags})
         return head
 
     def rows(self, metrics_data: MetricsData, tick_ns: int) -> dict[tuple[str, int], list[str]]:
@@ -208,10 +207,3 @@ class LineProtocolExporter(MetricExporter):
 
 _NO_PLAN = object()
 
-
-def _tag_value(v: str) -> str:
-    """Tag values: newlines become spaces; a trailing backslash would escape the separator."""
-    v = v.replace("\n", " ").replace("\r", " ")
-    if v.endswith("\\"):
-        v = v + " "
-    return v

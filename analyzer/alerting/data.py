@@ -83,7 +83,8 @@ def load(source, hosts: set[str | None], windows: list[tuple[float, float]]) -> 
     prefixes = tuple(m + "," for m in MEASUREMENTS)
 
     def keep(p: Point) -> bool:
-        return (p.measurement in MEASUREMENTS and p.tags.get("host") in hosts and lo <= p.time <= hi)
+        return (p.measurement in MEASUREMENTS and p.tags.get("host") in hosts and p.time is not None
+                and lo <= p.time <= hi)
 
     if isinstance(source, (str, Path)):
         files = _files(Path(source))
