@@ -112,10 +112,14 @@ def analyze(
     cfg = Config.load(config_path)
     shard_t = _shard(shard)
     sinks = _sinks(cfg, sink_specs)  # a bad sink is a ConfigError before any work
+    if not input_path:  # the store named in the config ([influx] url, db), as the packaged unit runs it
+        influx_url = influx_url or cfg.influx.get("url")
+        db = db or cfg.influx.get("db")
     if listen_addr and input_path:
         raise ConfigError("--listen reads no files: drop --input")
     if not listen_addr and bool(input_path) == bool(influx_url):
-        raise ConfigError("give exactly one of --input PATH or --influx-url URL --influx-db NAME")
+        raise ConfigError("give exactly one of --input PATH or --influx-url URL --influx-db NAME "
+                          "(or [influx] url and db in --config)")
     if follow and listen_addr:
         raise ConfigError("give --follow or --listen, not both")
     if follow and not influx_url:
@@ -145,7 +149,7 @@ def analyze(
     influx = None
     if influx_url:
         if not db:
-            raise ConfigError("--influx-url needs --influx-db NAME")
+            raise ConfigError("--influx-url needs --influx-db NAME (or [influx] db in --config)")
         from analyzer.sources import Influx
 
         influx = Influx(influx_url, db, **cfg.influx_auth())

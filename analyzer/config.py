@@ -9,7 +9,9 @@ Every threshold lives here (defaults) and can be overridden in ``analyzer.toml``
     [[sink]]
     type = "alertmanager"
     url = "http://127.0.0.1:9093"
-    [influx]
+    [influx]               # the store --follow and batch runs read when no --influx-url is given
+    url = "http://influxdb:8086"
+    db = "gpufleet"
     username = "analyzer"
     password_file = "/etc/gpufleet/influx-password"
 
@@ -167,7 +169,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "_nodes": (1.0, 1e6),
     "": (0.0, 1e12),  # every other number: finite, not negative
 }
-INFLUX_KEYS = ("username", "password_file", "password_env", "token_file", "token_env")
+INFLUX_KEYS = ("url", "db", "username", "password_file", "password_env", "token_file", "token_env")
 
 
 def _range(key: str) -> tuple[float, float]:

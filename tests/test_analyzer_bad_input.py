@@ -189,6 +189,25 @@ def test_influx_secrets_only_from_file_or_env(tmp_path):
         _one_line_exit_2(_cli(*base, "--config", str(cfg)), "influx.password_file")
 
 
+@skip_unless("influxd")
+def test_the_store_named_in_the_config_is_read(tmp_path):
+    """The packaged unit runs `analyze --follow --config analyzer.toml`: [influx] url and db name
+    the store; the command line's flags win over them."""
+    with InfluxDB1(tmp_path / "influx") as server:
+        server.create_db("fleet")
+        server.write("fleet", DATA.decode())
+        cfg = tmp_path / "a.toml"
+        cfg.write_text(f'[influx]\nurl = "{server.url}"\ndb = "fleet"\n')
+        window = ("--start", str(T0), "--end", str(T0 + 4800))
+        r = _cli("analyze", "--config", str(cfg), *window)
+        assert r.returncode == 0, r.stderr
+        assert [json.loads(x)["kind"] for x in r.stdout.splitlines()] == ["sdc"]
+        r = _cli("analyze", "--config", str(cfg), "--influx-db", "nosuchdb", *window)
+        assert r.returncode != 0 and "Traceback" not in r.stderr  # the flag won: another database
+        cfg.write_text(f'[influx]\nurl = "{server.url}"\n')
+        _one_line_exit_2(_cli("analyze", "--config", str(cfg), *window), "[influx] db")
+
+
 # ---------------------------------------------------------------- row 10: nothing parsed
 def test_an_input_where_nothing_parses_is_an_error(tmp_path):
     _one_line_exit_2(_cli("analyze", "--input", "/bin/ls"), "nothing parsed")
