@@ -95,7 +95,8 @@ class Analyzer:
         self.poll = a["poll_seconds"]
         self.max_future = a["max_future_seconds"]
         self.shard = shard
-        self.parser = Parser(set(MEASUREMENTS), fields())
+        self.fields = fields()  # what the parser converts, derived from the registry when built
+        self.parser = Parser(set(MEASUREMENTS), self.fields)
         self.reg = Registry()
         self.detectors = build(self.config.detectors, self.poll)
         self.engine = Engine(
