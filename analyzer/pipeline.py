@@ -120,11 +120,10 @@ class Analyzer:
         self.jobs = JobLog()  # job ids per GPU over time, for the incidents' ``jobs``
 
     # ------------------------------------------------------------------ input
-    @staticmethod
-    def wanted() -> dict[str, set[str] | None]:
-        """What to read from a store: measurement -> the fields some detector reads (None: all)."""
-        own = fields()
-        return {m: own.get(m) for m in MEASUREMENTS}
+    def wanted(self) -> dict[str, set[str] | None]:
+        """What to read from a store: measurement -> the fields some detector reads (None: all),
+        the list the parser converts."""
+        return {m: self.fields.get(m) for m in MEASUREMENTS}
 
     def not_mine(self, hosts) -> list[str] | None:
         """Of ``hosts``, those another shard analyses (None: unsharded, every host is mine)."""

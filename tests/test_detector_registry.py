@@ -149,7 +149,8 @@ def test_a_new_detector_is_one_module_and_one_registry_line(tmp_path, monkeypatc
     assert cfg.detectors[cls.kind] == cls.params
     cfg.update({"detectors": {cls.kind: {"max_celsius": 90, "resolve_seconds": "10m"}}}, "test")
     an = pipeline.Analyzer(cfg)
-    assert "temperature_memory_celsius" in an.fields["gpu"]
+    # converted by the parser, and asked of a store by the pull path
+    assert "temperature_memory_celsius" in an.fields["gpu"] & an.wanted()["gpu"]
     t0 = 1_795_000_000
     lines = []
     for s in range(120):
