@@ -50,22 +50,6 @@ DEFAULT_SLOPE = 0.04  # °C per W, from the real H200 trace (39 -> 61 °C for 80
 
 class CoolingDegradation(Detector):
     kind = "cooling_degradation"
-    # bmc_sensor: the inlet temperature and fan rows (the bmc and fan tables)
-    fields = {
-        "gpu": (
-            "temperature_gpu_celsius", "power_watts", "temperature_slowdown_celsius",
-            "temperature_margin_celsius",
-        ),
-        "bmc_sensor": ("value", "state_code"),
-    }
-    summary = "running hotter than its power, inlet and peers predict"
-    panels = (
-        ("gpu", "temperature_gpu_celsius", "GPU temperature (°C)", "value"),
-        ("gpu", "temperature_memory_celsius", "Memory temperature (°C)", "value"),
-        ("gpu", "power_watts", "Power (W)", "value"),
-        ("gpu", "clock_sm_mhz", "SM clock (MHz)", "value"),
-    )
-
     params = {
         "min_power_watts": 50.0,
         "min_learn_samples": 120,
@@ -90,6 +74,21 @@ class CoolingDegradation(Detector):
         "fan_excess_celsius": 1.5,  # a node's GPUs this far above baseline together, its BMC fans failing
         "fan_drop_share": 0.6,  # a fan below this share of the fleet's median RPM is failing
     }
+    # bmc_sensor: the inlet temperature and fan rows (the bmc and fan tables)
+    fields = {
+        "gpu": (
+            "temperature_gpu_celsius", "power_watts", "temperature_slowdown_celsius",
+            "temperature_margin_celsius",
+        ),
+        "bmc_sensor": ("value", "state_code"),
+    }
+    summary = "running hotter than its power, inlet and peers predict"
+    panels = (
+        ("gpu", "temperature_gpu_celsius", "GPU temperature (°C)", "value"),
+        ("gpu", "temperature_memory_celsius", "Memory temperature (°C)", "value"),
+        ("gpu", "power_watts", "Power (W)", "value"),
+        ("gpu", "clock_sm_mhz", "SM clock (MHz)", "value"),
+    )
 
     # ------------------------------------------------------------------ features
     def _inlet(self, window: Window) -> np.ndarray:

@@ -22,6 +22,16 @@ from analyzer.frame import Window
 class GpuLost(Detector):
     kind = "gpu_lost"
     tables = ("gpu", "gpu_event")
+    params = {
+        "xids": [79],
+        "lost_after_seconds": 180.0,
+        "stale_after_seconds": 300.0,  # reported stale (up=0, health_code=1) this long: a warning
+        "node_share": 0.5,  # this share of a node's GPUs lost in the same minute: the node's incident
+        "node_min_gpus": 2,
+        "dwell_seconds": 0.0,
+        "gap_seconds": 86400.0,
+        "resolve_seconds": 86400.0,
+    }
     # up: the row that says the GPU answered (its last_seen), whatever its other fields
     fields = {
         "gpu": ("health_code", "up"),
@@ -33,17 +43,6 @@ class GpuLost(Detector):
         ("gpu", "power_watts", "Power (W)", "value"),
         ("gpu", "utilization_gpu_ratio", "GPU utilization", "value"),
     )
-
-    params = {
-        "xids": [79],
-        "lost_after_seconds": 180.0,
-        "stale_after_seconds": 300.0,  # reported stale (up=0, health_code=1) this long: a warning
-        "node_share": 0.5,  # this share of a node's GPUs lost in the same minute: the node's incident
-        "node_min_gpus": 2,
-        "dwell_seconds": 0.0,
-        "gap_seconds": 86400.0,
-        "resolve_seconds": 86400.0,
-    }
 
     def score(self, window: Window) -> np.ndarray:
         return (window.gpu.col("health_code") == 2).astype(float)

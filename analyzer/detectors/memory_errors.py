@@ -21,6 +21,15 @@ CRITICAL_XIDS = {48, 64, 95}
 class MemoryErrors(Detector):
     kind = "memory_errors"
     tables = ("gpu", "gpu_event", "gpu_canary")
+    params = {
+        "xids": [48, 63, 64, 92, 94, 95],
+        "sbe_count_min": 2,
+        "sbe_rate_min": 0.02,
+        "sbe_fleet_factor": 50.0,
+        "dwell_seconds": 0.0,
+        "gap_seconds": 3600.0,
+        "resolve_seconds": 7200.0,
+    }
     fields = {
         "gpu": (
             "ecc_corrected_volatile_total", "ecc_uncorrected_volatile_total", "remapped_rows_pending",
@@ -36,16 +45,6 @@ class MemoryErrors(Detector):
         ("gpu", "remapped_rows_pending", "Row remap pending", "value"),
         ("gpu", "remapped_rows_uncorrectable", "Rows remapped (uncorrectable)", "value"),
     )
-
-    params = {
-        "xids": [48, 63, 64, 92, 94, 95],
-        "sbe_count_min": 2,
-        "sbe_rate_min": 0.02,
-        "sbe_fleet_factor": 50.0,
-        "dwell_seconds": 0.0,
-        "gap_seconds": 3600.0,
-        "resolve_seconds": 7200.0,
-    }
 
     def fit(self, window: Window) -> MemoryErrors:
         tab = window.gpu

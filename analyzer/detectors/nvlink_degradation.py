@@ -25,6 +25,18 @@ from analyzer.frame import Window
 class NvlinkDegradation(Detector):
     kind = "nvlink_degradation"
     tables = ("gpu_nvlink",)
+    params = {
+        "crc_rate_max": 100.0,
+        "crc_rate_min": 1.0,
+        "crc_fleet_factor": 20.0,
+        "crc_count_min": 45,  # CRC errors within crc_span_seconds (0.05/s sustained): far above background
+        "crc_span_seconds": 900.0,
+        "replay_count_min": 3,  # replays within crc_span_seconds (one replay corrects one error)
+        "dwell_seconds": 0.0,
+        "gap_seconds": 600.0,
+        "resolve_seconds": 3600.0,
+        "clear_seconds": 3600.0,  # a degraded link stays one incident until this long without an error
+    }
     fields = {
         "gpu_nvlink": (
             "crc_data_errors_total", "crc_flit_errors_total", "replay_errors_total", "recovery_errors_total",
@@ -39,19 +51,6 @@ class NvlinkDegradation(Detector):
         ("gpu_nvlink", "recovery_errors_total", "NVLink recoveries (/s)", "rate"),
         ("gpu_nvlink", "up", "Link up", "value"),
     )
-
-    params = {
-        "crc_rate_max": 100.0,
-        "crc_rate_min": 1.0,
-        "crc_fleet_factor": 20.0,
-        "crc_count_min": 45,  # CRC errors within crc_span_seconds (0.05/s sustained): far above background
-        "crc_span_seconds": 900.0,
-        "replay_count_min": 3,  # replays within crc_span_seconds (one replay corrects one error)
-        "dwell_seconds": 0.0,
-        "gap_seconds": 600.0,
-        "resolve_seconds": 3600.0,
-        "clear_seconds": 3600.0,  # a degraded link stays one incident until this long without an error
-    }
 
     @staticmethod
     def _crc_rate(tab):

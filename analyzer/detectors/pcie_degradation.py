@@ -19,6 +19,16 @@ from analyzer.frame import Window
 
 class PcieDegradation(Detector):
     kind = "pcie_degradation"
+    params = {
+        "replay_allowance_per_s": 8 / 60,  # at gen 5 x16, scaled by gen x lanes: DCGM's 8 replays/min
+        "load_utilization": 0.2,
+        "load_power_watts": 200.0,
+        "downgrade_dwell_seconds": 60.0,
+        "dwell_seconds": 0.0,
+        "gap_seconds": 600.0,
+        "resolve_seconds": 3600.0,
+        "clear_seconds": 600.0,  # under load at full speed this long before idle stops holding it
+    }
     fields = {
         "gpu": (
             "pcie_link_gen", "pcie_link_width", "pcie_link_gen_max", "pcie_link_width_max",
@@ -32,17 +42,6 @@ class PcieDegradation(Detector):
         ("gpu", "pcie_link_gen", "PCIe generation", "value"),
         ("gpu", "utilization_gpu_ratio", "GPU utilization", "value"),
     )
-
-    params = {
-        "replay_allowance_per_s": 8 / 60,  # at gen 5 x16, scaled by gen x lanes: DCGM's 8 replays/min
-        "load_utilization": 0.2,
-        "load_power_watts": 200.0,
-        "downgrade_dwell_seconds": 60.0,
-        "dwell_seconds": 0.0,
-        "gap_seconds": 600.0,
-        "resolve_seconds": 3600.0,
-        "clear_seconds": 600.0,  # under load at full speed this long before idle stops holding it
-    }
 
     def fit(self, window: Window) -> PcieDegradation:
         tab = window.gpu

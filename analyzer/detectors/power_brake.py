@@ -30,6 +30,14 @@ HW_POWER_BRAKE = 0x80
 
 class PowerBrake(Detector):
     kind = "power_brake"
+    params = {
+        "min_share": 0.05,
+        "dwell_seconds": 0.0,
+        "gap_seconds": 35.0,
+        "resolve_seconds": 3600.0,
+        "node_share": 0.5,  # this share of a node's GPUs braking in the same minute: the node's brake
+        "node_min_gpus": 2,
+    }
     fields = {
         "gpu": (
             "clock_event_reasons", "clock_event_hw_power_brake", "throttle_hw_power_brake_ns_total",
@@ -42,15 +50,6 @@ class PowerBrake(Detector):
         ("gpu", "clock_sm_mhz", "SM clock (MHz)", "value"),
         ("gpu", "throttle_hw_power_brake_ns_total", "HW power brake (share of time)", "share"),
     )
-
-    params = {
-        "min_share": 0.05,
-        "dwell_seconds": 0.0,
-        "gap_seconds": 35.0,
-        "resolve_seconds": 3600.0,
-        "node_share": 0.5,  # this share of a node's GPUs braking in the same minute: the node's brake
-        "node_min_gpus": 2,
-    }
 
     def _bits(self, tab) -> np.ndarray:
         return tab.cached("power_brake_bits", lambda: self._bits_uncached(tab))

@@ -29,6 +29,7 @@ REFERENCE_ONLY = ("digest differs from the fleet reference only (the GPU repeats
 class SilentDataCorruption(Detector):
     kind = "sdc"
     tables = ("gpu_canary",)
+    params = {"confirm_checks": 2, "dwell_seconds": 0.0, "gap_seconds": 86400.0, "resolve_seconds": 86400.0}
     fields = {
         "gpu_canary": (
             "passed", "mismatches", "memory_mismatches", "reference_match", "checks", "checks_failed",
@@ -40,8 +41,6 @@ class SilentDataCorruption(Detector):
         ("gpu_canary", "mismatches", "Canary mismatching elements", "value"),
         ("gpu", "temperature_gpu_celsius", "GPU temperature (°C)", "value"),
     )
-
-    params = {"confirm_checks": 2, "dwell_seconds": 0.0, "gap_seconds": 86400.0, "resolve_seconds": 86400.0}
 
     def _parts(self, window: Window):
         return self._cached("parts", lambda: self._parts_uncached(window))

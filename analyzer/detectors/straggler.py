@@ -35,16 +35,6 @@ EXPLAINED = 0x20 | 0x40 | 0x80 | 0x8  # thermal, power brake, hw slowdown: a kno
 
 class Straggler(Detector):
     kind = "straggler"
-    # (clock_event_*_thermal: through thermal_throttle.thermal_bits)
-    fields = {
-        "gpu": (
-            "clock_sm_mhz", "power_watts", "utilization_gpu_ratio", "job_id", "sm_active_ratio",
-            "clock_event_reasons", "clock_event_sw_thermal", "clock_event_hw_thermal",
-            "clock_event_hw_power_brake",
-        ),
-    }
-    summary = "straggler: persistently slower than its job peers"
-
     # set from the analyzer's [analyzer] poll_seconds, not a [detectors.straggler] key
     context = {"poll_seconds": 10.0}
     params = {
@@ -60,6 +50,15 @@ class Straggler(Detector):
         "peer_activity_min": 0.4,  # GPM: peers under this share of its SM activity waited: not the same work
         "waiting_activity": 0.7,  # GPM: under this share of its peers' SM activity it is the one waiting
     }
+    # (clock_event_*_thermal: through thermal_throttle.thermal_bits)
+    fields = {
+        "gpu": (
+            "clock_sm_mhz", "power_watts", "utilization_gpu_ratio", "job_id", "sm_active_ratio",
+            "clock_event_reasons", "clock_event_sw_thermal", "clock_event_hw_thermal",
+            "clock_event_hw_power_brake",
+        ),
+    }
+    summary = "straggler: persistently slower than its job peers"
 
     def _peers(self, window: Window):
         """Busy rows, and each row's peer group (job or node, and poll): (busy, group, n_groups)."""

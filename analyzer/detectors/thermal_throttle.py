@@ -36,6 +36,16 @@ def _thermal_bits(tab) -> np.ndarray:
 
 class ThermalThrottle(Detector):
     kind = "thermal_throttle"
+    params = {
+        "min_share": 0.05,
+        "dwell_seconds": 0.0,
+        "gap_seconds": 35.0,
+        "resolve_seconds": 3600.0,
+        "load_share": 0.8,  # full load (this share of the power limit): where heat would show
+        "busy_utilization": 0.5,  # full load where the power limit is not reported
+        "clear_margin_celsius": 5.0,  # ... and this far below the slowdown temperature: healthy
+        "clear_seconds": 600.0,  # at full load this long without throttling before idle stops holding it
+    }
     fields = {
         "gpu": (
             "clock_event_reasons", "clock_event_sw_thermal", "clock_event_hw_thermal",
@@ -51,17 +61,6 @@ class ThermalThrottle(Detector):
         ("gpu", "clock_sm_mhz", "SM clock (MHz)", "value"),
         ("gpu", "throttle_hw_thermal_ns_total", "HW thermal slowdown (share of time)", "share"),
     )
-
-    params = {
-        "min_share": 0.05,
-        "dwell_seconds": 0.0,
-        "gap_seconds": 35.0,
-        "resolve_seconds": 3600.0,
-        "load_share": 0.8,  # full load (this share of the power limit): where heat would show
-        "busy_utilization": 0.5,  # full load where the power limit is not reported
-        "clear_margin_celsius": 5.0,  # ... and this far below the slowdown temperature: healthy
-        "clear_seconds": 600.0,  # at full load this long without throttling before idle stops holding it
-    }
 
     def score(self, window: Window) -> np.ndarray:
         tab = window.gpu
