@@ -1,6 +1,8 @@
 """Analyzer configuration: detector thresholds, engine timing, windowing, sinks.
 
-Every threshold lives here (defaults) and can be overridden in ``analyzer.toml``::
+Every analyzer, engine and sink setting has its default here, every detector threshold on its
+detector's class (``Detector.params``, collected by :func:`detector_defaults`); each can be
+overridden in ``analyzer.toml``::
 
     [analyzer]
     window = "5m"
@@ -38,112 +40,19 @@ ANALYZER = {
     "max_future_seconds": 86400.0,  # points stamped this far past the wall clock are dropped and counted
 }
 
-DETECTORS: dict[str, dict] = {
-    "thermal_throttle": {
-        "min_share": 0.05,
-        "dwell_seconds": 0.0,
-        "gap_seconds": 35.0,
-        "resolve_seconds": 3600.0,
-        "load_share": 0.8,  # full load (this share of the power limit): where heat would show
-        "busy_utilization": 0.5,  # full load where the power limit is not reported
-        "clear_margin_celsius": 5.0,  # ... and this far below the slowdown temperature: healthy
-        "clear_seconds": 600.0,  # at full load this long without throttling before idle stops holding it
-    },
-    "power_brake": {
-        "min_share": 0.05,
-        "dwell_seconds": 0.0,
-        "gap_seconds": 35.0,
-        "resolve_seconds": 3600.0,
-        "node_share": 0.5,  # this share of a node's GPUs braking in the same minute: the node's brake
-        "node_min_gpus": 2,
-    },
-    "cooling_degradation": {
-        "min_power_watts": 50.0,
-        "min_learn_samples": 120,
-        "excess_celsius": 6.0,
-        "sigma": 4.0,
-        "fleet_spread_celsius": 0.0,
-        "smooth_seconds": 120.0,
-        "throttle_margin_celsius": 3.0,
-        "node_share": 0.5,
-        "node_min_gpus": 2,
-        "rack_min_nodes": 2,
-        "inlet_excess_celsius": 6.0,
-        "low_power_watts": 300.0,
-        "low_excess_celsius": 3.5,
-        "dwell_seconds": 600.0,
-        "gap_seconds": 120.0,
-        "resolve_seconds": 3600.0,
-        "clear_seconds": 600.0,  # judged at load without a hit this long before idle stops holding it
-        "inlet_track_seconds": 14400.0,  # time constant of a host's tracked usual inlet (rack scope)
-        "urgent_seconds": 1800.0,  # thermal margin: throttling sooner than this makes the incident critical
-        "margin_trend_seconds": 600.0,  # thermal margin: its fall over this span gives the time to throttling
-        "fan_excess_celsius": 1.5,  # a node's GPUs this far above baseline together, its BMC fans failing
-        "fan_drop_share": 0.6,  # a fan below this share of the fleet's median RPM is failing
-    },
-    "nvlink_degradation": {
-        "crc_rate_max": 100.0,
-        "crc_rate_min": 1.0,
-        "crc_fleet_factor": 20.0,
-        "crc_count_min": 45,  # CRC errors within crc_span_seconds (0.05/s sustained): far above background
-        "crc_span_seconds": 900.0,
-        "replay_count_min": 3,  # replays within crc_span_seconds (one replay corrects one error)
-        "dwell_seconds": 0.0,
-        "gap_seconds": 600.0,
-        "resolve_seconds": 3600.0,
-        "clear_seconds": 3600.0,  # a degraded link stays one incident until this long without an error
-    },
-    "pcie_degradation": {
-        "replay_allowance_per_s": 8 / 60,  # at gen 5 x16, scaled by gen x lanes: DCGM's 8 replays/min
-        "load_utilization": 0.2,
-        "load_power_watts": 200.0,
-        "downgrade_dwell_seconds": 60.0,
-        "dwell_seconds": 0.0,
-        "gap_seconds": 600.0,
-        "resolve_seconds": 3600.0,
-        "clear_seconds": 600.0,  # under load at full speed this long before idle stops holding it
-    },
-    "sdc": {"confirm_checks": 2, "dwell_seconds": 0.0, "gap_seconds": 86400.0, "resolve_seconds": 86400.0},
-    "canary_unchecked": {
-        "max_age_seconds": 21600.0,  # the agents' canary.max_age
-        "factor": 2.0,  # warn at factor x max_age without a check
-        "dwell_seconds": 0.0,
-        "gap_seconds": 3600.0,
-        "resolve_seconds": 3600.0,
-    },
-    "memory_errors": {
-        "xids": [48, 63, 64, 92, 94, 95],
-        "sbe_count_min": 2,
-        "sbe_rate_min": 0.02,
-        "sbe_fleet_factor": 50.0,
-        "dwell_seconds": 0.0,
-        "gap_seconds": 3600.0,
-        "resolve_seconds": 7200.0,
-    },
-    "gpu_lost": {
-        "xids": [79],
-        "lost_after_seconds": 180.0,
-        "stale_after_seconds": 300.0,  # reported stale (up=0, health_code=1) this long: a warning
-        "node_share": 0.5,  # this share of a node's GPUs lost in the same minute: the node's incident
-        "node_min_gpus": 2,
-        "dwell_seconds": 0.0,
-        "gap_seconds": 86400.0,
-        "resolve_seconds": 86400.0,
-    },
-    "straggler": {
-        "min_peers": 3,
-        "min_slowdown": 0.06,
-        "distance": 4.0,
-        "busy_utilization": 0.5,
-        "fit_rows": 5000,
-        "dwell_seconds": 300.0,
-        "gap_seconds": 60.0,
-        "resolve_seconds": 1800.0,
-        "clear_seconds": 600.0,  # kept up with its peers this long before idle stops holding it
-        "peer_activity_min": 0.4,  # GPM: peers under this share of its SM activity waited: not the same work
-        "waiting_activity": 0.7,  # GPM: under this share of its peers' SM activity it is the one waiting
-    },
-}
+def detector_defaults() -> dict[str, dict]:
+    """Each registered detector's parameters with their defaults, as its class declares them
+    (``Detector.params``: the one place they are written), in registry order; a fresh copy."""
+    from analyzer.detectors import REGISTRY  # numpy and the detectors only when a config is built
+
+    return {kind: copy.deepcopy(cls.params) for kind, cls in REGISTRY.items()}
+
+
+def __getattr__(name: str):
+    if name == "DETECTORS":  # the detectors' defaults, derived from the registry
+        return detector_defaults()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # value ranges (inclusive); a detector key matches its own name first, then its suffix
 DAY = 86400.0
@@ -216,7 +125,7 @@ _duration = parse_duration
 class Config:
     def __init__(self):
         self.analyzer = dict(ANALYZER)
-        self.detectors = copy.deepcopy(DETECTORS)
+        self.detectors = detector_defaults()
         self.engine = copy.deepcopy(ENGINE)
         self.sinks: list[dict] = []
         self.influx: dict = {}

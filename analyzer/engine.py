@@ -18,22 +18,22 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from analyzer.detectors import REGISTRY
 from analyzer.detectors.base import Hits
 from analyzer.frame import Registry
 from gpufleet.records import Record
 
-SUMMARY = {
-    "thermal_throttle": "thermal throttling (clocks held down by temperature)",
-    "cooling_degradation": "running hotter than its power, inlet and peers predict",
-    "power_brake": "hardware power brake slowing the GPU",
-    "nvlink_degradation": "NVLink errors growing",
-    "pcie_degradation": "PCIe link degraded",
-    "memory_errors": "device memory errors",
-    "sdc": "silent data corruption: canary result mismatch",
-    "canary_unchecked": "SDC canary has not checked this GPU for over twice its max_age",
-    "gpu_lost": "GPU lost (fell off the bus or stopped reporting)",
-    "straggler": "straggler: persistently slower than its job peers",
-}
+
+def kind_summary(kind: str) -> str:
+    """What an incident of ``kind`` means, in words: its detector's ``summary`` (the kind itself
+    for a kind no detector declares)."""
+    cls = REGISTRY.get(kind)
+    return cls.summary if cls is not None and cls.summary else kind
+
+
+def kind_severity(kind: str) -> str:
+    """An incident's severity unless one of its hits is critical: its detector's ``severity``."""
+    return getattr(REGISTRY.get(kind), "severity", "warning")
 
 
 @dataclass
@@ -226,7 +226,7 @@ class Engine:
             where += " (node: several GPUs)"
         if lno is not None:
             where += f" link {lno}"
-        summary = f"{where}: {SUMMARY.get(kind, kind)}"
+        summary = f"{where}: {kind_summary(kind)}"
         pe = st.peak_evidence or st.first_evidence
         detail = ", ".join(f"{k}={v}" for k, v in pe.items() if k != "signals" and v is not None)
         if detail:
@@ -238,7 +238,7 @@ class Engine:
             link=lno,
             start=min(st.run_start, st.began),
             end=None,
-            severity="critical" if st.critical else "warning",  # as the detector's hits say
+            severity="critical" if st.critical else kind_severity(kind),  # as the detector's hits say
             cluster=cluster,
             rack=rname,
             summary=summary,

@@ -22,47 +22,30 @@ from dataclasses import dataclass
 import numpy as np
 
 from analyzer.config import Config
-from analyzer.detectors import build
+from analyzer.detectors import REGISTRY, build
 from analyzer.engine import Engine
 from analyzer.frame import Registry, Table, Window
 from analyzer.jobs import JobLog
 from analyzer.parse import Parser, Rows
 
-# the gpu fields some detector reads (the rest of the wide row is tokenized, never converted)
-FIELDS: dict[str, set[str] | None] = {
-    "gpu": {
-        "utilization_gpu_ratio",
-        "power_watts",
-        "power_limit_watts",
-        "temperature_gpu_celsius",
-        "temperature_slowdown_celsius",
-        "clock_sm_mhz",
-        "clock_event_reasons",
-        "clock_event_sw_thermal",
-        "clock_event_hw_thermal",
-        "clock_event_hw_power_brake",
-        "throttle_sw_thermal_ns_total",
-        "throttle_hw_thermal_ns_total",
-        "throttle_hw_power_brake_ns_total",
-        "pcie_link_gen",
-        "pcie_link_gen_max",
-        "pcie_link_width",
-        "pcie_link_width_max",
-        "pcie_replay_total",
-        "ecc_corrected_volatile_total",
-        "ecc_uncorrected_volatile_total",
-        "remapped_rows_pending",
-        "remapped_rows_failure",
-        "retired_pages_pending",
-        "up",
-        "health_code",
-        "job_id",
-        "sm_active_ratio",
-        "temperature_margin_celsius",
-    },
-    "host": set(),
-    "bmc_sensor": {"value", "state_code"},
-}
+# wide measurements: of these only the fields some detector reads (its ``fields``) are converted, the
+# rest of a row is tokenized, never converted; every other measurement is converted whole
+SELECTIVE = ("gpu", "host", "bmc_sensor")
+OWN_FIELDS = {"gpu": ("job_id",)}  # fields the pipeline reads itself: the job ids (incidents' ``jobs``)
+
+
+def fields() -> dict[str, set[str] | None]:
+    """The parser's field list, derived from the registry: per wide measurement, the fields the
+    registered detectors (and the pipeline) read."""
+    out: dict[str, set[str] | None] = {m: set(OWN_FIELDS.get(m, ())) for m in SELECTIVE}
+    for cls in REGISTRY.values():
+        for m, names in cls.fields.items():
+            if m in SELECTIVE:
+                out[m].update(names)
+    return out
+
+
+FIELDS = fields()  # as the registry holds at import (the analyzer derives its own when built)
 # rows of a measurement worth reading only when one of these tags contains one of the words (case
 # aside): of a node's ~100 BMC sensors the cooling model reads the inlet temperature and the fans
 TAG_WORD = {"bmc_sensor": (("sensor", "sensor_type"), ("inlet", "fan"))}
@@ -112,7 +95,8 @@ class Analyzer:
         self.poll = a["poll_seconds"]
         self.max_future = a["max_future_seconds"]
         self.shard = shard
-        self.parser = Parser(set(MEASUREMENTS), FIELDS)
+        self.fields = fields()  # what the parser converts, derived from the registry when built
+        self.parser = Parser(set(MEASUREMENTS), self.fields)
         self.reg = Registry()
         self.detectors = build(self.config.detectors, self.poll)
         self.engine = Engine(
@@ -136,10 +120,10 @@ class Analyzer:
         self.jobs = JobLog()  # job ids per GPU over time, for the incidents' ``jobs``
 
     # ------------------------------------------------------------------ input
-    @staticmethod
-    def wanted() -> dict[str, set[str] | None]:
-        """What to read from a store: measurement -> the fields some detector reads (None: all)."""
-        return {m: FIELDS.get(m) for m in MEASUREMENTS}
+    def wanted(self) -> dict[str, set[str] | None]:
+        """What to read from a store: measurement -> the fields some detector reads (None: all),
+        the list the parser converts."""
+        return {m: self.fields.get(m) for m in MEASUREMENTS}
 
     def not_mine(self, hosts) -> list[str] | None:
         """Of ``hosts``, those another shard analyses (None: unsharded, every host is mine)."""

@@ -23,65 +23,14 @@ from pathlib import Path
 from gpufleet.errors import GpufleetError
 from gpufleet.records import Record, to_rfc3339
 
-# kind -> panels: (measurement, field, label, "value" | "rate")
-PANELS: dict[str, list[tuple[str, str, str, str]]] = {
-    "thermal_throttle": [
-        ("gpu", "temperature_gpu_celsius", "GPU temperature (°C)", "value"),
-        ("gpu", "power_watts", "Power (W)", "value"),
-        ("gpu", "clock_sm_mhz", "SM clock (MHz)", "value"),
-        ("gpu", "throttle_hw_thermal_ns_total", "HW thermal slowdown (share of time)", "share"),
-    ],
-    "cooling_degradation": [
-        ("gpu", "temperature_gpu_celsius", "GPU temperature (°C)", "value"),
-        ("gpu", "temperature_memory_celsius", "Memory temperature (°C)", "value"),
-        ("gpu", "power_watts", "Power (W)", "value"),
-        ("gpu", "clock_sm_mhz", "SM clock (MHz)", "value"),
-    ],
-    "power_brake": [
-        ("gpu", "power_watts", "Power (W)", "value"),
-        ("gpu", "clock_sm_mhz", "SM clock (MHz)", "value"),
-        ("gpu", "throttle_hw_power_brake_ns_total", "HW power brake (share of time)", "share"),
-    ],
-    "nvlink_degradation": [
-        ("gpu_nvlink", "crc_flit_errors_total", "NVLink CRC flit errors (/s)", "rate"),
-        ("gpu_nvlink", "crc_data_errors_total", "NVLink CRC data errors (/s)", "rate"),
-        ("gpu_nvlink", "replay_errors_total", "NVLink replays (/s)", "rate"),
-        ("gpu_nvlink", "recovery_errors_total", "NVLink recoveries (/s)", "rate"),
-        ("gpu_nvlink", "up", "Link up", "value"),
-    ],
-    "pcie_degradation": [
-        ("gpu", "pcie_replay_total", "PCIe replays (/s)", "rate"),
-        ("gpu", "pcie_link_width", "PCIe link width (lanes)", "value"),
-        ("gpu", "pcie_link_gen", "PCIe generation", "value"),
-        ("gpu", "utilization_gpu_ratio", "GPU utilization", "value"),
-    ],
-    "memory_errors": [
-        ("gpu", "ecc_corrected_volatile_total", "Corrected ECC errors (/s)", "rate"),
-        ("gpu", "ecc_uncorrected_volatile_total", "Uncorrected ECC errors (count)", "value"),
-        ("gpu", "remapped_rows_pending", "Row remap pending", "value"),
-        ("gpu", "remapped_rows_uncorrectable", "Rows remapped (uncorrectable)", "value"),
-    ],
-    "sdc": [
-        ("gpu_canary", "passed", "Canary passed (1) / failed (0)", "value"),
-        ("gpu_canary", "mismatches", "Canary mismatching elements", "value"),
-        ("gpu", "temperature_gpu_celsius", "GPU temperature (°C)", "value"),
-    ],
-    "canary_unchecked": [
-        ("gpu_canary", "passed", "Canary passed (1) / failed (0)", "value"),
-        ("gpu", "utilization_gpu_ratio", "GPU utilization", "value"),
-    ],
-    "gpu_lost": [
-        ("gpu", "up", "GPU answered the poll", "value"),
-        ("gpu", "power_watts", "Power (W)", "value"),
-        ("gpu", "utilization_gpu_ratio", "GPU utilization", "value"),
-    ],
-    "straggler": [
-        ("gpu", "utilization_gpu_ratio", "GPU utilization", "value"),
-        ("gpu", "clock_sm_mhz", "SM clock (MHz)", "value"),
-        ("gpu", "power_watts", "Power (W)", "value"),
-        ("gpu", "temperature_gpu_celsius", "GPU temperature (°C)", "value"),
-    ],
-}
+
+def kind_panels(kind: str) -> tuple[tuple[str, str, str, str], ...]:
+    """The signals an incident page of ``kind`` plots, as its detector declares them (``panels``:
+    (measurement, field, label, "value" | "rate" | "share")); the GPU's basic signals otherwise."""
+    from analyzer.detectors import REGISTRY, Detector
+
+    return REGISTRY.get(kind, Detector).panels
+
 
 PRE, POST = 900.0, 900.0
 
@@ -130,7 +79,7 @@ def plot(r: Record, data, lo: float, hi: float) -> bytes | None:
     import numpy as np
 
     panels = []
-    for meas, field, label, mode in PANELS.get(r.kind, PANELS["straggler"]):
+    for meas, field, label, mode in kind_panels(r.kind):
         target, peers = [], []
         for key in data.keys(meas, r.host):
             s = _series(data.data[key].get(field, []), mode, lo, hi)

@@ -1,4 +1,9 @@
-"""Detectors: one module per fault kind, all with the contract in ``base``."""
+"""Detectors: one module per fault kind, all with the contract in ``base``.
+
+``REGISTRY`` is the one list of them: adding a detector is its module plus its line here. Its
+class declares its facts (parameters, fields, summary, severity, page panels); the config's
+defaults, the parser's field list, the engine's summaries and the incident pages derive them.
+"""
 
 from __future__ import annotations
 
@@ -32,11 +37,15 @@ REGISTRY: dict[str, type[Detector]] = {
 
 
 def build(params: dict[str, dict], poll_seconds: float = 10.0) -> list[Detector]:
+    """One detector per registered kind, with its ``[detectors.KIND]`` parameters (``params``) and
+    the analyzer's settings it declares in its ``context``."""
+    context = {"poll_seconds": poll_seconds}
     out = []
     for kind, cls in REGISTRY.items():
         p = dict(params.get(kind, {}))
-        if kind == "straggler":
-            p.setdefault("poll_seconds", poll_seconds)
+        for k in cls.context:
+            if k in context:
+                p.setdefault(k, context[k])
         out.append(cls(**p))
     return out
 

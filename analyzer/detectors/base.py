@@ -6,11 +6,19 @@ window after window, so learning is incremental); ``score(window)`` gives one nu
 of the detector's table, higher = more abnormal, NaN where it cannot judge; ``detect(window)``
 turns scores into :class:`Hits` with the configured thresholds. Dwell, persistence and
 merging into incidents are the engine's (``analyzer.engine``), driven by the same parameters.
+
+A detector declares its own facts on its class, and every other place derives them from the
+registry (``analyzer.detectors.REGISTRY``): ``kind``; ``params`` (the ``[detectors.KIND]`` keys with
+their defaults: ``analyzer.config``'s defaults); ``context`` (parameters the analyzer sets from its
+own configuration); ``tables`` (the streams whose windows it analyses); ``fields`` (per measurement,
+the fields it reads: the parser's field list, ``analyzer.pipeline.fields``); ``summary`` and
+``severity`` (the incident's words and severity unless a hit is critical: ``analyzer.engine``);
+``panels`` (the signals its incident page plots: ``analyzer.alerting.pages``).
 """
 
 from __future__ import annotations
 
-import inspect
+import copy
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -89,11 +97,31 @@ class Detector:
     """Base class: parameter handling and the default fit (nothing to learn)."""
 
     kind = "base"
-    tables: tuple[str, ...] = ("gpu",)  # the streams (measurements) this detector reads
+    # the [detectors.KIND] parameters and their defaults (the one place they are written)
+    params: dict[str, object] = {}
+    # parameters set from the analyzer's own configuration (name -> default), not [detectors.KIND] keys
+    context: dict[str, object] = {}
+    tables: tuple[str, ...] = ("gpu",)  # the streams (measurements) whose windows this detector analyses
+    # per measurement, the fields it reads (each one parsed, and in gpufleet/catalogue.toml)
+    fields: dict[str, tuple[str, ...]] = {}
+    summary = ""  # what its incident means, in words (after "WHERE: ")
+    severity = "warning"  # an incident's severity unless one of its hits is critical
+    # its incident page's panels: (measurement, field, label, "value" | "rate" | "share")
+    panels: tuple[tuple[str, str, str, str], ...] = (
+        ("gpu", "utilization_gpu_ratio", "GPU utilization", "value"),
+        ("gpu", "clock_sm_mhz", "SM clock (MHz)", "value"),
+        ("gpu", "power_watts", "Power (W)", "value"),
+        ("gpu", "temperature_gpu_celsius", "GPU temperature (°C)", "value"),
+    )
 
     def __init__(self, **params):
-        for k, v in params.items():
-            setattr(self, k, v)
+        """Store the parameters: each declared default, overridden by ``params``."""
+        cls = type(self)
+        unknown = set(params) - set(cls.params) - set(cls.context)
+        if unknown:
+            raise TypeError(f"{cls.__name__}: unknown parameter(s) {', '.join(sorted(unknown))}")
+        for k, v in {**cls.params, **cls.context, **params}.items():
+            setattr(self, k, copy.deepcopy(v))
 
     def __init_subclass__(cls, **kw):
         super().__init_subclass__(**kw)
@@ -127,8 +155,7 @@ class Detector:
         return memo[name]
 
     def get_params(self) -> dict:
-        names = [p for p in inspect.signature(type(self).__init__).parameters if p != "self"]
-        return {k: getattr(self, k) for k in names if k != "params"}
+        return {k: getattr(self, k) for k in {**type(self).params, **type(self).context}}
 
     def fit(self, window: Window) -> Detector:
         self.n_windows_ = getattr(self, "n_windows_", 0) + 1

@@ -50,54 +50,45 @@ DEFAULT_SLOPE = 0.04  # °C per W, from the real H200 trace (39 -> 61 °C for 80
 
 class CoolingDegradation(Detector):
     kind = "cooling_degradation"
-
-    def __init__(
-        self,
-        min_power_watts=50.0,
-        min_learn_samples=120,
-        excess_celsius=6.0,
-        sigma=4.0,
-        fleet_spread_celsius=0.0,
-        smooth_seconds=120.0,
-        throttle_margin_celsius=3.0,
-        node_share=0.5,
-        node_min_gpus=2,
-        rack_min_nodes=2,
-        inlet_excess_celsius=6.0,
-        low_power_watts=300.0,
-        low_excess_celsius=3.5,
-        dwell_seconds=600.0,
-        gap_seconds=120.0,
-        resolve_seconds=3600.0,
-        clear_seconds=600.0,
-        inlet_track_seconds=14400.0,
-        urgent_seconds=1800.0,
-        margin_trend_seconds=600.0,
-        fan_excess_celsius=1.5,
-        fan_drop_share=0.6,
-    ):
-        self.min_power_watts = min_power_watts
-        self.min_learn_samples = min_learn_samples
-        self.excess_celsius = excess_celsius
-        self.sigma = sigma
-        self.fleet_spread_celsius = fleet_spread_celsius
-        self.smooth_seconds = smooth_seconds
-        self.throttle_margin_celsius = throttle_margin_celsius
-        self.node_share = node_share
-        self.node_min_gpus = node_min_gpus
-        self.rack_min_nodes = rack_min_nodes
-        self.inlet_excess_celsius = inlet_excess_celsius
-        self.low_power_watts = low_power_watts
-        self.low_excess_celsius = low_excess_celsius
-        self.dwell_seconds = dwell_seconds
-        self.gap_seconds = gap_seconds
-        self.resolve_seconds = resolve_seconds
-        self.clear_seconds = clear_seconds
-        self.inlet_track_seconds = inlet_track_seconds
-        self.urgent_seconds = urgent_seconds
-        self.margin_trend_seconds = margin_trend_seconds
-        self.fan_excess_celsius = fan_excess_celsius
-        self.fan_drop_share = fan_drop_share
+    params = {
+        "min_power_watts": 50.0,
+        "min_learn_samples": 120,
+        "excess_celsius": 6.0,
+        "sigma": 4.0,
+        "fleet_spread_celsius": 0.0,
+        "smooth_seconds": 120.0,
+        "throttle_margin_celsius": 3.0,
+        "node_share": 0.5,
+        "node_min_gpus": 2,
+        "rack_min_nodes": 2,
+        "inlet_excess_celsius": 6.0,
+        "low_power_watts": 300.0,
+        "low_excess_celsius": 3.5,
+        "dwell_seconds": 600.0,
+        "gap_seconds": 120.0,
+        "resolve_seconds": 3600.0,
+        "clear_seconds": 600.0,  # judged at load without a hit this long before idle stops holding it
+        "inlet_track_seconds": 14400.0,  # time constant of a host's tracked usual inlet (rack scope)
+        "urgent_seconds": 1800.0,  # thermal margin: throttling sooner than this makes the incident critical
+        "margin_trend_seconds": 600.0,  # thermal margin: its fall over this span gives the time to throttling
+        "fan_excess_celsius": 1.5,  # a node's GPUs this far above baseline together, its BMC fans failing
+        "fan_drop_share": 0.6,  # a fan below this share of the fleet's median RPM is failing
+    }
+    # bmc_sensor: the inlet temperature and fan rows (the bmc and fan tables)
+    fields = {
+        "gpu": (
+            "temperature_gpu_celsius", "power_watts", "temperature_slowdown_celsius",
+            "temperature_margin_celsius",
+        ),
+        "bmc_sensor": ("value", "state_code"),
+    }
+    summary = "running hotter than its power, inlet and peers predict"
+    panels = (
+        ("gpu", "temperature_gpu_celsius", "GPU temperature (°C)", "value"),
+        ("gpu", "temperature_memory_celsius", "Memory temperature (°C)", "value"),
+        ("gpu", "power_watts", "Power (W)", "value"),
+        ("gpu", "clock_sm_mhz", "SM clock (MHz)", "value"),
+    )
 
     # ------------------------------------------------------------------ features
     def _inlet(self, window: Window) -> np.ndarray:

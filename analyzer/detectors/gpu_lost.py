@@ -22,26 +22,27 @@ from analyzer.frame import Window
 class GpuLost(Detector):
     kind = "gpu_lost"
     tables = ("gpu", "gpu_event")
-
-    def __init__(
-        self,
-        xids=(79,),
-        lost_after_seconds=180.0,
-        stale_after_seconds=300.0,
-        node_share=0.5,
-        node_min_gpus=2,
-        dwell_seconds=0.0,
-        gap_seconds=86400.0,
-        resolve_seconds=86400.0,
-    ):
-        self.xids = xids
-        self.lost_after_seconds = lost_after_seconds
-        self.stale_after_seconds = stale_after_seconds
-        self.node_share = node_share
-        self.node_min_gpus = node_min_gpus
-        self.dwell_seconds = dwell_seconds
-        self.gap_seconds = gap_seconds
-        self.resolve_seconds = resolve_seconds
+    params = {
+        "xids": [79],
+        "lost_after_seconds": 180.0,
+        "stale_after_seconds": 300.0,  # reported stale (up=0, health_code=1) this long: a warning
+        "node_share": 0.5,  # this share of a node's GPUs lost in the same minute: the node's incident
+        "node_min_gpus": 2,
+        "dwell_seconds": 0.0,
+        "gap_seconds": 86400.0,
+        "resolve_seconds": 86400.0,
+    }
+    # up: the row that says the GPU answered (its last_seen), whatever its other fields
+    fields = {
+        "gpu": ("health_code", "up"),
+        "gpu_event": ("code",),
+    }
+    summary = "GPU lost (fell off the bus or stopped reporting)"
+    panels = (
+        ("gpu", "up", "GPU answered the poll", "value"),
+        ("gpu", "power_watts", "Power (W)", "value"),
+        ("gpu", "utilization_gpu_ratio", "GPU utilization", "value"),
+    )
 
     def score(self, window: Window) -> np.ndarray:
         return (window.gpu.col("health_code") == 2).astype(float)

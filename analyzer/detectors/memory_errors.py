@@ -21,24 +21,30 @@ CRITICAL_XIDS = {48, 64, 95}
 class MemoryErrors(Detector):
     kind = "memory_errors"
     tables = ("gpu", "gpu_event", "gpu_canary")
-
-    def __init__(
-        self,
-        xids=(48, 63, 64, 92, 94, 95),
-        sbe_count_min=2,
-        sbe_rate_min=0.02,
-        sbe_fleet_factor=50.0,
-        dwell_seconds=0.0,
-        gap_seconds=3600.0,
-        resolve_seconds=7200.0,
-    ):
-        self.xids = xids
-        self.sbe_count_min = sbe_count_min
-        self.sbe_rate_min = sbe_rate_min
-        self.sbe_fleet_factor = sbe_fleet_factor
-        self.dwell_seconds = dwell_seconds
-        self.gap_seconds = gap_seconds
-        self.resolve_seconds = resolve_seconds
+    params = {
+        "xids": [48, 63, 64, 92, 94, 95],
+        "sbe_count_min": 2,
+        "sbe_rate_min": 0.02,
+        "sbe_fleet_factor": 50.0,
+        "dwell_seconds": 0.0,
+        "gap_seconds": 3600.0,
+        "resolve_seconds": 7200.0,
+    }
+    fields = {
+        "gpu": (
+            "ecc_corrected_volatile_total", "ecc_uncorrected_volatile_total", "remapped_rows_pending",
+            "remapped_rows_failure", "retired_pages_pending",
+        ),
+        "gpu_event": ("code",),
+        "gpu_canary": ("memory_mismatches", "checks", "checks_failed"),
+    }
+    summary = "device memory errors"
+    panels = (
+        ("gpu", "ecc_corrected_volatile_total", "Corrected ECC errors (/s)", "rate"),
+        ("gpu", "ecc_uncorrected_volatile_total", "Uncorrected ECC errors (count)", "value"),
+        ("gpu", "remapped_rows_pending", "Row remap pending", "value"),
+        ("gpu", "remapped_rows_uncorrectable", "Rows remapped (uncorrectable)", "value"),
+    )
 
     def fit(self, window: Window) -> MemoryErrors:
         tab = window.gpu

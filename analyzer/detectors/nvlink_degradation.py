@@ -25,30 +25,32 @@ from analyzer.frame import Window
 class NvlinkDegradation(Detector):
     kind = "nvlink_degradation"
     tables = ("gpu_nvlink",)
-
-    def __init__(
-        self,
-        crc_rate_max=100.0,
-        crc_rate_min=1.0,
-        crc_fleet_factor=20.0,
-        crc_count_min=45,
-        crc_span_seconds=900.0,
-        replay_count_min=3,
-        dwell_seconds=0.0,
-        gap_seconds=600.0,
-        resolve_seconds=3600.0,
-        clear_seconds=3600.0,
-    ):
-        self.crc_rate_max = crc_rate_max
-        self.crc_count_min = crc_count_min
-        self.crc_span_seconds = crc_span_seconds
-        self.replay_count_min = replay_count_min
-        self.crc_rate_min = crc_rate_min
-        self.crc_fleet_factor = crc_fleet_factor
-        self.dwell_seconds = dwell_seconds
-        self.gap_seconds = gap_seconds
-        self.resolve_seconds = resolve_seconds
-        self.clear_seconds = clear_seconds
+    params = {
+        "crc_rate_max": 100.0,
+        "crc_rate_min": 1.0,
+        "crc_fleet_factor": 20.0,
+        "crc_count_min": 45,  # CRC errors within crc_span_seconds (0.05/s sustained): far above background
+        "crc_span_seconds": 900.0,
+        "replay_count_min": 3,  # replays within crc_span_seconds (one replay corrects one error)
+        "dwell_seconds": 0.0,
+        "gap_seconds": 600.0,
+        "resolve_seconds": 3600.0,
+        "clear_seconds": 3600.0,  # a degraded link stays one incident until this long without an error
+    }
+    fields = {
+        "gpu_nvlink": (
+            "crc_data_errors_total", "crc_flit_errors_total", "replay_errors_total", "recovery_errors_total",
+            "up",
+        ),
+    }
+    summary = "NVLink errors growing"
+    panels = (
+        ("gpu_nvlink", "crc_flit_errors_total", "NVLink CRC flit errors (/s)", "rate"),
+        ("gpu_nvlink", "crc_data_errors_total", "NVLink CRC data errors (/s)", "rate"),
+        ("gpu_nvlink", "replay_errors_total", "NVLink replays (/s)", "rate"),
+        ("gpu_nvlink", "recovery_errors_total", "NVLink recoveries (/s)", "rate"),
+        ("gpu_nvlink", "up", "Link up", "value"),
+    )
 
     @staticmethod
     def _crc_rate(tab):

@@ -19,26 +19,29 @@ from analyzer.frame import Window
 
 class PcieDegradation(Detector):
     kind = "pcie_degradation"
-
-    def __init__(
-        self,
-        replay_allowance_per_s=8 / 60,
-        load_utilization=0.2,
-        load_power_watts=200.0,
-        downgrade_dwell_seconds=60.0,
-        dwell_seconds=0.0,
-        gap_seconds=600.0,
-        resolve_seconds=3600.0,
-        clear_seconds=600.0,
-    ):
-        self.replay_allowance_per_s = replay_allowance_per_s
-        self.load_utilization = load_utilization
-        self.load_power_watts = load_power_watts
-        self.downgrade_dwell_seconds = downgrade_dwell_seconds
-        self.dwell_seconds = dwell_seconds
-        self.gap_seconds = gap_seconds
-        self.resolve_seconds = resolve_seconds
-        self.clear_seconds = clear_seconds
+    params = {
+        "replay_allowance_per_s": 8 / 60,  # at gen 5 x16, scaled by gen x lanes: DCGM's 8 replays/min
+        "load_utilization": 0.2,
+        "load_power_watts": 200.0,
+        "downgrade_dwell_seconds": 60.0,
+        "dwell_seconds": 0.0,
+        "gap_seconds": 600.0,
+        "resolve_seconds": 3600.0,
+        "clear_seconds": 600.0,  # under load at full speed this long before idle stops holding it
+    }
+    fields = {
+        "gpu": (
+            "pcie_link_gen", "pcie_link_width", "pcie_link_gen_max", "pcie_link_width_max",
+            "pcie_replay_total", "utilization_gpu_ratio", "power_watts",
+        ),
+    }
+    summary = "PCIe link degraded"
+    panels = (
+        ("gpu", "pcie_replay_total", "PCIe replays (/s)", "rate"),
+        ("gpu", "pcie_link_width", "PCIe link width (lanes)", "value"),
+        ("gpu", "pcie_link_gen", "PCIe generation", "value"),
+        ("gpu", "utilization_gpu_ratio", "GPU utilization", "value"),
+    )
 
     def fit(self, window: Window) -> PcieDegradation:
         tab = window.gpu

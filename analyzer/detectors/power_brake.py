@@ -30,22 +30,26 @@ HW_POWER_BRAKE = 0x80
 
 class PowerBrake(Detector):
     kind = "power_brake"
-
-    def __init__(
-        self,
-        min_share=0.05,
-        dwell_seconds=0.0,
-        gap_seconds=35.0,
-        resolve_seconds=3600.0,
-        node_share=0.5,
-        node_min_gpus=2,
-    ):
-        self.min_share = min_share
-        self.node_share = node_share
-        self.node_min_gpus = node_min_gpus
-        self.dwell_seconds = dwell_seconds
-        self.gap_seconds = gap_seconds
-        self.resolve_seconds = resolve_seconds
+    params = {
+        "min_share": 0.05,
+        "dwell_seconds": 0.0,
+        "gap_seconds": 35.0,
+        "resolve_seconds": 3600.0,
+        "node_share": 0.5,  # this share of a node's GPUs braking in the same minute: the node's brake
+        "node_min_gpus": 2,
+    }
+    fields = {
+        "gpu": (
+            "clock_event_reasons", "clock_event_hw_power_brake", "throttle_hw_power_brake_ns_total",
+            "power_watts",
+        ),
+    }
+    summary = "hardware power brake slowing the GPU"
+    panels = (
+        ("gpu", "power_watts", "Power (W)", "value"),
+        ("gpu", "clock_sm_mhz", "SM clock (MHz)", "value"),
+        ("gpu", "throttle_hw_power_brake_ns_total", "HW power brake (share of time)", "share"),
+    )
 
     def _bits(self, tab) -> np.ndarray:
         return tab.cached("power_brake_bits", lambda: self._bits_uncached(tab))

@@ -29,12 +29,18 @@ REFERENCE_ONLY = ("digest differs from the fleet reference only (the GPU repeats
 class SilentDataCorruption(Detector):
     kind = "sdc"
     tables = ("gpu_canary",)
-
-    def __init__(self, confirm_checks=2, dwell_seconds=0.0, gap_seconds=86400.0, resolve_seconds=86400.0):
-        self.confirm_checks = confirm_checks
-        self.dwell_seconds = dwell_seconds
-        self.gap_seconds = gap_seconds
-        self.resolve_seconds = resolve_seconds
+    params = {"confirm_checks": 2, "dwell_seconds": 0.0, "gap_seconds": 86400.0, "resolve_seconds": 86400.0}
+    fields = {
+        "gpu_canary": (
+            "passed", "mismatches", "memory_mismatches", "reference_match", "checks", "checks_failed",
+        ),
+    }
+    summary = "silent data corruption: canary result mismatch"
+    panels = (
+        ("gpu_canary", "passed", "Canary passed (1) / failed (0)", "value"),
+        ("gpu_canary", "mismatches", "Canary mismatching elements", "value"),
+        ("gpu", "temperature_gpu_celsius", "GPU temperature (°C)", "value"),
+    )
 
     def _parts(self, window: Window):
         return self._cached("parts", lambda: self._parts_uncached(window))

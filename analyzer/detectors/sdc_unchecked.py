@@ -23,14 +23,20 @@ def _grow(a: np.ndarray, n: int, fill: float) -> np.ndarray:
 class CanaryUnchecked(Detector):
     kind = "canary_unchecked"
     tables = ("gpu", "gpu_canary")
-
-    def __init__(self, max_age_seconds=21600.0, factor=2.0, dwell_seconds=0.0, gap_seconds=3600.0,
-                 resolve_seconds=3600.0):
-        self.max_age_seconds = max_age_seconds
-        self.factor = factor
-        self.dwell_seconds = dwell_seconds
-        self.gap_seconds = gap_seconds
-        self.resolve_seconds = resolve_seconds
+    params = {
+        "max_age_seconds": 21600.0,  # the agents' canary.max_age
+        "factor": 2.0,  # warn at factor x max_age without a check
+        "dwell_seconds": 0.0,
+        "gap_seconds": 3600.0,
+        "resolve_seconds": 3600.0,
+    }
+    # (it reads when rows arrive, no field)
+    fields: dict[str, tuple[str, ...]] = {}
+    summary = "SDC canary has not checked this GPU for over twice its max_age"
+    panels = (
+        ("gpu_canary", "passed", "Canary passed (1) / failed (0)", "value"),
+        ("gpu", "utilization_gpu_ratio", "GPU utilization", "value"),
+    )
 
     def fit(self, window: Window) -> CanaryUnchecked:
         n = len(window.reg.gpu_node)

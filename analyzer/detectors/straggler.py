@@ -35,34 +35,30 @@ EXPLAINED = 0x20 | 0x40 | 0x80 | 0x8  # thermal, power brake, hw slowdown: a kno
 
 class Straggler(Detector):
     kind = "straggler"
-
-    def __init__(
-        self,
-        min_peers=3,
-        min_slowdown=0.06,
-        distance=4.0,
-        busy_utilization=0.5,
-        fit_rows=5000,
-        dwell_seconds=300.0,
-        gap_seconds=60.0,
-        resolve_seconds=1800.0,
-        poll_seconds=10.0,
-        clear_seconds=600.0,
-        peer_activity_min=0.4,
-        waiting_activity=0.7,
-    ):
-        self.min_peers = min_peers
-        self.min_slowdown = min_slowdown
-        self.distance = distance
-        self.busy_utilization = busy_utilization
-        self.fit_rows = fit_rows
-        self.dwell_seconds = dwell_seconds
-        self.gap_seconds = gap_seconds
-        self.resolve_seconds = resolve_seconds
-        self.poll_seconds = poll_seconds
-        self.clear_seconds = clear_seconds
-        self.peer_activity_min = peer_activity_min
-        self.waiting_activity = waiting_activity
+    # set from the analyzer's [analyzer] poll_seconds, not a [detectors.straggler] key
+    context = {"poll_seconds": 10.0}
+    params = {
+        "min_peers": 3,
+        "min_slowdown": 0.06,
+        "distance": 4.0,
+        "busy_utilization": 0.5,
+        "fit_rows": 5000,
+        "dwell_seconds": 300.0,
+        "gap_seconds": 60.0,
+        "resolve_seconds": 1800.0,
+        "clear_seconds": 600.0,  # kept up with its peers this long before idle stops holding it
+        "peer_activity_min": 0.4,  # GPM: peers under this share of its SM activity waited: not the same work
+        "waiting_activity": 0.7,  # GPM: under this share of its peers' SM activity it is the one waiting
+    }
+    # (clock_event_*_thermal: through thermal_throttle.thermal_bits)
+    fields = {
+        "gpu": (
+            "clock_sm_mhz", "power_watts", "utilization_gpu_ratio", "job_id", "sm_active_ratio",
+            "clock_event_reasons", "clock_event_sw_thermal", "clock_event_hw_thermal",
+            "clock_event_hw_power_brake",
+        ),
+    }
+    summary = "straggler: persistently slower than its job peers"
 
     def _peers(self, window: Window):
         """Busy rows, and each row's peer group (job or node, and poll): (busy, group, n_groups)."""

@@ -36,26 +36,31 @@ def _thermal_bits(tab) -> np.ndarray:
 
 class ThermalThrottle(Detector):
     kind = "thermal_throttle"
-
-    def __init__(
-        self,
-        min_share=0.05,
-        dwell_seconds=0.0,
-        gap_seconds=35.0,
-        resolve_seconds=3600.0,
-        load_share=0.8,
-        busy_utilization=0.5,
-        clear_margin_celsius=5.0,
-        clear_seconds=600.0,
-    ):
-        self.min_share = min_share
-        self.dwell_seconds = dwell_seconds
-        self.gap_seconds = gap_seconds
-        self.resolve_seconds = resolve_seconds
-        self.load_share = load_share
-        self.busy_utilization = busy_utilization
-        self.clear_margin_celsius = clear_margin_celsius
-        self.clear_seconds = clear_seconds
+    params = {
+        "min_share": 0.05,
+        "dwell_seconds": 0.0,
+        "gap_seconds": 35.0,
+        "resolve_seconds": 3600.0,
+        "load_share": 0.8,  # full load (this share of the power limit): where heat would show
+        "busy_utilization": 0.5,  # full load where the power limit is not reported
+        "clear_margin_celsius": 5.0,  # ... and this far below the slowdown temperature: healthy
+        "clear_seconds": 600.0,  # at full load this long without throttling before idle stops holding it
+    }
+    fields = {
+        "gpu": (
+            "clock_event_reasons", "clock_event_sw_thermal", "clock_event_hw_thermal",
+            "throttle_sw_thermal_ns_total", "throttle_hw_thermal_ns_total", "temperature_gpu_celsius",
+            "temperature_slowdown_celsius", "clock_sm_mhz", "power_watts", "power_limit_watts",
+            "utilization_gpu_ratio",
+        ),
+    }
+    summary = "thermal throttling (clocks held down by temperature)"
+    panels = (
+        ("gpu", "temperature_gpu_celsius", "GPU temperature (°C)", "value"),
+        ("gpu", "power_watts", "Power (W)", "value"),
+        ("gpu", "clock_sm_mhz", "SM clock (MHz)", "value"),
+        ("gpu", "throttle_hw_thermal_ns_total", "HW thermal slowdown (share of time)", "share"),
+    )
 
     def score(self, window: Window) -> np.ndarray:
         tab = window.gpu
