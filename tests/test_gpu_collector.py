@@ -43,8 +43,9 @@ def gpu_rows(samples):
 
 
 def test_all_recordings_are_here():
-    assert len(RECORDINGS) == 16  # 3 NVML dumps + 13 nvidia-smi logs (12 models + the H200)
-    assert len({p.stem for p in RECORDINGS}) == 16
+    # 4 NVML dumps (3 H200, 1 H100) + 14 nvidia-smi logs (12 models + the H200 + the H100)
+    assert len(RECORDINGS) == 18
+    assert len({p.relative_to(REC) for p in RECORDINGS}) == 18
 
 
 @pytest.mark.parametrize("path", RECORDINGS, ids=lambda p: p.name)
