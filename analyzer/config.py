@@ -43,7 +43,7 @@ ANALYZER = {
 def detector_defaults() -> dict[str, dict]:
     """Each registered detector's parameters with their defaults, as its class declares them
     (``Detector.params``: the one place they are written), in registry order; a fresh copy."""
-    from analyzer.detectors import REGISTRY  # numpy and the detectors only when a config is built
+    from gpufleet.analyzer.detectors import REGISTRY  # numpy and the detectors only when a config is built
 
     return {kind: copy.deepcopy(cls.params) for kind, cls in REGISTRY.items()}
 

@@ -17,10 +17,10 @@ import hashlib
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+from gpufleet.analyzer.detectors import REGISTRY
+from gpufleet.analyzer.detectors.base import Hits
+from gpufleet.analyzer.frame import Registry
 
-from analyzer.detectors import REGISTRY
-from analyzer.detectors.base import Hits
-from analyzer.frame import Registry
 from gpufleet.records import Record
 
 

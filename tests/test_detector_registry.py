@@ -1,4 +1,4 @@
-"""Contract tests over the detector registry (``analyzer.detectors.REGISTRY``): every detector,
+"""Contract tests over the detector registry (``gpufleet.analyzer.detectors.REGISTRY``): every detector,
 present and future.
 
 A detector declares its facts on its class (parameters, fields read, summary, severity, page
@@ -16,13 +16,13 @@ import json
 from pathlib import Path
 
 import pytest
+from gpufleet.analyzer import pipeline
+from gpufleet.analyzer.alerting.actions import catalogue
+from gpufleet.analyzer.alerting.pages import kind_panels
+from gpufleet.analyzer.config import Config, detector_defaults
+from gpufleet.analyzer.detectors import REGISTRY, Detector
+from gpufleet.analyzer.engine import kind_severity, kind_summary
 
-from analyzer import pipeline
-from analyzer.alerting.actions import catalogue
-from analyzer.alerting.pages import kind_panels
-from analyzer.config import Config, detector_defaults
-from analyzer.detectors import REGISTRY, Detector
-from analyzer.engine import kind_severity, kind_summary
 from gpufleet import catalogue as metrics
 from gpufleet.lineprotocol import encode
 from gpufleet.records import KINDS, SEVERITIES
@@ -110,7 +110,7 @@ TOY = '''
 
 import numpy as np
 
-from analyzer.detectors.base import Detector
+from gpufleet.analyzer.detectors.base import Detector
 
 
 class MemoryHot(Detector):

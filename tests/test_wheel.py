@@ -98,9 +98,41 @@ def test_wheel_declares_extras_and_entry_point(wheel):
         (ep,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
         assert re.search(r"^gpufleet\s*=\s*gpufleet\.cli:main$", z.read(ep).decode(), re.M)
     assert "gpufleet/catalogue.toml" in names and "gpufleet/xid_catalogue.toml" in names
-    assert "agent/model.py" in names
+    assert "gpufleet/agent/model.py" in names and "gpufleet/analyzer/parse.py" in names
+    assert "gpufleet/dashboards/generate.py" in names
+    # nothing under a generic top-level name: agent/, analyzer/, dashboards/ live in gpufleet/
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
+    assert tops == {"gpufleet"}, tops
     for outsider in ("tests/", "bench/", "packaging/", "docs/"):
         assert not any(n.startswith(outsider) for n in names), f"{outsider} shipped in the wheel"
+
+
+def test_wheel_installs_beside_another_top_level_agent_package(wheel, tmp_path):
+    """Another project's top-level ``agent`` package in the same environment: no clash, both import."""
+    import sysconfig
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    (site,) = (venv / "lib").glob("python*/site-packages")
+    (site / "agent").mkdir()
+    (site / "agent" / "__init__.py").write_text("WHO = 'someone else'\n")
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site),
+                           str(wheel)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "already exists" not in proc.stderr, proc.stderr  # pip would have skipped a clashing folder
+    # gpufleet's dependencies from this environment (a path only: its .pth files are not run, so the
+    # checkout's editable install stays out)
+    (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    probe = ("import json, agent\n"
+             "import gpufleet.agent.model, gpufleet.analyzer.parse, gpufleet.dashboards.generate\n"
+             "print(json.dumps([agent.WHO, gpufleet.agent.model.__file__,\n"
+             "                  gpufleet.analyzer.parse.__file__]))")
+    out = subprocess.run([str(venv / "bin" / "python"), "-c", probe], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    who, model, parse = json.loads(out.stdout)
+    assert who == "someone else"
+    assert Path(model).is_relative_to(site) and Path(parse).is_relative_to(site)
 
 
 def test_agent_extra_resolves_without_heavy_packages(wheel, tmp_path):
@@ -120,10 +152,10 @@ def test_agent_extra_resolves_without_heavy_packages(wheel, tmp_path):
 
 IMPORT_ALL_AGENT = r"""
 import importlib, json, pkgutil, sys
-import agent
+import gpufleet.agent
 failed = {}
-names = ["agent"]
-for info in pkgutil.walk_packages(agent.__path__, "agent."):
+names = ["gpufleet.agent"]
+for info in pkgutil.walk_packages(gpufleet.agent.__path__, "gpufleet.agent."):
     names.append(info.name)
 for name in names:
     try:
@@ -140,6 +172,6 @@ def test_agent_modules_import_no_heavy_packages():
                           cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert "agent.model" in result["imported"]
+    assert "gpufleet.agent.model" in result["imported"]
     assert not result["failed"], f"agent modules that do not import: {result['failed']}"
     assert not result["heavy"], f"importing agent/ loaded {result['heavy'][:10]}"

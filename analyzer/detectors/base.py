@@ -5,15 +5,15 @@ learns from a window and returns ``self`` (learned state ends in ``_``; detector
 window after window, so learning is incremental); ``score(window)`` gives one number per row
 of the detector's table, higher = more abnormal, NaN where it cannot judge; ``detect(window)``
 turns scores into :class:`Hits` with the configured thresholds. Dwell, persistence and
-merging into incidents are the engine's (``analyzer.engine``), driven by the same parameters.
+merging into incidents are the engine's (``gpufleet.analyzer.engine``), driven by the same parameters.
 
 A detector declares its own facts on its class, and every other place derives them from the
-registry (``analyzer.detectors.REGISTRY``): ``kind``; ``params`` (the ``[detectors.KIND]`` keys with
-their defaults: ``analyzer.config``'s defaults); ``context`` (parameters the analyzer sets from its
+registry (``gpufleet.analyzer.detectors.REGISTRY``): ``kind``; ``params`` (the ``[detectors.KIND]`` keys with
+their defaults: ``gpufleet.analyzer.config``'s defaults); ``context`` (parameters the analyzer sets from its
 own configuration); ``tables`` (the streams whose windows it analyses); ``fields`` (per measurement,
-the fields it reads: the parser's field list, ``analyzer.pipeline.fields``); ``summary`` and
-``severity`` (the incident's words and severity unless a hit is critical: ``analyzer.engine``);
-``panels`` (the signals its incident page plots: ``analyzer.alerting.pages``).
+the fields it reads: the parser's field list, ``gpufleet.analyzer.pipeline.fields``); ``summary`` and
+``severity`` (the incident's words and severity unless a hit is critical: ``gpufleet.analyzer.engine``);
+``panels`` (the signals its incident page plots: ``gpufleet.analyzer.alerting.pages``).
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from analyzer.frame import Table, Window, nan_to_zero
+from gpufleet.analyzer.frame import Table, Window, nan_to_zero
 
 
 class Evidence(Sequence):
