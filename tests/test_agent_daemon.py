@@ -3,31 +3,20 @@
 from __future__ import annotations
 
 import signal
-import socket
 import time
 
-from tests.test_agent_support import read_lp_dir, start_agent, stop_agent, wait_for
+from tests.test_agent_support import NotifySocket, read_lp_dir, start_agent, stop_agent, wait_for
 
 
 def test_notify_reload_stop_and_failing_collector(tmp_path):
-    sock_path = str(tmp_path / "notify.sock")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(sock_path)
-    sock.settimeout(0.2)
+    notify = NotifySocket(tmp_path)
+    sock_path = notify.path
     cfg = tmp_path / "agent.toml"
     cfg.write_text(f'[agent]\nbackend = "sim"\ninterval = 1\nhost = "n1"\n'
                    f'collectors = ["gpu", "host", "tests.test_agent_support:Broken"]\n'
                    f'[file]\ndir = "{tmp_path / "lp"}"\n')
     proc = start_agent(tmp_path, "--config", str(cfg), env={"NOTIFY_SOCKET": sock_path})
-    msgs: list[str] = []
-
-    def drain():
-        try:
-            while True:
-                msgs.append(sock.recv(4096).decode())
-        except (TimeoutError, BlockingIOError):
-            pass
-        return msgs
+    msgs, drain = notify.msgs, notify.drain
 
     try:
         assert wait_for(lambda: any("WATCHDOG=1" in m for m in drain()), 20)
@@ -48,7 +37,7 @@ def test_notify_reload_stop_and_failing_collector(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-        sock.close()
+        notify.close()
     assert any("STOPPING=1" in m for m in msgs)
     assert any("STATUS=tick" in m for m in msgs)
     log = (tmp_path / "agent.log").read_text()

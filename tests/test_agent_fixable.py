@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import socket
 import subprocess
 import time
 from collections import Counter
@@ -16,6 +15,7 @@ from gpufleet.agent.spool import Spool
 from tests.servers import InfluxDB1, skip_unless
 from tests.test_agent_support import (
     ROOT,
+    NotifySocket,
     agent_cmd,
     influx_rows,
     read_lp_dir,
@@ -195,39 +195,22 @@ def test_spool_deleted_at_runtime_is_recreated_and_losses_counted(tmp_path, infl
     assert "the spool is empty" in stopped and f"{lost} points were dropped" in stopped
 
 
-def _notify_socket(tmp_path):
-    path = str(tmp_path / "notify.sock")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(path)
-    sock.settimeout(0.2)
-    return path, sock
-
-
-def _drain(sock, msgs: list) -> list:
-    try:
-        while True:
-            msgs.append(sock.recv(4096).decode())
-    except (TimeoutError, BlockingIOError):
-        pass
-    return msgs
-
-
 def test_unwritable_spool_degrades_then_lets_the_service_manager_restart(tmp_path, influxdb):
     influxdb.create_db("fleet")
-    path, sock = _notify_socket(tmp_path)
+    notify = NotifySocket(tmp_path)
     cfg = _config(tmp_path, influxdb.url, extra_agent='degraded_restart = "3s"')
-    proc = start_agent(tmp_path, "--config", cfg, env={"NOTIFY_SOCKET": path})
-    msgs: list[str] = []
+    proc = start_agent(tmp_path, "--config", cfg, env={"NOTIFY_SOCKET": notify.path})
+    msgs = notify.msgs
     try:
-        assert wait_for(lambda: any("WATCHDOG=1" in m for m in _drain(sock, msgs)), 15)
+        assert wait_for(lambda: any("WATCHDOG=1" in m for m in notify.drain()), 15)
         shutil.rmtree(tmp_path / "spool")
         (tmp_path / "spool").write_text("not a directory\n")  # the spool path cannot be used any more
         assert proc.wait(15) == 1  # past degraded_restart without a watchdog: exit 1 for a restart
     finally:
         if proc.poll() is None:
             proc.kill()
-        _drain(sock, msgs)
-        sock.close()
+        notify.drain()
+        notify.close()
     degraded = [i for i, m in enumerate(msgs) if "STATUS=degraded: spool" in m]
     assert degraded and "cannot be written" in msgs[degraded[0]]
     assert "WATCHDOG=1" not in msgs[degraded[-1]]  # the last word: no ping while degraded past the bound
@@ -279,24 +262,24 @@ def test_resend_rejected_command(tmp_path, influxdb):
 
 def test_unwritable_spool_under_a_watchdog_stops_the_pings(tmp_path, influxdb):
     influxdb.create_db("fleet")
-    path, sock = _notify_socket(tmp_path)
+    notify = NotifySocket(tmp_path)
     cfg = _config(tmp_path, influxdb.url, extra_agent='degraded_restart = "2s"')
-    proc = start_agent(tmp_path, "--config", cfg, env={"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "60000000"})
-    msgs: list[str] = []
+    proc = start_agent(tmp_path, "--config", cfg,
+                       env={"NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": "60000000"})
     try:
-        assert wait_for(lambda: any("WATCHDOG=1" in m for m in _drain(sock, msgs)), 15)
+        assert wait_for(lambda: any("WATCHDOG=1" in m for m in notify.drain()), 15)
         shutil.rmtree(tmp_path / "spool")
         (tmp_path / "spool").write_text("not a directory\n")
         assert wait_for(lambda: "watchdog pings stopped" in (tmp_path / "agent.log").read_text(), 10)
-        n = len(_drain(sock, msgs))
+        n = len(notify.drain())
         time.sleep(2.5)
-        later = _drain(sock, msgs)[n:]
+        later = notify.drain()[n:]
         assert proc.poll() is None  # systemd's watchdog does the restart
         assert later and all("WATCHDOG=1" not in m and "STATUS=degraded: spool" in m for m in later)
         (tmp_path / "spool").unlink()  # fixed: the spool is recreated and the pings come back
-        assert wait_for(lambda: "WATCHDOG=1" in _drain(sock, msgs)[-1], 10)
+        assert wait_for(lambda: "WATCHDOG=1" in notify.drain()[-1], 10)
     finally:
         rc = stop_agent(proc)
-        sock.close()
+        notify.close()
     assert rc == 0
     assert "healthy again" in (tmp_path / "agent.log").read_text()

@@ -3,31 +3,20 @@
 from __future__ import annotations
 
 import signal
-import socket
 import time
 
-from tests.test_agent_support import start_agent, stop_agent, wait_for
+from tests.test_agent_support import NotifySocket, start_agent, stop_agent, wait_for
 
 
 def test_reload_sends_reloading_with_monotonic_usec_then_ready_accepted_or_rejected(tmp_path):
-    sock_path = str(tmp_path / "notify.sock")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(sock_path)
-    sock.settimeout(0.2)
+    notify = NotifySocket(tmp_path)
+    sock_path = notify.path
     cfg = tmp_path / "agent.toml"
     good = (f'[agent]\nbackend = "sim"\ninterval = 1\nhost = "n1"\ncollectors = ["gpu"]\n'
             f'[file]\ndir = "{tmp_path / "lp"}"\n')
     cfg.write_text(good)
     proc = start_agent(tmp_path, "--config", str(cfg), env={"NOTIFY_SOCKET": sock_path})
-    msgs: list[str] = []
-
-    def drain():
-        try:
-            while True:
-                msgs.append(sock.recv(4096).decode())
-        except (TimeoutError, BlockingIOError):
-            pass
-        return msgs
+    msgs, drain = notify.msgs, notify.drain
 
     def reload_messages(start: int) -> tuple[dict, int]:
         """The RELOADING=1 datagram after ``start`` (as key=value) and the index of the READY=1 after it."""
@@ -64,4 +53,4 @@ def test_reload_sends_reloading_with_monotonic_usec_then_ready_accepted_or_rejec
     finally:
         if proc.poll() is None:
             proc.kill()
-        sock.close()
+        notify.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -174,3 +175,26 @@ def compare(expected_points, server, db: str) -> int:
             assert ok, f"{p.measurement}.{f} {p.tags}: wrote {v!r}, read {g!r}"
         n += 1
     return n
+
+
+class NotifySocket:
+    """A systemd notify socket (a unix datagram socket) the agent writes READY=1, WATCHDOG=1, ... to."""
+
+    def __init__(self, tmp: Path):
+        self.path = str(tmp / "notify.sock")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+        self.sock.settimeout(0.2)
+        self.msgs: list[str] = []
+
+    def drain(self) -> list[str]:
+        """Every datagram so far (read without waiting past the socket's short timeout)."""
+        try:
+            while True:
+                self.msgs.append(self.sock.recv(4096).decode())
+        except (TimeoutError, BlockingIOError):
+            pass
+        return self.msgs
+
+    def close(self) -> None:
+        self.sock.close()
