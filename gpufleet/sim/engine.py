@@ -433,8 +433,9 @@ class Generator:
         self.pending = [p for p in self.pending if p[0] > ts[-1]]
 
     def _event_lines(self, t: float, g: int, code: int, msg: str, job: int | None) -> list[str]:
-        """One XID as the agent reports it: the kernel-log line (source=kmsg) and, a moment
-        later, the NVML event (source=nvml, no text); a DBE also raises NVML's ecc_dbe event."""
+        """One XID as the agent reports it: one row, the kernel-log line's (source=kmsg: the agent
+        folds the NVML event of the same XID, seen a moment later, into it); a DBE also raises
+        NVML's ecc_dbe event."""
         pci = "0000:" + self.fl.pci[int(self.fl.gpu_local[g])][9:14].lower()
         info = self.xids.get(code, {})
         sev = {k: info[k] for k in ("severity", "action") if info.get(k)}
@@ -447,10 +448,7 @@ class Generator:
         kmsg["pci_bus_id"] = pci
         t_ms = int(round(t * 1000))
         lag_ms = 40 + (g * 37 + code * 11 + t_ms) % 400  # the event thread's wait loop
-        rows = [
-            ("xid", "kmsg", kmsg, t_ms),
-            ("xid", "nvml", {"code": code, **sev, "pci_bus_id": pci}, t_ms + lag_ms),
-        ]
+        rows = [("xid", "kmsg", kmsg, t_ms)]
         if code == 48:
             rows.append(
                 ("ecc_dbe", "nvml", {"message": "NVML event ecc_dbe", "pci_bus_id": pci}, t_ms + lag_ms + 1)
