@@ -98,6 +98,11 @@ DETECTORS: dict[str, dict] = {
         "load_utilization": 0.2,
         "load_power_watts": 200.0,
         "downgrade_dwell_seconds": 60.0,
+        # PCIe link error rates over link_error_span_seconds, per minute: healthy H100/H200 links
+        # showed at most ~17/min over 15 min (docs/analyzer.md); 7-10x that is a failing link
+        "link_errors_per_minute": 120.0,  # receiver, bad TLP/DLLP, NAKs, LCRC, correctable summed
+        "l0_recovery_per_minute": 200.0,  # L0 -> Recovery transitions (the link retraining)
+        "link_error_span_seconds": 600.0,
         "dwell_seconds": 0.0,
         "gap_seconds": 600.0,
         "resolve_seconds": 3600.0,

@@ -23,6 +23,7 @@ import numpy as np
 
 from analyzer.config import Config
 from analyzer.detectors import build
+from analyzer.detectors.pcie_degradation import LINK_ERROR_FIELDS
 from analyzer.engine import Engine
 from analyzer.frame import Registry, Table, Window
 from analyzer.jobs import JobLog
@@ -49,6 +50,8 @@ FIELDS: dict[str, set[str] | None] = {
         "pcie_link_width",
         "pcie_link_width_max",
         "pcie_replay_total",
+        "pcie_l0_to_recovery_total",
+        *LINK_ERROR_FIELDS,
         "ecc_corrected_volatile_total",
         "ecc_uncorrected_volatile_total",
         "remapped_rows_pending",
