@@ -88,6 +88,12 @@ DETECTORS: dict[str, dict] = {
         "crc_count_min": 45,  # CRC errors within crc_span_seconds (0.05/s sustained): far above background
         "crc_span_seconds": 900.0,
         "replay_count_min": 3,  # replays within crc_span_seconds (one replay corrects one error)
+        # a link below throughput_ratio x its GPU's median link throughput while that is busy: slow;
+        # slow for slow_seconds with an error within crc_span_seconds opens a warning
+        "throughput_ratio": 0.5,
+        "busy_bytes_per_s": 1e9,  # tx + rx per link: ~2 % of an H100 link's 50 GB/s
+        "min_links": 3,
+        "slow_seconds": 300.0,
         "dwell_seconds": 0.0,
         "gap_seconds": 600.0,
         "resolve_seconds": 3600.0,

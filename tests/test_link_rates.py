@@ -75,3 +75,58 @@ def test_pcie_retraining_storm_opens_an_incident():
     assert [(i.kind, i.host, i.gpu) for i in incs] == [("pcie_degradation", "node0", 3)]
     assert "pcie_l0_to_recovery" in incs[0].evidence["signals"]
     assert T0 + 200 * STEP <= incs[0].start <= T0 + 260 * STEP
+
+
+LINK_BPS = 5e9  # each way per link under load (an H100 NVLink 4 link: 25 GB/s each way)
+
+
+def _with_link_traffic(data: bytes, slow=None, share=0.1, crc_every=None, from_step=100) -> bytes:
+    """Every link row gains tx/rx byte counters: LINK_BPS each way while the fleet is under load
+    (``fleet``: 30 min of work, 10 idle), nothing idle. Link ``slow`` = (node, gpu, link) carries
+    ``share`` of that from ``from_step`` and, with ``crc_every``, takes a CRC error every that many
+    polls (a rate far below the CRC rules' bars)."""
+    tot: dict = {}
+    out = []
+    for ln in data.decode().splitlines():
+        if ln.startswith("gpu_nvlink,"):
+            s = _step(ln)
+            key = tuple(re.search(p, ln).group(1) for p in (r"host=(\w+),", r",gpu=(\d+)", r",link=(\d+)"))
+            want = None if slow is None else (f"node{slow[0]}", str(slow[1]), str(slow[2]))
+            bad = key == want and s >= from_step
+            load = (s // 60) % 4 != 3
+            b = tot.get(key, 7 * 2**40) + int(LINK_BPS * STEP * load * (share if bad else 1.0)) // 1024 * 1024
+            tot[key] = b
+            if bad and crc_every:
+                n = (s - from_step) // crc_every
+                ln = ln.replace("crc_flit_errors_total=0i", f"crc_flit_errors_total={n}i")
+            head, rest = ln.split(" ", 1)
+            fields, t = rest.rsplit(" ", 1)
+            ln = f"{head} {fields},tx_data_bytes_total={b}i,rx_data_bytes_total={b}i {t}"
+        out.append(ln)
+    return ("\n".join(out) + "\n").encode()
+
+
+def test_link_slow_against_its_busy_siblings_with_errors_opens_a_warning():
+    # link 2 carries a tenth of its siblings' traffic and takes a CRC error every 5 min: 3 in 15 min,
+    # far below the slow-growth bar (45) and with no replay; the CRC rules alone stay quiet
+    data = _with_link_traffic(fleet(links=4), slow=(1, 3, 2), crc_every=30)
+    incs = analyse(data).incidents()
+    assert [(i.kind, i.host, i.gpu, i.link, i.severity) for i in incs] == [
+        ("nvlink_degradation", "node1", 3, 2, "warning")
+    ], [i.summary for i in incs]
+    first = incs[0].evidence["first"]
+    assert first["signals"] == ["low_throughput"], first
+    assert first["throughput_bytes_per_s"] < 0.5 * first["siblings_median_bytes_per_s"]
+    assert T0 + 100 * STEP <= incs[0].start <= T0 + 100 * STEP + 1200
+    # the throughput is what decided: without the sibling rule the same data pages nobody
+    cfg = Config()
+    cfg.detectors["nvlink_degradation"]["throughput_ratio"] = 0.0
+    assert analyse(data, cfg).incidents() == []
+
+
+def test_link_idle_while_its_siblings_are_busy_without_errors_stays_quiet():
+    # a link the job's traffic pattern does not use: no errors, no incident
+    data = _with_link_traffic(fleet(links=4), slow=(1, 3, 2), share=0.0)
+    assert analyse(data).incidents() == []
+    # and a healthy fleet's links, all carrying the same traffic, busy and idle together
+    assert analyse(_with_link_traffic(fleet(links=4))).incidents() == []
