@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import re
 
-from analyzer.config import Config
+from gpufleet.analyzer.config import Config
+
 from tests.test_detectors import STEP, T0, analyse, fleet
 
 SLOW_EVERY = 6  # the slow tier: every 60 s at the 10 s poll

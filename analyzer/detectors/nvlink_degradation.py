@@ -26,9 +26,8 @@ a whole GPU going quiet moves the median with it.
 from __future__ import annotations
 
 import numpy as np
-
-from analyzer.detectors.base import Detector, Hits, concat, dense_inverse, group_median, nz
-from analyzer.frame import Window
+from gpufleet.analyzer.detectors.base import Detector, Hits, concat, dense_inverse, group_median, nz
+from gpufleet.analyzer.frame import Window
 
 
 class NvlinkDegradation(Detector):

@@ -18,9 +18,8 @@ against what healthy GPUs accumulate (docs/analyzer.md cites the recordings): th
 from __future__ import annotations
 
 import numpy as np
-
-from analyzer.detectors.base import Detector, Hits, concat, lookup, nz
-from analyzer.frame import Window
+from gpufleet.analyzer.detectors.base import Detector, Hits, concat, lookup, nz
+from gpufleet.analyzer.frame import Window
 
 # PCIe link-layer error counters summed into one link error rate (slow tier; absent where the GPU
 # does not report them: counted as no error). Lane errors (183) are left out: a lane error is the
