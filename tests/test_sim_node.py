@@ -33,6 +33,8 @@ def test_gpus_shape_and_catalogue_units():
             "crc_data_errors_total",
             "replay_errors_total",
             "recovery_errors_total",
+            "tx_data_bytes_total",
+            "rx_data_bytes_total",
         }
     # same fleet as the file generator: same UUIDs for the same seed and scenario
     again = SimNode("gpu0002", seed=3, scenario="mixed", duration="2h", t0=T0)

@@ -12,12 +12,21 @@ of times a healthy link's background); ``replay_count_min`` replays within the s
 is a link correcting one error); any recovery (the link retrained: critical); a link down while
 its GPU's other links are up (critical). A degrading link does not heal: its incident stays open
 while it keeps collecting errors below the bar, until it has gone ``clear_seconds`` without one.
+
+Throughput against the siblings (tx_data_bytes_total + rx_data_bytes_total, fields 138/139): on
+an NVSwitch board a job's traffic is striped over all of a GPU's links, so a link carrying less
+than ``throughput_ratio`` x the median of its GPU's links at the same poll, while that median is
+busy (``busy_bytes_per_s`` or more) and at least ``min_links`` links report, is slow. A slow link
+is evidence on every incident of that link; it opens a warning by itself only when it stays slow
+for ``slow_seconds`` and the link also took an error (CRC, replay, recovery) within
+``crc_span_seconds``: a link idle because the job's traffic pattern skips it has no errors, and
+a whole GPU going quiet moves the median with it.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from gpufleet.analyzer.detectors.base import Detector, Hits, concat, nz
+from gpufleet.analyzer.detectors.base import Detector, Hits, concat, dense_inverse, group_median, nz
 from gpufleet.analyzer.frame import Window
 
 
@@ -31,6 +40,12 @@ class NvlinkDegradation(Detector):
         "crc_count_min": 45,  # CRC errors within crc_span_seconds (0.05/s sustained): far above background
         "crc_span_seconds": 900.0,
         "replay_count_min": 3,  # replays within crc_span_seconds (one replay corrects one error)
+        # a link below throughput_ratio x its GPU's median link throughput while that is busy: slow;
+        # slow for slow_seconds with an error within crc_span_seconds opens a warning
+        "throughput_ratio": 0.5,
+        "busy_bytes_per_s": 1e9,  # tx + rx per link: ~2 % of an H100 link's 50 GB/s
+        "min_links": 3,
+        "slow_seconds": 300.0,
         "dwell_seconds": 0.0,
         "gap_seconds": 600.0,
         "resolve_seconds": 3600.0,
@@ -39,7 +54,7 @@ class NvlinkDegradation(Detector):
     fields = {
         "gpu_nvlink": (
             "crc_data_errors_total", "crc_flit_errors_total", "replay_errors_total", "recovery_errors_total",
-            "up",
+            "up", "tx_data_bytes_total", "rx_data_bytes_total",
         ),
     }
     summary = "NVLink errors growing"
@@ -73,13 +88,36 @@ class NvlinkDegradation(Detector):
             max(self.crc_rate_min, self.crc_fleet_factor * getattr(self, "fleet_crc_rate_", 0.0)),
         )
 
+    def _slow(self, window: Window):
+        """(throughput B/s, its GPU's median link throughput at that poll, slow, slow long enough),
+        per link row."""
+        return self._cached("slow", lambda: self._slow_uncached(window))
+
+    def _slow_uncached(self, window: Window):
+        tab = window.nvlink
+        with np.errstate(invalid="ignore", divide="ignore"):
+            tput = (tab.delta("tx_data_bytes_total") + tab.delta("rx_data_bytes_total")) / tab.dt()
+        inv, n = _poll_groups(window, tab)
+        med, cnt = group_median(inv, tput, n)
+        med, cnt = med[inv], cnt[inv]
+        with np.errstate(invalid="ignore"):
+            slow = (
+                (cnt >= self.min_links)
+                & (med >= self.busy_bytes_per_s)
+                & (tput < self.throughput_ratio * med)
+                & (tab.col("up") == 1)
+            )
+        run = np.nan_to_num(tab.t - tab.run_start(slow), nan=-1.0)
+        return tput, med, slow, slow & (run >= self.slow_seconds)
+
     def score(self, window: Window) -> np.ndarray:
         tab = window.nvlink
         crc = nz(self._crc_rate(tab)) / self._threshold()
         rep = nz(tab.delta("replay_errors_total")) / max(self.replay_count_min, 1)
         rep = rep + nz(tab.delta("recovery_errors_total"))
         down = (tab.col("up") == 0).astype(float)
-        return np.fmax(np.fmax(crc, rep), 10 * down)
+        slow = self._slow(window)[3].astype(float)
+        return np.fmax(np.fmax(np.fmax(crc, rep), slow), 10 * down)
 
     def detect(self, window: Window) -> Hits:
         tab = window.nvlink
@@ -91,10 +129,9 @@ class NvlinkDegradation(Detector):
         down = up == 0
         # a link down on a GPU whose other links are down too is the GPU, not the link
         if down.any():
-            gid = window.reg.link_arrays()[0][tab.ent]
-            key = gid * 10**7 + np.round(tab.t).astype(np.int64) % 10**7
-            _, inv, cnt = np.unique(key, return_inverse=True, return_counts=True)
-            ndown = np.bincount(inv, weights=down.astype(float))
+            inv, n = _poll_groups(window, tab)
+            cnt = np.bincount(inv, minlength=n)
+            ndown = np.bincount(inv, weights=down.astype(float), minlength=n)
             down &= ndown[inv] < np.maximum(cnt[inv] / 2, 1.5)
         # slow growth: a link collecting CRC errors while the fleet's links collect none (or far fewer)
         dcrc = nz(tab.delta("crc_flit_errors_total")) + nz(tab.delta("crc_data_errors_total"))
@@ -103,7 +140,11 @@ class NvlinkDegradation(Detector):
         growing = (count >= max(self.crc_count_min, fleet)) & (dcrc > 0)
         replays = tab.rolling_sum(rep, self.crc_span_seconds)
         replaying = (replays >= self.replay_count_min) & (rep > 0)
-        hit = (crc > thr) | replaying | (rec > 0) | down | growing
+        # a link far below its busy siblings for slow_seconds that took an error within the span
+        tput, med, slow, slow_long = self._slow(window)
+        erred = tab.rolling_sum(dcrc + rep + rec, self.crc_span_seconds) > 0
+        slow_hit = slow_long & erred
+        hit = (crc > thr) | replaying | (rec > 0) | down | growing | slow_hit
         crit = down | (rec > 0)
         # the hit is when the rate crossed its bar: dating it back to the span's first error would
         # date it to a healthy link's background error from before the fault, as often as not
@@ -118,6 +159,7 @@ class NvlinkDegradation(Detector):
                         ("replay_errors", replaying[i]),
                         ("recovery_errors", rec[i] > 0),
                         ("link_down", down[i]),
+                        ("low_throughput", slow[i]),
                     )
                     if on
                 ],
@@ -128,6 +170,8 @@ class NvlinkDegradation(Detector):
                 "replays_in_span": int(replays[i]),
                 "new_recoveries": int(rec[i]),
                 "up": None if np.isnan(up[i]) else int(up[i]),
+                "throughput_bytes_per_s": None if not np.isfinite(tput[i]) else round(float(tput[i])),
+                "siblings_median_bytes_per_s": None if not np.isfinite(med[i]) else round(float(med[i])),
             }
 
         hits = self._gpu_hits(window, tab, hit, self.score(window), crit, ev, ent_is_link=True)
@@ -137,6 +181,16 @@ class NvlinkDegradation(Detector):
         clean = (up == 1) & (dcrc == 0) & (rep == 0) & (rec == 0)
         held = self._hold(window, tab, hit & new, new & clean, [("link", tab.ent, hit & new)])
         return concat(self.kind, [hits, held])
+
+
+def _poll_groups(window: Window, tab) -> tuple[np.ndarray, int]:
+    """Group index of each link row: the links of one GPU at one poll (same second)."""
+
+    def calc():
+        gid = window.reg.link_arrays()[0][tab.ent]
+        return dense_inverse(gid * 10**7 + np.round(tab.t).astype(np.int64) % 10**7)
+
+    return tab.cached("nvlink_poll_groups", calc)
 
 
 def _crc_rate(tab) -> np.ndarray:

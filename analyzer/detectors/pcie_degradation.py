@@ -7,6 +7,12 @@ The generation is judged only under load (links legitimately drop their generati
 at idle); the width at any load (a link does not shed lanes at idle: fewer lanes than the GPU has
 is a link that trained down). A degraded link stays one incident while its GPU idles, until it
 has carried load ``clear_seconds`` at full speed without replays beyond the allowance.
+
+PCIe link error rates (slow tier: pcie_l0_to_recovery_total and the error counters in
+``LINK_ERROR_FIELDS``) are a rule of their own, judged as a rate over ``link_error_span_seconds``
+against what healthy GPUs accumulate (docs/analyzer.md cites the recordings): the link errors at
+``link_errors_per_minute`` or more, or the link falling out of L0 into Recovery (retraining) at
+``l0_recovery_per_minute`` or more, is a link taking errors faster than any healthy link does.
 """
 
 from __future__ import annotations
@@ -14,6 +20,19 @@ from __future__ import annotations
 import numpy as np
 from gpufleet.analyzer.detectors.base import Detector, Hits, concat, lookup, nz
 from gpufleet.analyzer.frame import Window
+
+# PCIe link-layer error counters summed into one link error rate (slow tier; absent where the GPU
+# does not report them: counted as no error). Lane errors (183) are left out: a lane error is the
+# per-lane view of the receiver errors already counted.
+LINK_ERROR_FIELDS = (
+    "pcie_receiver_errors_total",
+    "pcie_bad_tlp_total",
+    "pcie_bad_dllp_total",
+    "pcie_naks_received_total",
+    "pcie_naks_sent_total",
+    "pcie_lcrc_errors_total",
+    "pcie_correctable_errors_total",
+)
 
 
 class PcieDegradation(Detector):
@@ -23,6 +42,11 @@ class PcieDegradation(Detector):
         "load_utilization": 0.2,
         "load_power_watts": 200.0,
         "downgrade_dwell_seconds": 60.0,
+        # PCIe link error rates over link_error_span_seconds, per minute: healthy H100/H200 links
+        # showed at most ~17/min over 15 min (docs/analyzer.md); 7-10x that is a failing link
+        "link_errors_per_minute": 120.0,  # receiver, bad TLP/DLLP, NAKs, LCRC, correctable summed
+        "l0_recovery_per_minute": 200.0,  # L0 -> Recovery transitions (the link retraining)
+        "link_error_span_seconds": 600.0,
         "dwell_seconds": 0.0,
         "gap_seconds": 600.0,
         "resolve_seconds": 3600.0,
@@ -31,7 +55,8 @@ class PcieDegradation(Detector):
     fields = {
         "gpu": (
             "pcie_link_gen", "pcie_link_width", "pcie_link_gen_max", "pcie_link_width_max",
-            "pcie_replay_total", "utilization_gpu_ratio", "power_watts",
+            "pcie_replay_total", "utilization_gpu_ratio", "power_watts", "pcie_l0_to_recovery_total",
+            *LINK_ERROR_FIELDS,
         ),
     }
     summary = "PCIe link degraded"
@@ -87,16 +112,27 @@ class PcieDegradation(Detector):
         # a downgrade must hold for the dwell time under load (a poll during retraining is not one)
         run = _run_seconds(tab, down)
         down_ok = down & (run >= self.downgrade_dwell_seconds)
-        return rate, allowance, down_ok, gen, gmax, width, wmax, load & ~down
+        # link error rates per minute over the span (a span not yet covered by data counts as
+        # error-free: the rate starts low, never high)
+        per_min = 60.0 / self.link_error_span_seconds
+        errs = sum(_slow_delta(tab, f) for f in LINK_ERROR_FIELDS)
+        err_rate = tab.rolling_sum(errs, self.link_error_span_seconds) * per_min
+        l0 = _slow_delta(tab, "pcie_l0_to_recovery_total")
+        l0 = tab.rolling_sum(l0, self.link_error_span_seconds) * per_min
+        erring = (err_rate >= self.link_errors_per_minute) | (l0 >= self.l0_recovery_per_minute)
+        link_err = (err_rate, l0, erring)
+        return rate, allowance, down_ok, gen, gmax, width, wmax, load & ~down & ~erring, link_err
 
     def score(self, window: Window) -> np.ndarray:
-        rate, allowance, down, *_ = self._parts(window)
-        return np.fmax(nz(rate) / allowance, down.astype(float))
+        rate, allowance, down, *_, (err_rate, l0, _) = self._parts(window)
+        errs = np.fmax(err_rate / self.link_errors_per_minute, l0 / self.l0_recovery_per_minute)
+        return np.fmax(np.fmax(nz(rate) / allowance, down.astype(float)), errs)
 
     def detect(self, window: Window) -> Hits:
-        rate, allowance, down, gen, gmax, width, wmax, full_speed = self._parts(window)
+        rate, allowance, down, gen, gmax, width, wmax, full_speed, link_err = self._parts(window)
+        err_rate, l0, erring = link_err
         rate = nz(rate)
-        hit = (rate > allowance) | down
+        hit = (rate > allowance) | down | erring
 
         def ev(i):
             return {
@@ -105,6 +141,8 @@ class PcieDegradation(Detector):
                     for n, on in (
                         ("pcie_replay_total", rate[i] > allowance[i]),
                         ("pcie_link_gen/width", down[i]),
+                        ("pcie_link_errors", err_rate[i] >= self.link_errors_per_minute),
+                        ("pcie_l0_to_recovery", l0[i] >= self.l0_recovery_per_minute),
                     )
                     if on
                 ],
@@ -114,6 +152,8 @@ class PcieDegradation(Detector):
                 "gen_max": _i(gmax[i]),
                 "width": _i(width[i]),
                 "width_max": _i(wmax[i]),
+                "link_errors_per_min": round(float(err_rate[i]), 1),
+                "l0_to_recovery_per_min": round(float(l0[i]), 1),
             }
 
         tab = window.gpu
@@ -124,6 +164,19 @@ class PcieDegradation(Detector):
 
 def _i(x):
     return None if not np.isfinite(x) else int(x)
+
+
+def _slow_delta(tab, name: str) -> np.ndarray:
+    """Increase of a slow-tier counter at each row that carries it (0 elsewhere, at resets and
+    where the GPU does not report it): the counter forward-filled, then differenced."""
+
+    def calc():
+        v = tab.ffill(name)
+        d = v - tab.prev(v)
+        d[~(d > 0)] = 0.0  # NaN (absent, first row), resets (negative) and no change
+        return d
+
+    return tab.cached(("slow_delta", name), calc)
 
 
 def _run_seconds(tab, cond: np.ndarray) -> np.ndarray:

@@ -17,6 +17,10 @@ the collective-wait nuisance.
 - **Thermal margin**: degrees to the slowdown temperature, ``t_slowdown - 1 - T`` (the H200 said
   51 at 39 °C idle and 30 at 57 °C under GEMM, slowdown 89 °C).
 - **PCIe and NVLink rates** follow the phase (all-reduce traffic while computing, none idle).
+- **Per-link NVLink traffic** (:func:`link_rates`): the GPU's NVLink rate striped evenly over its
+  links (an NVSwitch board), each link within a few per cent of its siblings; a degrading link
+  (``link_share``) carries less as its errors grow (replays and retraining eat its bandwidth) and
+  nothing once down.
 """
 
 from __future__ import annotations
@@ -80,6 +84,18 @@ def values(fl, rng: np.random.Generator, A: dict, jobs: np.ndarray) -> dict[str,
     margin = fl.model.t_slowdown - 1 - np.rint(A["temperature_gpu"])
     out["temperature_margin_celsius"] = margin.astype(np.int64)
     return out
+
+
+def link_rates(phase: np.ndarray, nvlinks: int, rng: np.random.Generator) -> np.ndarray:
+    """Bytes per second each way on every link, (GPUs, links), of GPUs in workload ``phase``."""
+    per_link = _TABLE[phase.astype(np.int64), 6] / max(nvlinks, 1)
+    return per_link[:, None] * (1.0 + rng.normal(0.0, 0.02, (len(phase), nvlinks)))
+
+
+def link_share(x: float, up: bool) -> float:
+    """Share of its siblings' traffic a degrading link carries ``x`` growth periods after its
+    onset: all of it at the onset, half by x ~ 0.4 (when replays begin), a tenth from x = 0.75."""
+    return float(np.clip(1.0 - 1.2 * x, 0.1, 1.0)) if up else 0.0
 
 
 def episodes(fl) -> list[tuple[int, int, float, float]]:

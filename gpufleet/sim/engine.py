@@ -36,7 +36,7 @@ from gpufleet.sim.physics import (
     SW_THERMAL,
     SYNC_BOOST,
 )
-from gpufleet.sim.state import SimState
+from gpufleet.sim.state import PCIE_ERRORS, SimState
 
 NOT_ON_H200 = {"retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending", "fan_speed_ratio"}
 FLAGS = {
@@ -54,6 +54,8 @@ NVLINK_FIELDS = (
     "crc_data_errors_total",
     "replay_errors_total",
     "recovery_errors_total",
+    "tx_data_bytes_total",
+    "rx_data_bytes_total",
 )
 
 
@@ -130,6 +132,7 @@ SIM_GPU_FIELDS = {
     "mig_mode",
     "mig_device_count",
     *ACTIVITY_FIELDS,
+    *PCIE_ERRORS,
 }
 
 

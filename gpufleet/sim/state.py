@@ -10,11 +10,26 @@ import hashlib
 
 import numpy as np
 
-from gpufleet.sim.activity import apply_waits
+from gpufleet.sim.activity import apply_waits, link_rates, link_share
 from gpufleet.sim.fleet import Fault, Fleet
 from gpufleet.sim.physics import Physics
 
 N_ERR = 4  # nvlink counters: crc_flit, crc_data, replay, recovery
+# PCIe link error counters: (healthy background per minute, errors per PCIe replay of a failing
+# link). The background is the since-load mean of a healthy H200 (driver loaded ~7.1 h before
+# ../shared/reference/h200/gpm_probe.json: field 169 = 1,587, 175-177 = 221/283/215, 178 = 15,
+# 183 = 106); the H100 recording's counts (169 = 793, 175-177 = 18/18/15) are of the same order.
+PCIE_ERRORS = {
+    "pcie_l0_to_recovery_total": (3.7, 1 / 16),  # a retrain when the replay number rolls over
+    "pcie_receiver_errors_total": (0.52, 1.0),
+    "pcie_bad_tlp_total": (0.66, 0.5),
+    "pcie_naks_sent_total": (0.5, 0.5),
+    "pcie_naks_received_total": (0.0, 1.0),  # each replay answers a NAK from the link partner
+    "pcie_bad_dllp_total": (0.035, 0.05),
+    "pcie_lane_errors_total": (0.25, 0.3),
+}
+_PCIE_BG = np.array([v[0] for v in PCIE_ERRORS.values()]) / 60.0
+_PCIE_PER_REPLAY = np.array([v[1] for v in PCIE_ERRORS.values()])
 
 XID_TEXT = {
     48: "DBE (Double Bit Error) ECC Error",
@@ -92,6 +107,19 @@ class SimState:
             (2, nu["nvlink_replays_per_link_day"] / 86400.0, 0),
         )
         self.bg_pcie = nu["pcie_replays_per_gpu_hour"] / 3600.0
+        # PCIe link errors since the driver loaded (the same history as the energy counter), then
+        # the background: each GPU at 0.3-2x the recorded mean, plus bursts (two a GPU-day) of up
+        # to a few hundred (the H200 gained 253 L0->recovery in one quarter hour)
+        hrng = np.random.default_rng(np.random.SeedSequence([fleet.seed, 0x9C1E]))
+        self.pcie_err_bg = _PCIE_BG[None, :] * hrng.uniform(0.3, 2.0, (fleet.n, 1))[self.idx]
+        self.pcie_err = np.round(self.pcie_err_bg * (hist * 86400)[:, None]).astype(np.int64)
+        self.pcie_err_off = np.zeros_like(self.pcie_err)
+        # draws of their own: the other signals stay what they were without these counters
+        first = int(self.idx[:1].sum())
+        self.link_rng = np.random.default_rng(np.random.SeedSequence([fleet.seed, 0x11AC, first]))
+        # NVLink bytes each way per link since the driver loaded (a week of traffic before the run)
+        self.link_bytes = hrng.uniform(0, 7 * 86400 * 2e9, (fleet.n, m.nvlinks))[self.idx]
+        self.link_bytes_off = np.zeros_like(self.link_bytes)
 
     def _touches(self, f: Fault) -> bool:
         fl = self.fleet
@@ -126,6 +154,8 @@ class SimState:
         for st in self.links.values():
             st["off"] = st["life"].copy()
         self.link_bg_off = self.link_bg.copy()
+        self.pcie_err_off = self.pcie_err.copy()
+        self.link_bytes_off = self.link_bytes.copy()
 
     def reload_gpus(self, sel: np.ndarray) -> None:
         """Driver reload on some GPUs only (a node's): offsets of those GPUs move."""
@@ -145,6 +175,8 @@ class SimState:
             if sel[k]:
                 st["off"] = st["life"].copy()
         self.link_bg_off[sel] = self.link_bg[sel]
+        self.pcie_err_off[sel] = self.pcie_err[sel]
+        self.link_bytes_off[sel] = self.link_bytes[sel]
 
     def step(
         self,
@@ -201,6 +233,7 @@ class SimState:
                 self._nvlink(f, int(sel[0]), t, dt, rng, events)
         phase = apply_waits(self.fleet, self.idx, t, phase)  # the collective-wait nuisance
         self._background(dt, rng)
+        self._link_traffic(t, dt, phase, self.link_rng)
         if self.bg_sbe > 0:
             hits = rng.random(n) < self.bg_sbe * dt
             if hits.any():
@@ -265,7 +298,9 @@ class SimState:
             return
         if f.mode == "replay_storm":
             r = f.params["rate"] * max(f.ramp(np.array([t]))[0], 0.05)
-            self.pcie[k] += rng.poisson(r * dt)
+            replays = rng.poisson(r * dt)
+            self.pcie[k] += replays
+            self.pcie_err[k] += self.link_rng.poisson(replays * _PCIE_PER_REPLAY)  # the errors behind them
         elif f.mode == "width":
             self.width[k] = f.params["width"]
         elif f.mode == "gen":
@@ -298,6 +333,15 @@ class SimState:
             if events is not None:
                 events.append((t, k, 74, XID_TEXT[74].format(link=f.link), None))
 
+    def _link_traffic(self, t: float, dt: float, phase: np.ndarray, rng) -> None:
+        """NVLink bytes over ``dt``: the phase's traffic on every link, less on degrading links."""
+        rate = link_rates(phase, self.link_bytes.shape[1], rng)
+        for (k, link), st in self.links.items():
+            f = st["fault"]
+            if t >= f.onset:
+                rate[k, link] *= link_share((t - f.onset) / max(f.growth, 1e-9), bool(st["up"]))
+        self.link_bytes += rate * dt
+
     # -- views --------------------------------------------------------------------------------
     def counters(self) -> dict[str, np.ndarray]:
         """The driver's counters as NVML reports them now (volatile ones since the last reload)."""
@@ -321,6 +365,7 @@ class SimState:
             "remapped_rows_failure": self.remap_fail.copy(),
             "pcie_link_gen": self.gen.copy(),
             "pcie_link_width": self.width.copy(),
+            **{f: self.pcie_err[:, i] - self.pcie_err_off[:, i] for i, f in enumerate(PCIE_ERRORS)},
         }
 
     def _background(self, dt: float, rng: np.random.Generator) -> None:
@@ -336,14 +381,25 @@ class SimState:
         k = rng.poisson(self.bg_pcie * dt * self.n) if self.bg_pcie > 0 else 0
         if k:
             np.add.at(self.pcie, rng.integers(0, self.n, k), 1)
+        r2 = self.link_rng
+        self.pcie_err += r2.poisson(self.pcie_err_bg * dt)
+        k = r2.poisson(2 / 86400 * dt * self.n)
+        if k:  # bursts: a few hundred L0->recovery and tens of errors at once
+            where = r2.integers(0, self.n, k)
+            self.pcie_err[where] += r2.poisson(_PCIE_BG * 60 * r2.uniform(10, 60, (k, 1)))
 
     def link_counts(self) -> np.ndarray:
         """Every link's counters as the driver reports them now: (GPU, link, crc_flit, crc_data,
-        replay, recovery), background plus the faulty links' own."""
+        replay, recovery, tx bytes, rx bytes), background plus the faulty links' own."""
         v = self.link_bg - self.link_bg_off
         for (k, link), st in self.links.items():
             v[k, link] += st["life"] - st["off"]
-        return v
+        b = self._bytes()
+        return np.concatenate([v, b[..., None], b[..., None]], axis=2)
+
+    def _bytes(self) -> np.ndarray:
+        """Bytes each way per link since the driver loaded, in NVML's KiB steps."""
+        return (np.floor((self.link_bytes - self.link_bytes_off) / 1024) * 1024).astype(np.int64)
 
     def link_up(self) -> np.ndarray:
         up = np.ones(self.link_bg.shape[:2], dtype=np.int64)
@@ -351,15 +407,17 @@ class SimState:
             up[k, link] = int(st["up"])
         return up
 
-    def link_rows(self, k: int) -> list[tuple[int, int, int, int, int, int]]:
-        """(link, up, crc_flit, crc_data, replay, recovery) for every link of local GPU ``k``."""
+    def link_rows(self, k: int) -> list[tuple[int, ...]]:
+        """(link, up, crc_flit, crc_data, replay, recovery, tx bytes, rx bytes) for every link of
+        local GPU ``k``."""
         v = self.link_bg[k] - self.link_bg_off[k]
+        b = self._bytes()[k]
         out = []
         for link in range(self.fleet.model.nvlinks):
             st = self.links.get((k, link))
             c = v[link] + (st["life"] - st["off"] if st is not None else 0)
             up = int(st["up"]) if st is not None else 1
-            out.append((link, up, int(c[0]), int(c[1]), int(c[2]), int(c[3])))
+            out.append((link, up, int(c[0]), int(c[1]), int(c[2]), int(c[3]), int(b[link]), int(b[link])))
         return out
 
     def canary(self, k: int, t: float, rng: np.random.Generator) -> tuple[int, int, str]:
