@@ -13,35 +13,20 @@ import requests
 from gpufleet.agent.spool import Spool
 
 from tests.servers import free_port, skip_unless
-from tests.test_agent_support import compare, read_lp_dir, start_agent, stop_agent, wait_for
+from tests.test_agent_support import (
+    compare,
+    influx_agent_config,
+    read_lp_dir,
+    start_agent,
+    stop_agent,
+    wait_for,
+)
 
 pytestmark = skip_unless("influxd")
 
 
 def _config(tmp_path, url: str) -> str:
-    cfg = tmp_path / "agent.toml"
-    cfg.write_text(f"""
-[agent]
-backend = "sim"
-interval = "1s"
-exporters = ["influx", "file"]
-host = "node-7"
-flush_timeout = "5s"
-
-[influx]
-url = "{url}"
-db = "fleet"
-timeout = "2s"
-backoff_min = "0.2s"
-backoff_max = "2s"
-
-[file]
-dir = "{tmp_path / 'lp'}"
-
-[spool]
-dir = "{tmp_path / 'spool'}"
-""")
-    return str(cfg)
+    return influx_agent_config(tmp_path, url, backoff_max="2s")
 
 
 def _gpu_count(server) -> int:

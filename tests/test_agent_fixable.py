@@ -17,6 +17,7 @@ from tests.test_agent_support import (
     ROOT,
     NotifySocket,
     agent_cmd,
+    influx_agent_config,
     influx_rows,
     read_lp_dir,
     start_agent,
@@ -27,32 +28,7 @@ from tests.test_agent_support import (
 pytestmark = skip_unless("influxd")
 
 
-def _config(tmp_path, url: str, extra_influx: str = "", extra_agent: str = "", db: str = "fleet") -> str:
-    cfg = tmp_path / "agent.toml"
-    cfg.write_text(f"""
-[agent]
-backend = "sim"
-interval = "1s"
-exporters = ["influx", "file"]
-host = "node-7"
-flush_timeout = "5s"
-{extra_agent}
-
-[influx]
-url = "{url}"
-db = "{db}"
-timeout = "2s"
-backoff_min = "0.2s"
-backoff_max = "1s"
-{extra_influx}
-
-[file]
-dir = "{tmp_path / 'lp'}"
-
-[spool]
-dir = "{tmp_path / 'spool'}"
-""")
-    return str(cfg)
+_config = influx_agent_config
 
 
 def _missing(tmp_path, server, db: str = "fleet") -> list:

@@ -198,3 +198,34 @@ class NotifySocket:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def influx_agent_config(tmp_path: Path, url: str, extra_influx: str = "", extra_agent: str = "",
+                        db: str = "fleet", backoff_max: str = "1s") -> str:
+    """An agent on the sim backend at 1 s ticks writing to InfluxDB at ``url`` (and a file sink),
+    spool and files under ``tmp_path``; returns the config's path."""
+    cfg = tmp_path / "agent.toml"
+    cfg.write_text(f"""
+[agent]
+backend = "sim"
+interval = "1s"
+exporters = ["influx", "file"]
+host = "node-7"
+flush_timeout = "5s"
+{extra_agent}
+
+[influx]
+url = "{url}"
+db = "{db}"
+timeout = "2s"
+backoff_min = "0.2s"
+backoff_max = "{backoff_max}"
+{extra_influx}
+
+[file]
+dir = "{tmp_path / 'lp'}"
+
+[spool]
+dir = "{tmp_path / 'spool'}"
+""")
+    return str(cfg)

@@ -18,7 +18,7 @@ from pathlib import Path
 import requests
 
 from tests.servers import Alertmanager, InfluxDB1, free_port, skip_unless
-from tests.test_agent_support import ROOT, start_agent, stop_agent
+from tests.test_agent_support import ROOT, start_agent, stop_agent, wait_for
 from tests.test_alerting_receiver import Receiver
 
 pytestmark = [skip_unless("influxd"), skip_unless("prometheus-alertmanager")]
@@ -102,14 +102,6 @@ class AlertSeen(threading.Thread):
             time.sleep(0.1)
 
 
-def wait(pred, timeout: float, step: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(step)
-    return pred()
 
 
 def test_live_agents_subscription_and_follow_page_once_across_sigkill(tmp_path):
@@ -142,16 +134,16 @@ def test_live_agents_subscription_and_follow_page_once_across_sigkill(tmp_path):
         try:
             # 1. the first DBE: paged by both, within two polls of its row landing
             a = ("gpu0002", "1")
-            assert wait(lambda: firing(rx_l, *a) and firing(rx_f, *a), 60), (
+            assert wait_for(lambda: firing(rx_l, *a) and firing(rx_f, *a), 60), (
                 (tmp_path / "listen.out").read_text()[-2000:], (tmp_path / "follow.out").read_text()[-2000:])
-            assert wait(lambda: a in landing.seen, 10), (landing.error, landing.is_alive())
+            assert wait_for(lambda: a in landing.seen, 10), (landing.error, landing.is_alive())
             land = landing.seen[a]
             lat = {n: round(seen.seen[a] - land, 2) for n, seen in (("listen", seen_l), ("follow", seen_f))}
             print("landing -> Alertmanager holds the alert:", lat)
             assert all(v <= 2 * POLL + 1.0 for v in lat.values()), lat  # 1 s of slack: 2 shared cores
             # written back as an incident point
-            rows = wait(lambda: db.query("SELECT * FROM incident WHERE kind = 'memory_errors'", db="fleet")
-                        ["results"][0].get("series"), 10)
+            incidents = "SELECT * FROM incident WHERE kind = 'memory_errors'"
+            rows = wait_for(lambda: db.query(incidents, db="fleet")["results"][0].get("series"), 10)
             assert rows and rows[0]["values"]
             assert b'"memory_errors"' in (tmp_path / "listen.jsonl").read_bytes()
             # 2. SIGKILL both; the second DBE lands while they are down
@@ -160,13 +152,13 @@ def test_live_agents_subscription_and_follow_page_once_across_sigkill(tmp_path):
                 p.wait(10)
             killed = time.time()
             b = ("gpu0001", "0")
-            assert wait(lambda: b in landing.seen, 60)
+            assert wait_for(lambda: b in landing.seen, 60)
             assert landing.seen[b] > killed  # it really landed while no analyzer ran
             time.sleep(1.5)
             procs = {"listen": analyzer(tmp_path, "listen", listen, am_l.url, env),
                      "follow": analyzer(tmp_path, "follow", follow, am_f.url, env)}
             # 3. restarted: the second is paged (caught up from InfluxDB), the first is not paged again
-            assert wait(lambda: firing(rx_l, *b) and firing(rx_f, *b), 40), (
+            assert wait_for(lambda: firing(rx_l, *b) and firing(rx_f, *b), 40), (
                 (tmp_path / "listen.out").read_text()[-2000:], (tmp_path / "follow.out").read_text()[-2000:])
             time.sleep(3 * POLL)
             for rx in (rx_l, rx_f):
