@@ -259,6 +259,11 @@ static int parse_ts(const char *s, Py_ssize_t n, int64_t *out) {
 }
 
 /* ------------------------------------------------------------------ scan */
+/* The bytes that end a field key or an unquoted value: = , space backslash quote. */
+/* The bytes that may end a head or its measurement (when not escaped): space, comma. */
+static const unsigned char HEAD_STOP[256] = {[' '] = 1, [','] = 1};
+static const unsigned char KEY_STOP[256] = {['=' ] = 1, [','] = 1, [' '] = 1, ['\\'] = 1, ['"'] = 1};
+
 /* Do the fields starting at a and b (na and nb of them) have the same keys in the same order? */
 static int same_keys(const char *d, const Vec *k0, const Vec *kn, Py_ssize_t a, Py_ssize_t b, Py_ssize_t na,
                      Py_ssize_t nb) {
@@ -342,10 +347,9 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
          * even for an escaped backslash); quotes are literal there */
         if (d[i0] == ',') goto slow;
         for (j = i0 + 1; j < e; j++) {
-            char c = d[j];
-            if (d[j - 1] == '\\') continue;
-            if (c == ' ') break;
-            if (c == ',' && meas_end < 0) meas_end = j;
+            if (!HEAD_STOP[(unsigned char)d[j]] || d[j - 1] == '\\') continue;
+            if (d[j] == ' ') break;
+            if (meas_end < 0) meas_end = j;
         }
         if (j >= e - 1 || d[j + 1] == ' ' || d[j + 1] == '\t' || d[j + 1] == '\0') goto slow;
         if (meas_end < 0) meas_end = j;
@@ -358,10 +362,7 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
                 double v = NAN;
                 int64_t iv = 0;
                 int type;
-                for (; j < e; j++) {
-                    char c = d[j];
-                    if (c == '=' || c == ',' || c == ' ' || c == '\\' || c == '"') break;
-                }
+                while (j < e && !KEY_STOP[(unsigned char)d[j]]) j++;
                 if (j >= e || d[j] != '=' || j == k0) goto slow;
                 v0 = ++j;
                 if (j < e && d[j] == '"') {
@@ -373,11 +374,8 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
                     j++;
                     type = T_STR;
                 } else {
-                    for (; j < e; j++) {
-                        char c = d[j];
-                        if (c == ',' || c == ' ') break;
-                        if (c == '=' || c == '\\' || c == '"') goto slow;
-                    }
+                    while (j < e && !KEY_STOP[(unsigned char)d[j]]) j++;
+                    if (j < e && d[j] != ',' && d[j] != ' ') goto slow; /* = \\ or " in a value */
                     if (j == v0) goto slow;
                     type = parse_value(d + v0, j - v0, &v, &iv);
                     if (!type) goto slow;
