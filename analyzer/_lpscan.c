@@ -260,7 +260,6 @@ static int parse_ts(const char *s, Py_ssize_t n, int64_t *out) {
 }
 
 /* ------------------------------------------------------------------ scan */
-/* The bytes that end a field key or an unquoted value: = , space backslash quote. */
 /* SWAR (8 bytes at a time): a mask with the high bit set in the first byte of x equal to c (the
  * bits above the first match may be wrong: only the lowest set bit is read). */
 #define ONES 0x0101010101010101ULL
@@ -270,11 +269,11 @@ static inline uint64_t eq_mask(uint64_t x, unsigned char c) {
     return (y - ONES) & ~y & HIGHS;
 }
 
-/* The first byte at or after j and before e that is one of = , space backslash quote (e if none). */
-static inline Py_ssize_t key_stop(const char *d, Py_ssize_t j, Py_ssize_t e, Py_ssize_t n);
+/* The bytes that end a field key or an unquoted value: = , space backslash quote. */
+static const unsigned char KEY_STOP[256] = {['='] = 1, [','] = 1, [' '] = 1, ['\\'] = 1, ['"'] = 1};
 
-static const unsigned char KEY_STOP[256] = {['=' ] = 1, [','] = 1, [' '] = 1, ['\\'] = 1, ['"'] = 1};
-
+/* The first byte at or after j and before e that is one of KEY_STOP's (e if none); the buffer
+ * holds n bytes, so a word read past e (and not past n) is fine. */
 static inline Py_ssize_t key_stop(const char *d, Py_ssize_t j, Py_ssize_t e, Py_ssize_t n) {
 #if defined(__GNUC__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
     while (j + 8 <= n && j < e) {
