@@ -7,6 +7,6 @@ from setuptools import Extension, setup
 
 setup(
     ext_modules=[
-        Extension("analyzer._lpscan", ["analyzer/_lpscan.c"], extra_compile_args=["-O2"], optional=True)
+        Extension("gpufleet.analyzer._lpscan", ["analyzer/_lpscan.c"], extra_compile_args=["-O2"], optional=True)
     ]
 )

@@ -1,7 +1,7 @@
 """``gpufleet canary``: run the SDC canary once, now, outside the agent (job boundaries, drills).
 
 Same engines, children and comparisons as the agent's canary collector
-(:mod:`agent.collectors.canary`): each GPU's check is a short-lived child process, a failing
+(:mod:`gpufleet.agent.collectors.canary`): each GPU's check is a short-lived child process, a failing
 check is rechecked (``--confirm``), an idle gate skips GPUs with a foreign compute process
 (``--force`` turns it off: the Slurm Epilog runs when the job's processes are gone). With
 ``--drop-dir`` each result is written there as one JSON file, which the agent (``canary.drop_dir``,
@@ -22,7 +22,7 @@ from gpufleet.errors import ConfigError, GpufleetError
 
 def _backend(spec: str):
     """The NVML backend, or None where there is no driver (the CPU engine still runs)."""
-    from agent.backends import get_backend
+    from gpufleet.agent.backends import get_backend
 
     b = get_backend(spec)
     try:
@@ -40,7 +40,7 @@ def run_canary(gpu: str, engine: str = "auto", backend_spec: str = "nvml", size:
                force: bool = False, reference: str = "", max_rss: int = 4 << 30):
     """Check the GPUs ``gpu`` names (an index, a UUID, ``cpu`` or ``all``) once; returns
     (collector, rows, skipped) where rows are the ``gpu_canary`` samples."""
-    from agent.collectors.canary import CanaryCollector
+    from gpufleet.agent.collectors.canary import CanaryCollector
 
     backend = _backend(backend_spec)
     col = CanaryCollector(backend=backend, engine=engine, size=size, dtype=dtype, memory_bytes=memory_bytes,
@@ -95,7 +95,7 @@ def canary(gpu, as_json, engine, backend_spec, size, dtype, memory_bytes, state_
     """Run the SDC canary once on GPU N (or all) and report; optionally hand it to the agent."""
     if timeout <= 0 or confirm < 0 or max_files < 1:
         raise ConfigError("--timeout, --confirm and --max-files must be positive")
-    from agent.collectors.canary import write_drop
+    from gpufleet.agent.collectors.canary import write_drop
 
     col, rows, skipped = run_canary(gpu, engine, backend_spec, size, dtype, memory_bytes, state_dir, timeout,
                                     confirm, force, reference)

@@ -1,4 +1,4 @@
-"""The SDC canary's check, run in a short-lived child process: ``python -m agent.canary_worker``.
+"""The SDC canary's check, run in a short-lived child process: ``python -m gpufleet.agent.canary_worker``.
 
 One run = one check on one device: import the engine (torch, cupy, or numpy on the CPU), build
 seeded inputs on the device, run one GEMM and a memory pattern check (write, read back:
@@ -6,7 +6,7 @@ seeded inputs on the device, run one GEMM and a memory pattern check (write, rea
 device's first answer (kept as ``<state_dir>/<sha1(label|key)[:16]>.npz``; the first run
 stores it), print ONE JSON object on stdout and exit. The CUDA context (and the clocks it
 pins, the host memory torch takes) dies with the process: the agent never imports torch, cupy
-or a CUDA library itself (:mod:`agent.collectors.canary` starts this module and reads its line).
+or a CUDA library itself (:mod:`gpufleet.agent.collectors.canary` starts this module and reads its line).
 
 The device: the parent restricts the child with ``CUDA_VISIBLE_DEVICES=<uuid>`` (and
 ``CUDA_DEVICE_ORDER=PCI_BUS_ID``), so the check runs on CUDA device 0 and touches no other GPU.
@@ -308,7 +308,7 @@ def _inject(text: str) -> tuple[int, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m agent.canary_worker", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m gpufleet.agent.canary_worker", description=__doc__.splitlines()[0])
     p.add_argument("--engine", default="auto", choices=ENGINE_NAMES)
     p.add_argument("--size", type=int, default=0)
     p.add_argument("--dtype", default="")

@@ -1,4 +1,4 @@
-"""``gpufleet agent``: print one poll (``once``) or run the node agent (``run``, from agent.daemon)."""
+"""``gpufleet agent``: print one poll (``once``) or run the node agent (``run``, from gpufleet.agent.daemon)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ class _AgentGroup(click.Group):
 
 def _run_command():
     try:
-        from agent.daemon import run_command
+        from gpufleet.agent.daemon import run_command
 
         return run_command
     except (ImportError, AttributeError) as exc:
@@ -62,8 +62,8 @@ def resend_rejected_command(config_path, spool_dir, influx_url, influx_db):
     """
     from pathlib import Path
 
-    from agent import config as agent_config
-    from agent.pipeline.influx import resend_rejected
+    from gpufleet.agent import config as agent_config
+    from gpufleet.agent.pipeline.influx import resend_rejected
 
     cfg = agent_config.load(Path(config_path) if config_path else None)
     cfg = agent_config.apply_overrides(cfg, influx_url=influx_url, influx_db=influx_db, spool_dir=spool_dir,
@@ -84,7 +84,7 @@ def resend_rejected_command(config_path, spool_dir, influx_url, influx_db):
 def poll_once(collectors, now_ns: int | None = None):
     """Run each collector once; returns (samples, problems). Adds a ``gpufleet_collector`` row
     (duration, success) per collector; a collector that fails is reported, never fatal."""
-    from agent.model import Sample
+    from gpufleet.agent.model import Sample
 
     now_ns = now_ns or time.time_ns()
     samples, problems = [], []
@@ -115,9 +115,9 @@ def once(backend_spec, fmt, hostname, no_nvlink):
     """Poll the GPU and host collectors once and print the samples."""
     if fmt not in FORMATS:
         raise GpufleetError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
-    from agent.backends import get_backend
-    from agent.collectors.gpu import GpuCollector
-    from agent.collectors.host import HostCollector
+    from gpufleet.agent.backends import get_backend
+    from gpufleet.agent.collectors.gpu import GpuCollector
+    from gpufleet.agent.collectors.host import HostCollector
 
     backend = get_backend(backend_spec)
     host = HostCollector(first_sample_s=0.2)

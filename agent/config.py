@@ -23,7 +23,7 @@ from gpufleet.units import parse_duration, parse_size
 EXPORTERS = ("file", "influx", "otlp")
 STATE_DIR = "/var/lib/gpufleet-agent"  # the systemd unit's StateDirectory: the one place it may write
 COLLECTOR_SECTIONS = ("ipmi", "xid", "canary")
-JOB_TAG_KEYS = ("scheduler", "namespace", "partition", "user")  # agent.jobs.TAG_KEYS
+JOB_TAG_KEYS = ("scheduler", "namespace", "partition", "user")  # gpufleet.agent.jobs.TAG_KEYS
 _LABEL_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 RESERVED_LABELS = {"host", "gpu", "uuid", "model", "link", "type", "source", "sensor", "sensor_type",
                    "unit", "collector", "exporter", "time"}
@@ -99,7 +99,7 @@ SCHEMA: dict[str, dict[str, Spec]] = {
         "rejected_max_bytes": Spec("size", 64 * 2**20, 4096, 2**50),
     },
     # The sections of the ipmi, xid and canary collectors: their constructor's keyword arguments
-    # (docs/sources.md), passed to the collector when it is listed in agent.collectors.
+    # (docs/sources.md), passed to the collector when it is listed in gpufleet.agent.collectors.
     "ipmi": {
         "host": Spec("str", ""),
         "port": Spec("int", 623, 1, 65535),

@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 
 import click
+from gpufleet.agent import config as agent_config
+from gpufleet.agent.model import Sample
 
-from agent import config as agent_config
-from agent.model import Sample
 from gpufleet.errors import ConfigError, GpufleetError
 
 log = logging.getLogger("gpufleet.agent")
@@ -82,8 +82,8 @@ class Agent:
     _backend_inited = False
 
     def __init__(self, cfg: dict):
-        from agent.pipeline import Pipeline
-        from agent.pipeline.lineprotocol import LineProtocolExporter
+        from gpufleet.agent.pipeline import Pipeline
+        from gpufleet.agent.pipeline.lineprotocol import LineProtocolExporter
 
         self.cfg = cfg
         a = cfg["agent"]
@@ -102,8 +102,8 @@ class Agent:
         sinks = []
         try:
             if "influx" in exporters:
-                from agent.pipeline.influx import InfluxSender, SpoolSink
-                from agent.spool import Spool
+                from gpufleet.agent.pipeline.influx import InfluxSender, SpoolSink
+                from gpufleet.agent.spool import Spool
 
                 sp = cfg["spool"]
                 self.spool = Spool(sp["dir"], sp["max_bytes"], sp["segment_bytes"], sp["fsync"],
@@ -112,7 +112,7 @@ class Agent:
                 self.sender = InfluxSender(self.spool, ix, secret, wake)
                 sinks.append(SpoolSink(self.spool, ix["batch_lines"], wake))
             if "file" in exporters:
-                from agent.pipeline.filesink import FileSink
+                from gpufleet.agent.pipeline.filesink import FileSink
 
                 f = cfg["file"]
                 self.file = FileSink(f["dir"], self.host, f["segment_bytes"], f["segment_age"], f["compress"],
@@ -122,7 +122,7 @@ class Agent:
             exps = [LineProtocolExporter(sinks, precision=precision)] if sinks else []
             self.lp = exps[0] if exps else None
             if "otlp" in exporters:
-                from agent.pipeline.otlp import make_exporter
+                from gpufleet.agent.pipeline.otlp import make_exporter
 
                 exps.append(make_exporter(cfg["otlp"]))
             self.pipeline = Pipeline(self.host, cfg["labels"], exps)
@@ -140,14 +140,14 @@ class Agent:
         self.cpu_timing = dict(self.timing)  # process CPU seconds, last tick
 
     def _build_collectors(self, cfg: dict) -> list:
-        from agent.collectors import load
+        from gpufleet.agent.collectors import load
 
         a = cfg["agent"]
         backend = None
         sim_node = None
         needs_backend = any(n in NVML_COLLECTORS for n in a["collectors"])
         if needs_backend:  # one NVML backend, shared by every collector that reads NVML
-            from agent.backends import get_backend
+            from gpufleet.agent.backends import get_backend
 
             if a["sim_node"]:
                 sim_node = _make_sim_node(a["sim_node"])
@@ -296,7 +296,7 @@ class Daemon:
     """The loop, signals, reload and systemd notifications around an :class:`Agent`."""
 
     def __init__(self, load_config, notifier=None):
-        from agent.notify import Notifier
+        from gpufleet.agent.notify import Notifier
 
         self.load_config = load_config
         self.cfg = load_config()
@@ -464,7 +464,7 @@ def run_command(config_path, backend, interval, exporters, influx_url, influx_ap
     _setup_logging(cfg["agent"]["log_level"])
     lock = None
     if "influx" in cfg["agent"]["exporters"]:  # one owner per spool: refuse at once, before the slow start
-        from agent.spool import lock_dir, unlock_dir
+        from gpufleet.agent.spool import lock_dir, unlock_dir
 
         lock = lock_dir(cfg["spool"]["dir"])
     try:
@@ -479,7 +479,7 @@ def run_command(config_path, backend, interval, exporters, influx_url, influx_ap
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m agent.daemon``: the same command outside the ``gpufleet`` group."""
+    """``python -m gpufleet.agent.daemon``: the same command outside the ``gpufleet`` group."""
     from gpufleet.cli import main as gpufleet_main
 
     return gpufleet_main(["agent", "run", *(argv or [])])

@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 import click
+from gpufleet.analyzer.store import pull as _pull
 
-from analyzer.store import pull as _pull
 from gpufleet.errors import ConfigError, GpufleetError
 from gpufleet.flags import Renamed
 from gpufleet.units import parse_size
@@ -44,11 +44,11 @@ def _sinks(cfg, specs):
     if not cfg.sinks and not specs:
         return None
     try:
-        from analyzer import alerting
+        from gpufleet.analyzer import alerting
 
         load_sinks, notifier_cls = alerting.load_sinks, alerting.Notifier
     except (ImportError, AttributeError):
-        raise ConfigError("alert sinks are configured but analyzer.alerting is not available") from None
+        raise ConfigError("alert sinks are configured but gpufleet.analyzer.alerting is not available") from None
     return load_sinks(cfg.sinks, list(specs)), notifier_cls
 
 
@@ -104,10 +104,10 @@ def analyze(
     stats,
 ):
     """Detect incidents in fleet telemetry (files or InfluxDB)."""
-    if runbook_base_url:  # read where alerts are built (analyzer.alerting.actions.runbook_base)
+    if runbook_base_url:  # read where alerts are built (gpufleet.analyzer.alerting.actions.runbook_base)
         os.environ["GPUFLEET_RUNBOOK_BASE_URL"] = runbook_base_url
-    from analyzer.config import Config, parse_duration
-    from analyzer.pipeline import Analyzer
+    from gpufleet.analyzer.config import Config, parse_duration
+    from gpufleet.analyzer.pipeline import Analyzer
 
     cfg = Config.load(config_path)
     shard_t = _shard(shard)
@@ -131,7 +131,7 @@ def analyze(
         raise ConfigError(f"--poll {poll}: at least 1s")
     t0 = time.perf_counter()
     if input_path:
-        from analyzer.sources import read_chunks
+        from gpufleet.analyzer.sources import read_chunks
 
         an = Analyzer(cfg, shard_t)
         for chunk in read_chunks(input_path):
@@ -150,7 +150,7 @@ def analyze(
     if influx_url:
         if not db:
             raise ConfigError("--influx-url needs --influx-db NAME (or [influx] db in --config)")
-        from analyzer.sources import Influx
+        from gpufleet.analyzer.sources import Influx
 
         influx = Influx(influx_url, db, **cfg.influx_auth())
     if follow or listen_addr:
@@ -271,7 +271,7 @@ def _online(cfg, influx, shard_t, out_path, sinks, state_path, page_base_url, po
     """--follow and --listen: see analyzer/online.py."""
     import signal
 
-    from analyzer.online import Checkpoint, Online, follow, listen
+    from gpufleet.analyzer.online import Checkpoint, Online, follow, listen
 
     if poll <= 0:
         raise ConfigError("--poll must be positive")
@@ -280,7 +280,7 @@ def _online(cfg, influx, shard_t, out_path, sinks, state_path, page_base_url, po
         raise ConfigError("--grace must not be negative")
     listener = None
     if listen_addr:
-        from analyzer.listen import Listener, parse_address
+        from gpufleet.analyzer.listen import Listener, parse_address
 
         address = parse_address(listen_addr)
         token = _token(token_file)
@@ -333,13 +333,14 @@ def eval_cmd(truth_path, inc_path, gpu_days, data_path, lenient, as_json):
     duplicate pages, false incidents per 1000 GPU-days."""
     import math
 
-    from analyzer.evaluate import (
+    from gpufleet.analyzer.evaluate import (
         evaluate,
         gpu_days_from_data,
         gpu_days_from_manifest,
         table,
         telemetry_beside,
     )
+
     from gpufleet import records
 
     if gpu_days is not None and not (math.isfinite(gpu_days) and gpu_days > 0):

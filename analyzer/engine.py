@@ -17,9 +17,9 @@ import hashlib
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+from gpufleet.analyzer.detectors.base import Hits
+from gpufleet.analyzer.frame import Registry
 
-from analyzer.detectors.base import Hits
-from analyzer.frame import Registry
 from gpufleet.records import Record
 
 SUMMARY = {

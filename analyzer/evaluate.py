@@ -208,7 +208,7 @@ def _find_gpu_days(doc: dict) -> float | None:
             gpus = nodes * gpn
     dur = merged.get("duration_seconds", merged.get("duration_s", merged.get("duration")))
     if isinstance(dur, str):
-        from analyzer.config import parse_duration
+        from gpufleet.analyzer.config import parse_duration
 
         try:
             dur = parse_duration(dur, "manifest duration")
@@ -223,8 +223,8 @@ def gpu_days_from_data(path: str | Path, max_gap_seconds: float = 300.0) -> floa
     """GPU-days the telemetry at ``path`` (a .lp/.lp.gz file or a directory) covers: per GPU the
     time between consecutive ``gpu`` rows, a gap longer than ``max_gap_seconds`` not counted (the
     GPU was not observed then). None when there are no gpu rows."""
-    from analyzer.parse import Parser
-    from analyzer.sources import read_chunks
+    from gpufleet.analyzer.parse import Parser
+    from gpufleet.analyzer.sources import read_chunks
 
     parser = Parser({"gpu"}, {"gpu": set()})
     key_of: dict[int, int] = {}

@@ -12,8 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from analyzer.parse import Rows, SeriesIndex
+from gpufleet.analyzer.parse import Rows, SeriesIndex
 
 
 class Registry:

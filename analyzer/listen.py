@@ -34,8 +34,9 @@ from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
-from analyzer.parse import Parser
-from analyzer.sources import inflate
+from gpufleet.analyzer.parse import Parser
+from gpufleet.analyzer.sources import inflate
+
 from gpufleet.errors import ConfigError
 
 PRECISION = {"ns": 1, "n": 1, "us": 10**3, "u": 10**3, "ms": 10**6, "s": 10**9, "m": 60 * 10**9,

@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 
 import click
+from gpufleet.analyzer.pipeline import Analyzer
 
-from analyzer.pipeline import Analyzer
 from gpufleet.errors import GpufleetError
 
 MAX_REWIND = 86400.0  # the longest stretch a restart re-reads to find still-firing incidents again
@@ -104,7 +104,7 @@ class Online:
         """Pull [cursor, upto) from InfluxDB (the first time: from :meth:`start_ns`); a gap longer
         than a batch window is read at batch speed (large requests, batch-size windows) and
         delivered as it goes. Returns the rows read."""
-        from analyzer.sources import ahead, pull
+        from gpufleet.analyzer.sources import ahead, pull
 
         if self.cursor is None:
             self.cursor = self.start_ns(since, time.time_ns())
@@ -137,7 +137,7 @@ class Online:
     def _not_mine(self) -> list[str] | None:
         """Other shards' hosts, asked InfluxDB again every minute (a host that appears meanwhile
         is read and left to the analyzer's own shard filter, never missed)."""
-        from analyzer.sources import TYPES_TTL
+        from gpufleet.analyzer.sources import TYPES_TTL
 
         if self.an.shard is None:
             return None
@@ -161,8 +161,8 @@ class Online:
     # ------------------------------------------------------------------ output
     def deliver(self, upto_ns: int) -> None:
         """Analyse what ``upto`` completes and hand new and changed incidents to every output."""
-        from analyzer.cli import _write
-        from analyzer.store import incident_lines
+        from gpufleet.analyzer.cli import _write
+        from gpufleet.analyzer.store import incident_lines
 
         an = self.an
         self._size_windows(upto_ns)
@@ -230,7 +230,7 @@ def _state(r) -> str:
 
 def follow(online: Online, since: float | None) -> None:
     """``--follow``: catch up from the checkpoint (or ``since``), then pull every poll."""
-    from analyzer.sources import backoff
+    from gpufleet.analyzer.sources import backoff
 
     attempt = 0
     checked = False

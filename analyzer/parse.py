@@ -27,7 +27,7 @@ import numpy as np
 from gpufleet.lineprotocol import ParseError, parse_head, parse_line, skip_line
 
 try:  # the C tokenizer (analyzer/_lpscan.c), built at install when a compiler is there
-    from analyzer import _lpscan
+    from gpufleet.analyzer import _lpscan
 except ImportError:  # pragma: no cover - exercised where no compiler was available
     _lpscan = None
 

@@ -20,13 +20,12 @@ import zlib
 from dataclasses import dataclass
 
 import numpy as np
-
-from analyzer.config import Config
-from analyzer.detectors import build
-from analyzer.engine import Engine
-from analyzer.frame import Registry, Table, Window
-from analyzer.jobs import JobLog
-from analyzer.parse import Parser, Rows
+from gpufleet.analyzer.config import Config
+from gpufleet.analyzer.detectors import build
+from gpufleet.analyzer.engine import Engine
+from gpufleet.analyzer.frame import Registry, Table, Window
+from gpufleet.analyzer.jobs import JobLog
+from gpufleet.analyzer.parse import Parser, Rows
 
 # the gpu fields some detector reads (the rest of the wide row is tokenized, never converted)
 FIELDS: dict[str, set[str] | None] = {

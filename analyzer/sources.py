@@ -2,7 +2,7 @@
 
 InfluxQL is the one query language InfluxDB 1.x, 2.x (DBRP mapping) and 3.x all answer.
 Queries ask for ``epoch=ns`` and ``chunked=true``; each series' columns are turned straight
-into the analyzer's :class:`~analyzer.parse.Rows`.
+into the analyzer's :class:`~gpufleet.analyzer.parse.Rows`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+from gpufleet.analyzer.parse import Rows, SeriesIndex
 
-from analyzer.parse import Rows, SeriesIndex
 from gpufleet.errors import GpufleetError
 
 try:  # ISA-L's inflate: zlib's stream API, about 2.5x faster on line protocol

@@ -1,7 +1,7 @@
 """The analyzer's side of the telemetry store: pull a window in, write incidents back.
 
 :func:`pull` queries one time window of every measurement the analyzer reads from an
-:class:`analyzer.sources.Influx` into an :class:`analyzer.pipeline.Analyzer` (batch ``analyze``,
+:class:`gpufleet.analyzer.sources.Influx` into an :class:`gpufleet.analyzer.pipeline.Analyzer` (batch ``analyze``,
 ``analyze --follow`` and ``gpufleet demo`` all step through the store with it).
 :func:`incident_lines` encodes incidents as the ``incident`` measurement, whose tags and fields
 are declared in ``gpufleet/catalogue.toml`` (``[measurement.incident]``).
@@ -15,9 +15,9 @@ from gpufleet.lineprotocol import encode
 
 def pull(an, influx, s_ns: int, e_ns: int) -> int:
     """Feed [s, e) from InfluxDB into the analyzer in large batches (empty stretches skipped at
-    once: :func:`analyzer.sources.pull`); returns the rows read."""
-    from analyzer.sources import ahead
-    from analyzer.sources import pull as batches_of
+    once: :func:`gpufleet.analyzer.sources.pull`); returns the rows read."""
+    from gpufleet.analyzer.sources import ahead
+    from gpufleet.analyzer.sources import pull as batches_of
 
     n = 0
     step = int(an.window * 1e9)

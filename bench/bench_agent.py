@@ -21,8 +21,8 @@ import requests
 
 
 def _agent(tmp: Path, url: str, nvlink_interval: float | None = None):
-    from agent import config
-    from agent.daemon import Agent
+    from gpufleet.agent import config
+    from gpufleet.agent.daemon import Agent
 
     doc = {"agent": {"backend": "sim", "interval": 1, "exporters": ["file", "influx"], "host": "bench"},
            "influx": {"url": url, "db": "bench"},

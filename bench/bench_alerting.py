@@ -55,7 +55,7 @@ def _incident(i: int):
 def run(quick: bool) -> list[dict]:
     import os
 
-    from analyzer.alerting import Notifier, load_sinks
+    from gpufleet.analyzer.alerting import Notifier, load_sinks
 
     n = 20 if quick else 100
     rows = []

@@ -37,9 +37,9 @@ def _sim(out: Path, scenario: str, nodes: int, duration: str, seed: int) -> None
 
 
 def _rates(path: Path) -> dict:
-    from analyzer.parse import Parser
-    from analyzer.pipeline import Analyzer
-    from analyzer.sources import read_chunks
+    from gpufleet.analyzer.parse import Parser
+    from gpufleet.analyzer.pipeline import Analyzer
+    from gpufleet.analyzer.sources import read_chunks
 
     # end to end as `gpufleet analyze` runs it (read, parse, detect, chunk by chunk), in its own
     # process so that its peak memory is its own; first, while this process is still small (a

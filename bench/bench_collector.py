@@ -12,9 +12,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from agent.backends.recorded import RecordedBackend
-from agent.backends.sim import SimBackend, TinyNode
-from agent.collectors.gpu import GpuCollector
+from gpufleet.agent.backends.recorded import RecordedBackend
+from gpufleet.agent.backends.sim import SimBackend, TinyNode
+from gpufleet.agent.collectors.gpu import GpuCollector
 
 ROOT = Path(__file__).resolve().parent.parent
 H200 = ROOT / "tests" / "fixtures" / "recordings" / "h200" / "nvml_dump.json"

@@ -24,8 +24,8 @@ def _sim(out: Path, scenario: str, nodes: int, duration: str, seed: int) -> None
 
 
 def _analyse(path: Path):
-    from analyzer.pipeline import Analyzer
-    from analyzer.sources import read_chunks
+    from gpufleet.analyzer.pipeline import Analyzer
+    from gpufleet.analyzer.sources import read_chunks
 
     an = Analyzer()
     for c in read_chunks(path):
@@ -35,7 +35,8 @@ def _analyse(path: Path):
 
 
 def _score(d: Path) -> tuple[dict, list, list]:
-    from analyzer.evaluate import evaluate, gpu_days_from_data
+    from gpufleet.analyzer.evaluate import evaluate, gpu_days_from_data
+
     from gpufleet import records
 
     truth, incs = records.read(d / "truth.jsonl"), _analyse(d / "telemetry.lp.gz")
@@ -43,7 +44,8 @@ def _score(d: Path) -> tuple[dict, list, list]:
 
 
 def run(quick: bool) -> list[dict]:
-    from analyzer.evaluate import evaluate
+    from gpufleet.analyzer.evaluate import evaluate
+
     from gpufleet.records import Record
 
     rows: list[dict] = []
@@ -146,8 +148,8 @@ def run(quick: bool) -> list[dict]:
 
 
 def _h200() -> dict:
-    from analyzer.h200 import convert
-    from analyzer.pipeline import Analyzer
+    from gpufleet.analyzer.h200 import convert
+    from gpufleet.analyzer.pipeline import Analyzer
 
     ref = Path(__file__).resolve().parents[2] / "shared" / "reference" / "h200" / "trace.csv"
     if not ref.is_file():

@@ -61,7 +61,7 @@ def h200_floor_us(gpm: bool) -> tuple[float, str]:
 
 def fast_calls(B, h) -> list:
     """The fast tier's NVML calls, as (function, args) on handle ``h`` (the collector's set)."""
-    from agent.collectors.gpu import FIELD_IDS
+    from gpufleet.agent.collectors.gpu import FIELD_IDS
 
     return [(B.nvmlDeviceGetUtilizationRates, ()), (B.nvmlDeviceGetMemoryInfo, ()),
             (B.nvmlDeviceGetPowerUsage, ()), (B.nvmlDeviceGetTemperature, (E.NVML_TEMPERATURE_GPU,)),
@@ -80,7 +80,7 @@ class BareFloor:
     answers; calls that fail on the first pass are dropped."""
 
     def __init__(self, B, h, gpm: bool):
-        from agent.collectors.gpu import _GPM_IDS
+        from gpufleet.agent.collectors.gpu import _GPM_IDS
 
         self.B, self.h = B, h
         self.calls = fast_calls(B, h)
@@ -130,7 +130,7 @@ def collector_cpu(backend, polls: int, gpm: bool, gap_s: float = 0.0, advance=No
     """CPU seconds per GPU poll of the collector's fast tier, GPM on or off. ``advance(i)`` is
     called before each poll (a recorded backend steps its frames there); ``gap_s`` sleeps between
     polls (a real GPU wants GPM samples >= 100 ms apart)."""
-    from agent.collectors.gpu import GpuCollector
+    from gpufleet.agent.collectors.gpu import GpuCollector
 
     clock = [0.0]
     c = GpuCollector(backend, gpm=gpm, slow_interval_s=1e12, nvlink_interval_s=1e12, clock=lambda: clock[0],
@@ -174,8 +174,8 @@ def bare_cpu(backend, polls: int, gpm: bool, gap_s: float = 0.0, advance=None) -
 
 
 def run(quick: bool) -> list[dict]:
-    from agent.backends.recorded import RecordedBackend
-    from agent.collectors.gpu import GPM_METRICS
+    from gpufleet.agent.backends.recorded import RecordedBackend
+    from gpufleet.agent.collectors.gpu import GPM_METRICS
 
     polls = 200 if quick else 2000
     rows = []

@@ -121,8 +121,8 @@ def _metrics(url: str) -> dict:
 
 
 def _file_path(lp: Path):
-    from analyzer.pipeline import Analyzer
-    from analyzer.sources import read_chunks
+    from gpufleet.analyzer.pipeline import Analyzer
+    from gpufleet.analyzer.sources import read_chunks
 
     an = Analyzer()
     for chunk in read_chunks(lp):
@@ -143,9 +143,9 @@ def _raw(url: str, measurements, s_ns: int, e_ns: int) -> int:
 
 
 def _pull(url: str, s_ns: int, e_ns: int, analyse: bool):
-    from analyzer.pipeline import Analyzer
-    from analyzer.sources import Influx, pull
-    from analyzer.store import pull as pull_into
+    from gpufleet.analyzer.pipeline import Analyzer
+    from gpufleet.analyzer.sources import Influx, pull
+    from gpufleet.analyzer.store import pull as pull_into
 
     influx = Influx(url, "fleet")
     an = Analyzer()
@@ -160,7 +160,8 @@ def _pull(url: str, s_ns: int, e_ns: int, analyse: bool):
 
 
 def bench_paths(quick: bool, tmp: Path) -> list[dict]:
-    from analyzer.pipeline import MEASUREMENTS
+    from gpufleet.analyzer.pipeline import MEASUREMENTS
+
     from tests.servers import InfluxDB1, free_port
 
     nodes, dur = (4, "1h") if quick else (16, "2h")

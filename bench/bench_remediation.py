@@ -35,7 +35,8 @@ def _ok(notifier, count: int) -> bool:
 
 
 def run(quick: bool) -> list[dict]:
-    from analyzer.alerting import Notifier, load_sinks
+    from gpufleet.analyzer.alerting import Notifier, load_sinks
+
     from gpufleet.records import Record
     from tests.slurm import Slurm, available
 

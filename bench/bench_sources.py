@@ -39,7 +39,8 @@ def _row(metric, value, unit, target="", note=""):
 def bench_ipmi(quick: bool) -> list[dict]:
     if not (shutil.which("ipmi_sim") and shutil.which("ipmi-sensors")):
         return [_row("ipmi", "skipped", "", note="ipmi_sim or freeipmi not installed")]
-    from agent.collectors.ipmi import IpmiCollector, IpmiError
+    from gpufleet.agent.collectors.ipmi import IpmiCollector, IpmiError
+
     from tests.ipmisim import IpmiSim
 
     n = 5 if quick else 30
@@ -102,7 +103,7 @@ def bench_ipmi(quick: bool) -> list[dict]:
 
 
 def bench_xid(quick: bool) -> list[dict]:
-    from agent.collectors.xid import XidCollector, parse_xid_line
+    from gpufleet.agent.collectors.xid import XidCollector, parse_xid_line
 
     fx = ROOT / "tests" / "fixtures" / "kmsg"
     lines = []
@@ -140,11 +141,11 @@ def bench_xid(quick: bool) -> list[dict]:
 
 
 def bench_canary(quick: bool) -> list[dict]:
-    from agent.collectors.canary import CanaryCollector
+    from gpufleet.agent.collectors.canary import CanaryCollector
 
     rows = []
     for size in ((128, 256) if quick else (256, 512, 1024)):
-        # each check is a child process (python -m agent.canary_worker): the whole round trip
+        # each check is a child process (python -m gpufleet.agent.canary_worker): the whole round trip
         col = CanaryCollector(engine="numpy", size=size, interval=0, duty=1.0, memory_bytes=8 << 20,
                               wait=60, status_every=1e18)
         col.collect(0)
@@ -165,7 +166,7 @@ def bench_canary(quick: bool) -> list[dict]:
 
 
 def bench_jobs(quick: bool) -> list[dict]:
-    from agent.jobs import resolve_job
+    from gpufleet.agent.jobs import resolve_job
 
     env = {**os.environ, "SLURM_JOB_ID": "4242"}
     cmd = [sys.executable, "-c", "import time; time.sleep(30)"]

@@ -24,7 +24,7 @@ _STRIP = re.compile(r",(?:" + "|".join(re.escape(f) for f in GPM_FIELDS) + r")=[
 def one_to_one(truth, incidents, kind: str) -> tuple[int, int, int]:
     """(true incidents, incidents, truths) of ``kind``: each truth takes its earliest matching
     incident not yet taken."""
-    from analyzer.evaluate import matches
+    from gpufleet.analyzer.evaluate import matches
 
     truths = [t for t in truth if t.kind == kind]
     incs = sorted((i for i in incidents if i.kind == kind), key=lambda i: i.start)

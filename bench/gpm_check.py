@@ -40,8 +40,7 @@ def _ms(fn, *args, n: int = 5):
 
 def _fields(handle, ids):
     import pynvml
-
-    from agent.collectors.gpu import field_values
+    from gpufleet.agent.collectors.gpu import field_values
 
     ms, got = _ms(pynvml.nvmlDeviceGetFieldValues, handle, ids, n=3)
     if isinstance(got, str):
@@ -55,8 +54,7 @@ def _fields(handle, ids):
 
 def gpu_report(i: int) -> dict:
     import pynvml
-
-    from agent.collectors.gpu import _GPM_IDS, FIELD_IDS, GPM_METRICS, SLOW_FIELD_IDS
+    from gpufleet.agent.collectors.gpu import _GPM_IDS, FIELD_IDS, GPM_METRICS, SLOW_FIELD_IDS
 
     h = pynvml.nvmlDeviceGetHandleByIndex(i)
     r: dict = {"index": i, "name": str(pynvml.nvmlDeviceGetName(h))}
@@ -133,7 +131,8 @@ def main() -> int:
         out["nvml_binding"] = getattr(pynvml, "__version__", None)
         n = min(pynvml.nvmlDeviceGetCount(), a.gpus)
         out["gpus"] = [gpu_report(i) for i in range(n)]
-        from agent.backends.nvml import NvmlBackend
+        from gpufleet.agent.backends.nvml import NvmlBackend
+
         from bench.bench_gpm import bare_cpu, collector_cpu
 
         cpu = {}

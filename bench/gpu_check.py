@@ -73,7 +73,7 @@ class Nvml:
 
     def __init__(self, backend: str):
         if backend == "sim":
-            from agent.backends import get_backend
+            from gpufleet.agent.backends import get_backend
 
             self.n = get_backend("sim")
         else:
@@ -216,8 +216,8 @@ def agent_once(backend: str, n_gpus: int) -> dict:
 _POLL = r"""
 import json, resource, subprocess, sys, time
 backend, polls = sys.argv[1], int(sys.argv[2])
-from agent.backends import get_backend
-from agent.collectors.gpu import GpuCollector
+from gpufleet.agent.backends import get_backend
+from gpufleet.agent.collectors.gpu import GpuCollector
 b = get_backend(backend)
 b.nvmlInit()
 n = int(b.nvmlDeviceGetCount())

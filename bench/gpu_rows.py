@@ -19,8 +19,9 @@ import logging
 import sys
 from pathlib import Path
 
-from agent.backends import get_backend
-from agent.collectors.gpu import GpuCollector
+from gpufleet.agent.backends import get_backend
+from gpufleet.agent.collectors.gpu import GpuCollector
+
 from gpufleet.errors import GpufleetError
 from gpufleet.lineprotocol import encode
 
@@ -47,7 +48,7 @@ def backends(args: list[str]):
         except GpufleetError as exc:
             print(f"# skipped {path}: {exc}", file=sys.stderr)
     if not args:
-        from agent.backends.sim import SimBackend, TinyNode
+        from gpufleet.agent.backends.sim import SimBackend, TinyNode
 
         yield "sim", SimBackend(TinyNode(t0=T0 - 3600, lost={5}, stale={6}))
 

@@ -70,7 +70,7 @@ def export_cmd(
     Secrets are not written: Grafana reads GPUFLEET_INFLUX_PASSWORD (1.x) or GPUFLEET_INFLUX_TOKEN
     (2.x/3.x) from its environment.
     """
-    from dashboards.export import Settings, export
+    from gpufleet.dashboards.export import Settings, export
 
     s = Settings(
         datasource=datasource,
@@ -92,7 +92,7 @@ def export_cmd(
 @click.option("--check", is_flag=True, help="Fail if the committed JSON differs from the generator's output.")
 def generate_cmd(check):
     """Rewrite dashboards/grafana/*.json from the catalogue (or check that they are current)."""
-    from dashboards import generate
+    from gpufleet.dashboards import generate
 
     if not check:
         for p in generate.write(generate.GRAFANA_DIR):
@@ -124,8 +124,8 @@ def generate_cmd(check):
 @click.option("--out", "out", required=True, type=click.Path(file_okay=False, path_type=Path))
 def preview_cmd(influx_url, db, from_ms, to_ms, node, gpu, out):
     """Render a PNG per dashboard from the same queries Grafana would run."""
-    from dashboards.preview import render_all
-    from dashboards.runner import influx_query_fn
+    from gpufleet.dashboards.preview import render_all
+    from gpufleet.dashboards.runner import influx_query_fn
 
     if to_ms <= from_ms:
         raise GpufleetError("--to-ms must be after --from-ms")

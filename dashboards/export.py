@@ -21,7 +21,8 @@ from importlib import resources
 from pathlib import Path
 from string import Template
 
-from dashboards import generate
+from gpufleet.dashboards import generate
+
 from gpufleet.errors import ConfigError, GpufleetError
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}")
@@ -72,7 +73,7 @@ def _q(value: str | int) -> str:
 
 
 def template(name: str) -> str:
-    return resources.files("dashboards.provisioning").joinpath(name).read_text()
+    return resources.files("gpufleet.dashboards.provisioning").joinpath(name).read_text()
 
 
 def datasource_yaml(s: Settings) -> str:

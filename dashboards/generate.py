@@ -5,7 +5,7 @@ Four dashboards over InfluxQL (the query language InfluxDB 1.x, 2.x and 3.x all 
 ``fleet-overview``, ``node``, ``gpu`` and ``incidents``. Every field a query names is looked
 up in ``gpufleet/catalogue.toml`` (a renamed field fails generation), units come from the
 catalogue's UCUM units, and the GPU dashboard shows every numeric ``gpu`` field of the
-catalogue. ``build_all()`` returns the dashboards; ``python -m dashboards.generate`` rewrites
+catalogue. ``build_all()`` returns the dashboards; ``python -m gpufleet.dashboards.generate`` rewrites
 ``dashboards/grafana/*.json`` (the committed files are this module's output; a test checks).
 """
 

@@ -1,7 +1,7 @@
 """Static PNG previews of the dashboards, drawn with matplotlib from the queries Grafana would run.
 
 Each panel is drawn where its ``gridPos`` puts it (24 columns), from the results of its own
-targets expanded like Grafana expands them (``dashboards.runner``): time series as lines
+targets expanded like Grafana expands them (``gpufleet.dashboards.runner``): time series as lines
 (stacked where the panel stacks, thresholds dashed), stats as one big number, tables as text
 (with the panel's merge / organize / grouping-to-matrix transformations), the heatmap as a
 time x value histogram. A preview, not a Grafana: good enough for users to see what they get.
@@ -14,8 +14,8 @@ import warnings
 from datetime import UTC, datetime
 from pathlib import Path
 
-from dashboards import generate
-from dashboards.runner import QueryFn, Result, Runner, Series
+from gpufleet.dashboards import generate
+from gpufleet.dashboards.runner import QueryFn, Result, Runner, Series
 
 BG, PANEL, GRID, TEXT, DIM = "#111217", "#181b1f", "#2c3235", "#d8d9da", "#8e8e8e"
 COLORS = [

@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import requests
+from gpufleet.dashboards.expand import ALL, Context, Var, expand, expand_variable_query
 
-from dashboards.expand import ALL, Context, Var, expand, expand_variable_query
 from gpufleet.errors import GpufleetError
 
 QueryFn = Callable[[str], dict]

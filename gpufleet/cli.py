@@ -1,6 +1,6 @@
 """The ``gpufleet`` command: one entry point, subcommands loaded lazily.
 
-Each subcommand lives beside the code it drives (``agent.cli``, ``analyzer.cli``, ...) and
+Each subcommand lives beside the code it drives (``gpufleet.agent.cli``, ``gpufleet.analyzer.cli``, ...) and
 is imported only when used, so ``gpufleet agent`` never imports the analyzer's heavy
 dependencies.
 """
@@ -17,14 +17,14 @@ from gpufleet.errors import GpufleetError
 
 # name -> "module:attribute" of a click command or group
 SUBCOMMANDS = {
-    "agent": ("agent.cli:agent", "Run the node agent or print one poll."),
-    "canary": ("agent.canary_cli:canary", "Run the SDC canary once (job boundaries, drills)."),
+    "agent": ("gpufleet.agent.cli:agent", "Run the node agent or print one poll."),
+    "canary": ("gpufleet.agent.canary_cli:canary", "Run the SDC canary once (job boundaries, drills)."),
     "sim": ("gpufleet.sim.cli:sim", "Generate a synthetic fleet with injected faults."),
     "replay": ("gpufleet.sim.cli:replay", "Load a simulated fleet into InfluxDB."),
-    "analyze": ("analyzer.cli:analyze", "Detect incidents in fleet telemetry."),
-    "eval": ("analyzer.cli:eval_cmd", "Score incidents against ground truth."),
-    "report": ("analyzer.alerting.cli:report", "Write HTML incident pages with plots."),
-    "dashboards": ("dashboards.cli:dashboards", "Export Grafana dashboards and provisioning."),
+    "analyze": ("gpufleet.analyzer.cli:analyze", "Detect incidents in fleet telemetry."),
+    "eval": ("gpufleet.analyzer.cli:eval_cmd", "Score incidents against ground truth."),
+    "report": ("gpufleet.analyzer.alerting.cli:report", "Write HTML incident pages with plots."),
+    "dashboards": ("gpufleet.dashboards.cli:dashboards", "Export Grafana dashboards and provisioning."),
     "demo": ("gpufleet.demo:demo", "Run the whole pipeline on a synthetic fleet."),
 }
 

@@ -116,14 +116,14 @@ def _create_db(url: str, db: str) -> None:
 
 
 def _analyze(store: Path, influx: dict, start_ns: int, end_ns: int):
-    from analyzer.config import Config
-    from analyzer.pipeline import Analyzer
+    from gpufleet.analyzer.config import Config
+    from gpufleet.analyzer.pipeline import Analyzer
 
     cfg = Config.load(None)
     an = Analyzer(cfg)
     if influx.get("influx_url"):
-        from analyzer.sources import Influx
-        from analyzer.store import pull
+        from gpufleet.analyzer.sources import Influx
+        from gpufleet.analyzer.store import pull
 
         src = Influx(influx["influx_url"], influx["influx_db"])
         src.check()
@@ -133,7 +133,7 @@ def _analyze(store: Path, influx: dict, start_ns: int, end_ns: int):
             pull(an, src, t, min(t + window, end_ns))
             t += window
     else:
-        from analyzer.sources import read_chunks
+        from gpufleet.analyzer.sources import read_chunks
 
         # a directory of per-host segment files: the analyzer's input merges them by time
         for chunk in read_chunks(store):
@@ -161,9 +161,9 @@ def _analyze(store: Path, influx: dict, start_ns: int, end_ns: int):
 def demo(nodes, gpus_per_node, duration, step, scenario, seed, out_dir, influx_url, influx_db, sinks,
          parallel, progress, as_json):
     """Run the whole pipeline on a synthetic fleet: agents -> store -> analyzer -> alerts -> scores."""
-    from analyzer.alerting import Notifier, load_sinks, write_pages
-    from analyzer.evaluate import evaluate, table
     from gpufleet import records
+    from gpufleet.analyzer.alerting import Notifier, load_sinks, write_pages
+    from gpufleet.analyzer.evaluate import evaluate, table
     from gpufleet.sim.units import parse_duration
 
     t_start = time.monotonic()
@@ -231,8 +231,8 @@ def _node_main(argv: list[str]) -> int:
     """``python -m gpufleet.demo --node HOST ...``: the real agent pipeline on the fleet's clock."""
     import argparse
 
-    from agent import config as agent_config
-    from agent.daemon import Agent
+    from gpufleet.agent import config as agent_config
+    from gpufleet.agent.daemon import Agent
 
     ap = argparse.ArgumentParser(prog="gpufleet.demo")
     ap.add_argument("--node", required=True)

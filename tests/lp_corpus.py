@@ -108,10 +108,10 @@ def sim_lines(tmp: Path) -> list[bytes]:
 
 def agent_lines() -> list[bytes]:
     """The agent's OpenTelemetry -> line-protocol exporter on the sim node, with hostile labels."""
-    from agent.backends.sim import SimBackend, TinyNode
-    from agent.collectors.gpu import GpuCollector
-    from agent.pipeline import Pipeline
-    from agent.pipeline.lineprotocol import LineProtocolExporter
+    from gpufleet.agent.backends.sim import SimBackend, TinyNode
+    from gpufleet.agent.collectors.gpu import GpuCollector
+    from gpufleet.agent.pipeline import Pipeline
+    from gpufleet.agent.pipeline.lineprotocol import LineProtocolExporter
 
     class Lines(list):
         def write(self, lines):

@@ -6,10 +6,10 @@ import subprocess
 import tomllib
 
 import pytest
+from gpufleet.agent import config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent import config
 from gpufleet.errors import ConfigError
 from gpufleet.net import redact_url
 from tests.test_agent_support import ROOT, agent_cmd

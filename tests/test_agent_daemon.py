@@ -69,6 +69,6 @@ def test_sigterm_with_backend_down_exits_within_5s(tmp_path):
     t0 = time.monotonic()
     assert stop_agent(proc) == 0
     assert time.monotonic() - t0 < 5.5
-    from agent.spool import Spool
+    from gpufleet.agent.spool import Spool
 
     assert Spool(tmp_path / "sp").points > 0  # kept for the next start

@@ -10,8 +10,8 @@ import time
 from collections import Counter
 
 import requests
+from gpufleet.agent.spool import Spool
 
-from agent.spool import Spool
 from tests.servers import free_port, skip_unless
 from tests.test_agent_support import compare, read_lp_dir, start_agent, stop_agent, wait_for
 

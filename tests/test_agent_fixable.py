@@ -11,7 +11,8 @@ import subprocess
 import time
 from collections import Counter
 
-from agent.spool import Spool
+from gpufleet.agent.spool import Spool
+
 from tests.servers import InfluxDB1, skip_unless
 from tests.test_agent_support import (
     ROOT,

@@ -12,12 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
+from gpufleet.agent import config
+from gpufleet.agent.backends.sim import SimBackend, TinyNode
+from gpufleet.agent.collectors.canary import CanaryCollector
+from gpufleet.agent.collectors.gpu import GpuCollector
+from gpufleet.agent.collectors.xid import XidCollector
 
-from agent import config
-from agent.backends.sim import SimBackend, TinyNode
-from agent.collectors.canary import CanaryCollector
-from agent.collectors.gpu import GpuCollector
-from agent.collectors.xid import XidCollector
 from gpufleet.errors import ConfigError
 from tests.test_agent_support import ROOT, agent_cmd
 
@@ -196,7 +196,7 @@ def test_bad_collector_section_is_one_line_exit_2(tmp_path):
 
 
 def test_daemon_shares_one_backend_between_xid_and_canary(tmp_path, monkeypatch):
-    from agent.daemon import Agent
+    from gpufleet.agent.daemon import Agent
 
     for k, v in {"GPUFLEET_SIM_NODES": "1", "GPUFLEET_SIM_GPUS_PER_NODE": "2", "GPUFLEET_SIM_DURATION": "1h",
                  "GPUFLEET_SIM_T0": str(T0)}.items():
@@ -223,9 +223,9 @@ def test_daemon_shares_one_backend_between_xid_and_canary(tmp_path, monkeypatch)
 _CHILD = """
 import logging, sys
 logging.basicConfig(level=logging.WARNING, format="%(message)s")
-from agent.backends.sim import SimBackend
+from gpufleet.agent.backends.sim import SimBackend
 from tests.test_agent_integration import FleetNode
-from agent.collectors.xid import XidCollector
+from gpufleet.agent.collectors.xid import XidCollector
 b = SimBackend(FleetNode()); b.nvmlInit()
 x = XidCollector(backend=b, kmsg=sys.argv[1])
 print("SOURCE", x.source.kind if x.source else None, x.nvml_status)
@@ -263,7 +263,7 @@ def test_unreadable_kernel_log_falls_back_to_the_journal_then_to_nvml_events_onl
 
 
 def test_agents_sharing_a_file_directory_leave_each_others_segments_alone(tmp_path):
-    from agent.pipeline.filesink import FileSink
+    from gpufleet.agent.pipeline.filesink import FileSink
 
     a = FileSink(tmp_path, "gpu0001")
     a.write(["gpu,host=gpu0001 up=1i 1"])

@@ -93,7 +93,7 @@ def test_garbled_recording(capsys, tmp_path):
 
 
 def test_run_without_the_daemon_module(capsys, monkeypatch):
-    monkeypatch.setitem(sys.modules, "agent.daemon", None)  # the module cannot be imported
+    monkeypatch.setitem(sys.modules, "gpufleet.agent.daemon", None)  # the module cannot be imported
     rc = main(["agent", "run", "--config", "x.toml"])
     _, err = capsys.readouterr()
     assert rc == 2 and err.startswith("gpufleet: error: 'gpufleet agent run' is not available")

@@ -13,8 +13,8 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from gpufleet.analyzer.alerting import Notifier, load_sinks
 
-from analyzer.alerting import Notifier, load_sinks
 from gpufleet.errors import ConfigError
 from tests.test_alerting_receiver import T0, Receiver, fast, incident
 

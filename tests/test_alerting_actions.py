@@ -8,9 +8,16 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from gpufleet.analyzer.alerting import REGISTRY, Notifier
+from gpufleet.analyzer.alerting.actions import (
+    catalogue,
+    guide,
+    render,
+    runbook_url,
+    xid_action,
+    xid_resolution,
+)
 
-from analyzer.alerting import REGISTRY, Notifier
-from analyzer.alerting.actions import catalogue, guide, render, runbook_url, xid_action, xid_resolution
 from gpufleet.records import KINDS
 from tests.test_alerting_receiver import incident
 

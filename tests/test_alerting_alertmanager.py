@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from analyzer.alerting import Notifier, load_sinks
+from gpufleet.analyzer.alerting import Notifier, load_sinks
+
 from tests.servers import Alertmanager, skip_unless
 from tests.test_alerting_receiver import Receiver, fast, incident
 

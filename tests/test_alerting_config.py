@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from gpufleet.analyzer.alerting import load_sinks
+from gpufleet.analyzer.alerting.base import redact_url
 
-from analyzer.alerting import load_sinks
-from analyzer.alerting.base import redact_url
 from gpufleet.cli import main
 from gpufleet.errors import ConfigError
 from gpufleet.net import retry_after_seconds

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 import requests
+from gpufleet.analyzer.h200 import convert
+from gpufleet.analyzer.pipeline import Analyzer, shard_of
 
-from analyzer.h200 import convert
-from analyzer.pipeline import Analyzer, shard_of
 from gpufleet import records
 from gpufleet.cli import main
 from tests.servers import InfluxDB1, free_port, skip_unless
@@ -238,7 +238,7 @@ def test_console_sink_pages_each_incident_once(tmp_path, capsys):
 
 
 def test_example_config_is_the_defaults():
-    from analyzer.config import Config
+    from gpufleet.analyzer.config import Config
 
     root = Path(__file__).resolve().parent.parent
     path = root / "packaging" / "config" / "analyzer.toml"

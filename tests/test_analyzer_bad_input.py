@@ -73,8 +73,8 @@ def test_a_point_absurdly_in_the_future_is_counted_not_followed(tmp_path):
 
 
 def test_a_config_bounds_the_future(tmp_path):
-    from analyzer.config import Config
-    from analyzer.pipeline import Analyzer
+    from gpufleet.analyzer.config import Config
+    from gpufleet.analyzer.pipeline import Analyzer
 
     cfg = Config()
     cfg.update({"analyzer": {"max_future": "0s"}})

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import gzip
 
-from analyzer.sources import merged_chunks, read_chunks
+from gpufleet.analyzer.sources import merged_chunks, read_chunks
+
 from gpufleet import records
 from gpufleet.cli import main
 

@@ -9,11 +9,11 @@ import random
 
 import numpy as np
 import pytest
+from gpufleet.analyzer import parse
+from gpufleet.analyzer.parse import Parser
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analyzer import parse
-from analyzer.parse import Parser
 from gpufleet.lineprotocol import ParseError, encode, parse_line, skip_line
 
 ENGINES = ["c", "numpy"]
@@ -241,7 +241,8 @@ def test_c_tokenizer_on_mutated_lines(seed):
 
 
 def test_key_fingerprint_is_injective_over_the_catalogue():
-    from analyzer.parse import _fingerprint
+    from gpufleet.analyzer.parse import _fingerprint
+
     from gpufleet import catalogue
 
     names = sorted({m.field for m in catalogue.load()})

@@ -17,8 +17,8 @@ import os
 import secrets
 
 import pytest
+from gpufleet.analyzer.evaluate import matches
 
-from analyzer.evaluate import matches
 from gpufleet import records
 from gpufleet.cli import main
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pynvml
 import pytest
+from gpufleet.agent.backends import get_backend
+from gpufleet.agent.backends.recorded import RecordedBackend
+from gpufleet.agent.backends.sim import SimBackend, TinyNode
 
-from agent.backends import get_backend
-from agent.backends.recorded import RecordedBackend
-from agent.backends.sim import SimBackend, TinyNode
 from gpufleet.errors import GpufleetError
 from tests.conftest import FIXTURES
 

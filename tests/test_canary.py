@@ -7,9 +7,9 @@ import json
 import threading
 
 import pytest
+from gpufleet.agent.backends.sim import SimBackend, TinyNode
+from gpufleet.agent.collectors.canary import CanaryCollector, load_reference
 
-from agent.backends.sim import SimBackend, TinyNode
-from agent.collectors.canary import CanaryCollector, load_reference
 from gpufleet.errors import ConfigError
 
 

@@ -12,9 +12,9 @@ import sys
 import time
 
 import pytest
+from gpufleet.agent.backends.recorded import RecordedBackend
+from gpufleet.agent.collectors.canary import CanaryCollector, drop_sample, write_drop
 
-from agent.backends.recorded import RecordedBackend
-from agent.collectors.canary import CanaryCollector, drop_sample, write_drop
 from tests.conftest import FIXTURES, ROOT
 
 H200 = FIXTURES / "recordings" / "h200"
@@ -57,9 +57,9 @@ class Guard(importlib.abc.MetaPathFinder):
             tried.append(name)
         return None
 sys.meta_path.insert(0, Guard())
-from agent.backends.recorded import RecordedBackend
-from agent.collectors.canary import CanaryCollector
-import agent.daemon, agent.cli, agent.canary_cli
+from gpufleet.agent.backends.recorded import RecordedBackend
+from gpufleet.agent.collectors.canary import CanaryCollector
+import gpufleet.agent.daemon, gpufleet.agent.cli, gpufleet.agent.canary_cli
 b = RecordedBackend({str(H200 / "nvml_dump_after.json")!r})
 c = CanaryCollector(backend=b, engine="auto", wait=60, state_dir={str(tmp_path)!r})
 rows = c.collect(1_000_000_000)
@@ -142,7 +142,8 @@ def test_a_failed_check_is_rechecked_before_it_is_reported():
     assert row.fields["checks"] == 2 and row.fields["checks_failed"] == 1
     assert row.fields["passed"] == 0 and row.fields["mismatches"] == 4  # the failing check's fields
 
-    from agent.backends.sim import SimBackend
+    from gpufleet.agent.backends.sim import SimBackend
+
     from tests.test_agent_integration import T0, FleetNode, ns
 
     b = SimBackend(FleetNode())
@@ -155,7 +156,7 @@ def test_a_failed_check_is_rechecked_before_it_is_reported():
 
 
 def test_status_rows_say_when_each_gpu_was_last_checked():
-    from agent.backends.sim import SimBackend, TinyNode
+    from gpufleet.agent.backends.sim import SimBackend, TinyNode
 
     t = [100.0]  # TinyNode: both GPUs busy at t=100 (busy 420 s of every 600 s)
     backend = SimBackend(TinyNode(n_gpus=2, t0=0.0))
@@ -232,7 +233,7 @@ def test_canary_cli_json_and_drop(tmp_path):
 
 def test_a_gpu_childs_resident_memory_is_bounded():
     """A CUDA child cannot have RLIMIT_AS: its resident set is watched and it is killed past the bound."""
-    from agent.collectors.canary import Child
+    from gpufleet.agent.collectors.canary import Child
 
     grow = "import time; b = bytearray(300 << 20); b[::4096] = b'x' * len(b[::4096]); time.sleep(60)"
     c = Child([sys.executable, "-c", grow], dict(os.environ), timeout=60, max_rss=100 << 20, cpu_only=False)

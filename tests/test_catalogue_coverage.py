@@ -4,13 +4,13 @@ and every declared gpu/gpu_nvlink/host/self field emitted by some recording or t
 from __future__ import annotations
 
 import pytest
+from gpufleet.agent.backends import get_backend
+from gpufleet.agent.backends.recorded import RecordedBackend
+from gpufleet.agent.backends.sim import TinyNode
+from gpufleet.agent.cli import poll_once
+from gpufleet.agent.collectors.gpu import GpuCollector
+from gpufleet.agent.collectors.host import HostCollector
 
-from agent.backends import get_backend
-from agent.backends.recorded import RecordedBackend
-from agent.backends.sim import TinyNode
-from agent.cli import poll_once
-from agent.collectors.gpu import GpuCollector
-from agent.collectors.host import HostCollector
 from gpufleet import catalogue
 from tests.conftest import FIXTURES, ROOT
 
@@ -108,7 +108,7 @@ def _recorded_has(path) -> dict[str, bool]:
 
 @pytest.mark.parametrize("path", RECORDINGS, ids=lambda p: p.name)
 def test_new_signals_present_exactly_where_the_recording_has_them(path):
-    from agent.collectors.gpu import SLOW_FIELD_IDS
+    from gpufleet.agent.collectors.gpu import SLOW_FIELD_IDS
 
     has = _recorded_has(path)
     c = GpuCollector(RecordedBackend(path))

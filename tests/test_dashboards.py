@@ -7,11 +7,11 @@ import re
 
 import pytest
 import yaml
+from gpufleet.dashboards import expand as ex
+from gpufleet.dashboards import generate
+from gpufleet.dashboards.export import Settings, export
+from gpufleet.dashboards.runner import targets
 
-from dashboards import expand as ex
-from dashboards import generate
-from dashboards.export import Settings, export
-from dashboards.runner import targets
 from gpufleet import catalogue
 from gpufleet.cli import main
 
@@ -36,7 +36,7 @@ GRAFANA_UNITS = {
 def test_committed_json_is_the_generators_output():
     for name, dash in DASHES.items():
         path = generate.GRAFANA_DIR / f"{name}.json"
-        assert path.read_text() == generate.dumps(dash), f"{path} is stale: python -m dashboards.generate"
+        assert path.read_text() == generate.dumps(dash), f"{path} is stale: python -m gpufleet.dashboards.generate"
     assert sorted(p.stem for p in generate.GRAFANA_DIR.glob("*.json")) == sorted(DASHES)
 
 

@@ -1,6 +1,6 @@
 """Every dashboard query, expanded as Grafana expands it, against a real InfluxDB 1.6.7.
 
-A small fleet with faults (dashboards.sample: thermal throttling, NVLink errors, an ECC error
+A small fleet with faults (gpufleet.dashboards.sample: thermal throttling, NVLink errors, an ECC error
 with XID 48, a GPU lost with XID 79, BMC, host, canary and the analyzer's incidents) is written
 over /write; then each template variable query and each panel target runs over /query. Every
 query must parse and succeed, every panel whose fields the data holds must return series, and
@@ -12,10 +12,10 @@ from __future__ import annotations
 import re
 
 import pytest
+from gpufleet.dashboards import generate, sample
+from gpufleet.dashboards.expand import ALL
+from gpufleet.dashboards.runner import Runner, influx_query_fn, parse
 
-from dashboards import generate, sample
-from dashboards.expand import ALL
-from dashboards.runner import Runner, influx_query_fn, parse
 from gpufleet import catalogue
 from tests.servers import InfluxDB1, skip_unless
 
@@ -208,7 +208,7 @@ def test_resolved_incident_duration(qf):
 
 
 def test_preview_renders_from_the_same_queries(qf, tmp_path):
-    from dashboards.preview import render_all
+    from gpufleet.dashboards.preview import render_all
 
     paths = render_all(
         qf, FROM_MS, TO_MS, tmp_path, {"gpu": {"host": "node-e02", "gpu": "2"}}, names=["incidents"]

@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from gpufleet.dashboards import generate
+from gpufleet.dashboards.runner import Runner, influx_query_fn, parse
 
-from dashboards import generate
-from dashboards.runner import Runner, influx_query_fn, parse
 from gpufleet import records
 from gpufleet.cli import main
 from tests.servers import InfluxDB1, skip_unless
@@ -59,7 +59,7 @@ def fleet(tmp_path_factory):
             r.summary = f"{r.kind} on {r.host} GPU {r.gpu}: {r.detail}"
         if not any(r.end is not None for r in truth):  # a resolved incident, for the duration panels
             truth[0].end = truth[0].start + 600.0
-        from analyzer.store import incident_lines
+        from gpufleet.analyzer.store import incident_lines
 
         server.write(DB, "\n".join(incident_lines(truth)))
         manifest = json.loads((out / "manifest.json").read_text())

@@ -1,6 +1,6 @@
 """A detector reads what it names: every column a detector asks of a table is parsed.
 
-The parser converts only the fields in ``analyzer.pipeline.FIELDS`` (the rest of a wide gpu row is
+The parser converts only the fields in ``gpufleet.analyzer.pipeline.FIELDS`` (the rest of a wide gpu row is
 tokenized, never converted); a column missing from that list reads as all-NaN and the rule using it
 silently does nothing (``power_limit_watts`` was missing, so thermal_throttle's ``load_share`` had no
 effect). Every column any detector reads while analysing a simulated fleet that writes every field
@@ -10,10 +10,10 @@ the agent writes must be a column of the table it read it from.
 from __future__ import annotations
 
 import numpy as np
+from gpufleet.analyzer.frame import Table
+from gpufleet.analyzer.pipeline import Analyzer
+from gpufleet.analyzer.sources import read_chunks
 
-from analyzer.frame import Table
-from analyzer.pipeline import Analyzer
-from analyzer.sources import read_chunks
 from gpufleet import catalogue
 from gpufleet.cli import main
 from gpufleet.lineprotocol import parse_line
@@ -78,7 +78,7 @@ def test_every_field_a_detector_reads_is_parsed(tmp_path, monkeypatch, capsys):
     sim_wrote = set().union(*written.values())
     unparsed = sorted(n for n in read_missing if n in known and n in sim_wrote)
     assert not unparsed, (
-        f"detectors read fields the parser drops (add them to analyzer.pipeline.FIELDS): {unparsed}"
+        f"detectors read fields the parser drops (add them to gpufleet.analyzer.pipeline.FIELDS): {unparsed}"
     )
     assert "power_limit_watts" in read_all and "temperature_gpu_celsius" in read_all
     assert np.isfinite(an.reg.arrays()[0]).all()

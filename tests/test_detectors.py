@@ -7,10 +7,10 @@ import re
 
 import numpy as np
 import pytest
+from gpufleet.analyzer.config import Config
+from gpufleet.analyzer.detectors import REGISTRY, build
+from gpufleet.analyzer.pipeline import Analyzer
 
-from analyzer.config import Config
-from analyzer.detectors import REGISTRY, build
-from analyzer.pipeline import Analyzer
 from gpufleet.lineprotocol import encode
 
 T0 = 1_795_000_000
@@ -151,7 +151,7 @@ def test_contract(kind, healthy):
     assert set(params) <= set(sig)
     assert det.get_params().keys() >= params.keys()
     # fit returns self; score is one finite-or-NaN number per row, higher = more abnormal
-    from analyzer.frame import Table, Window
+    from gpufleet.analyzer.frame import Table, Window
 
     an = Analyzer()
     an.feed_bytes(fleet(steps=200))
@@ -407,7 +407,7 @@ def test_inlet_swinging_with_the_room_is_no_incident():
 
 
 def test_table_build_sorts_and_dedups_like_a_lexsort():
-    from analyzer.frame import Table
+    from gpufleet.analyzer.frame import Table
 
     rng = np.random.default_rng(3)
     for shuffled in (False, True):
@@ -428,7 +428,7 @@ def test_table_build_sorts_and_dedups_like_a_lexsort():
 
 
 def test_table_derived_arrays_are_computed_once_and_read_only():
-    from analyzer.frame import Table
+    from gpufleet.analyzer.frame import Table
 
     tab = Table.build(np.array([0, 0, 1, 1]), np.array([1, 2, 1, 2]) * 10**9, {"c": np.array([1.0, 3, 5, 4])})
     d = tab.delta("c")
@@ -440,8 +440,8 @@ def test_table_derived_arrays_are_computed_once_and_read_only():
 
 
 def test_group_median_buckets_and_lookup_match_the_sorting_versions():
-    from analyzer.detectors.base import buckets, group_median, lookup
-    from analyzer.detectors.cooling_degradation import _leave_one_out_median
+    from gpufleet.analyzer.detectors.base import buckets, group_median, lookup
+    from gpufleet.analyzer.detectors.cooling_degradation import _leave_one_out_median
 
     rng = np.random.default_rng(4)
     for trial in range(40):
@@ -474,9 +474,8 @@ def test_group_median_buckets_and_lookup_match_the_sorting_versions():
 
 
 def test_straggler_fits_its_model_only_once_a_gpu_is_slow():
+    from gpufleet.analyzer.detectors.straggler import _min_cov_det
     from sklearn.covariance import MinCovDet
-
-    from analyzer.detectors.straggler import _min_cov_det
 
     # the lean covariance inside the MCD fit: the very same model as scikit-learn's own
     X = np.random.default_rng(5).normal(0, [0.02, 0.05, 0.01], (700, 3))
@@ -494,7 +493,7 @@ def test_straggler_fits_its_model_only_once_a_gpu_is_slow():
 
 
 def test_evidence_is_built_when_read():
-    from analyzer.detectors.base import Evidence, Hits, concat
+    from gpufleet.analyzer.detectors.base import Evidence, Hits, concat
 
     built = []
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gpufleet.analyzer.config import Config
+from gpufleet.analyzer.pipeline import Analyzer
 
-from analyzer.config import Config
-from analyzer.pipeline import Analyzer
 from gpufleet.lineprotocol import encode
 
 T0 = 1_790_000_000

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from analyzer.evaluate import evaluate, matches
+from gpufleet.analyzer.evaluate import evaluate, matches
+
 from gpufleet.cli import main
 from gpufleet.records import Record, write
 

@@ -7,10 +7,10 @@ import threading
 import time
 
 import pynvml
+from gpufleet.agent.backends.recorded import RecordedBackend
+from gpufleet.agent.backends.sim import SimBackend, TinyNode
+from gpufleet.agent.collectors.gpu import GpuCollector
 
-from agent.backends.recorded import RecordedBackend
-from agent.backends.sim import SimBackend, TinyNode
-from agent.collectors.gpu import GpuCollector
 from tests.conftest import FIXTURES
 
 GPM_REC = FIXTURES / "recordings" / "h200" / "gpm_probe.json"
@@ -184,7 +184,7 @@ def test_gpm_check_prints_one_json_line_on_the_recorded_h200(tmp_path):
     code = f"""
 import runpy, sys
 import pynvml
-from agent.backends.recorded import RecordedBackend
+from gpufleet.agent.backends.recorded import RecordedBackend
 b = RecordedBackend({str(GPM_REC)!r})
 for n in dir(pynvml):
     if n.startswith("nvml") and callable(getattr(pynvml, n)):

@@ -7,12 +7,12 @@ import time
 
 import pynvml
 import pytest
+from gpufleet.agent.backends import get_backend
+from gpufleet.agent.backends.recorded import RecordedBackend
+from gpufleet.agent.backends.sim import SimBackend, TinyNode
+from gpufleet.agent.collectors import CollectorUnavailable
+from gpufleet.agent.collectors.gpu import SLOW_FIELD_IDS, GpuCollector
 
-from agent.backends import get_backend
-from agent.backends.recorded import RecordedBackend
-from agent.backends.sim import SimBackend, TinyNode
-from agent.collectors import CollectorUnavailable
-from agent.collectors.gpu import SLOW_FIELD_IDS, GpuCollector
 from tests.conftest import FIXTURES
 
 REC = FIXTURES / "recordings"
@@ -313,7 +313,7 @@ def test_real_nvml_fails_cleanly_or_polls():
 
 
 def test_field_values_read_in_bulk_agree_with_the_structures():
-    from agent.collectors.gpu import field_values
+    from gpufleet.agent.collectors.gpu import field_values
 
     T = pynvml
     cases = [(T.NVML_VALUE_TYPE_DOUBLE, "dVal", -2.5e-3),

@@ -6,10 +6,10 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from gpufleet.agent.backends.sim import SimBackend, TinyNode
+from gpufleet.agent.collectors import gpu as gpu_mod
+from gpufleet.agent.collectors.gpu import PLAN, POLL_READERS, ROW_READERS, GpuCollector
 
-from agent.backends.sim import SimBackend, TinyNode
-from agent.collectors import gpu as gpu_mod
-from agent.collectors.gpu import PLAN, POLL_READERS, ROW_READERS, GpuCollector
 from gpufleet import catalogue
 
 

@@ -6,8 +6,7 @@ import os
 import time
 
 import psutil
-
-from agent.collectors.host import HostCollector
+from gpufleet.agent.collectors.host import HostCollector
 
 
 class Clock:

@@ -6,9 +6,9 @@ import gzip
 import re
 
 import numpy as np
+from gpufleet.analyzer.alerting import write_pages
+from gpufleet.analyzer.jobs import JobLog
 
-from analyzer.alerting import write_pages
-from analyzer.jobs import JobLog
 from gpufleet import records
 from gpufleet.cli import main
 from gpufleet.records import Record

@@ -5,8 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-
-from agent.collectors.ipmi import (
+from gpufleet.agent.collectors.ipmi import (
     IpmiCollector,
     IpmiError,
     parse_dcmi_power,
@@ -14,6 +13,7 @@ from agent.collectors.ipmi import (
     parse_sel_info,
     parse_sensors,
 )
+
 from tests.ipmisim import IpmiSim
 from tests.servers import skip_unless
 
@@ -194,7 +194,8 @@ def test_inband_without_device_fails_cleanly():
 
 
 def test_agent_config_section_and_daemon_construction(bmc):
-    from agent.daemon import _construct
+    from gpufleet.agent.daemon import _construct
+
     from gpufleet.errors import ConfigError
 
     cfg = {"ipmi": {"host": bmc.host, "port": bmc.port, "username": bmc.user, "password": bmc.password,

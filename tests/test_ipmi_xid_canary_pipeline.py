@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import time
 
-from agent.backends.sim import SimBackend, TinyNode
-from agent.collectors.canary import CanaryCollector
-from agent.collectors.ipmi import IpmiCollector
-from agent.collectors.xid import XidCollector
-from agent.jobs import resolve_job
-from agent.pipeline import Pipeline
-from agent.pipeline.lineprotocol import LineProtocolExporter
+from gpufleet.agent.backends.sim import SimBackend, TinyNode
+from gpufleet.agent.collectors.canary import CanaryCollector
+from gpufleet.agent.collectors.ipmi import IpmiCollector
+from gpufleet.agent.collectors.xid import XidCollector
+from gpufleet.agent.jobs import resolve_job
+from gpufleet.agent.pipeline import Pipeline
+from gpufleet.agent.pipeline.lineprotocol import LineProtocolExporter
+
 from gpufleet import catalogue
 from tests.ipmisim import IpmiSim
 from tests.servers import skip_unless

@@ -9,8 +9,8 @@ import sys
 import time
 
 import pytest
+from gpufleet.agent import jobs
 
-from agent import jobs
 from gpufleet.errors import ConfigError
 from tests.conftest import FIXTURES
 

@@ -7,8 +7,8 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
+from gpufleet.analyzer.store import incident_lines
 
-from analyzer.store import incident_lines
 from gpufleet import catalogue
 from gpufleet.errors import GpufleetError
 from gpufleet.lineprotocol import parse_line
@@ -59,7 +59,8 @@ def test_identity_tags_come_from_the_catalogue_file():
 
 
 def test_one_xid_catalogue_loader_in_the_core_and_a_missing_one_is_an_error(monkeypatch, tmp_path):
-    from agent.collectors import xid
+    from gpufleet.agent.collectors import xid
+
     from gpufleet.sim import engine
 
     table = catalogue.xids()

@@ -20,8 +20,8 @@ import time
 
 import pytest
 import requests
+from gpufleet.analyzer.parse import Parser
 
-from analyzer.parse import Parser
 from gpufleet.lineprotocol import ParseError, parse_line, skip_line
 from tests.lp_corpus import corpus
 from tests.servers import InfluxDB1, skip_unless

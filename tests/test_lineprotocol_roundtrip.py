@@ -53,7 +53,7 @@ def test_hostile_agent_labels_are_stored_as_written():
 @pytest.mark.parametrize("source", ["sim", "agent"])
 def test_fast_paths_take_the_projects_own_lines(own_lines, source, engine, monkeypatch):
     # the project's plain output never needs the reference parser: the speed depends on it
-    from analyzer.parse import Parser
+    from gpufleet.analyzer.parse import Parser
 
     slow = []
     real = Parser._slow

@@ -12,11 +12,11 @@ import time
 import numpy as np
 import pytest
 import requests
+from gpufleet.analyzer.listen import Listener, parse_address
+from gpufleet.analyzer.parse import Parser
+from gpufleet.analyzer.pipeline import FIELDS, MEASUREMENTS, Analyzer
+from gpufleet.analyzer.sources import Influx, pull
 
-from analyzer.listen import Listener, parse_address
-from analyzer.parse import Parser
-from analyzer.pipeline import FIELDS, MEASUREMENTS, Analyzer
-from analyzer.sources import Influx, pull
 from gpufleet.errors import ConfigError
 from tests.servers import InfluxDB1, free_port, skip_unless
 from tests.test_agent_support import ROOT
@@ -101,8 +101,8 @@ def test_refusals_are_clear_and_counted(listener):
 
 def test_the_agents_v2_exporter_writes_to_the_listener(tmp_path, listener):
     """Wiring 2: the agent's influx exporter (here its v2 client, influxdb-client) pointed at the analyzer."""
-    from agent.pipeline.influx import InfluxSender
-    from agent.spool import Spool
+    from gpufleet.agent.pipeline.influx import InfluxSender
+    from gpufleet.agent.spool import Spool
 
     spool = Spool(tmp_path / "spool")
     spool.append([line.decode() for line in LINES.splitlines()])
@@ -222,8 +222,8 @@ def test_listen_analyses_pushed_writes_with_influxdb_down(tmp_path):
 
 @skip_unless("influxd")
 def test_a_shard_asks_influxdb_for_its_own_hosts_only(tmp_path):
-    from analyzer.pipeline import shard_of
-    from analyzer.store import pull as _pull
+    from gpufleet.analyzer.pipeline import shard_of
+    from gpufleet.analyzer.store import pull as _pull
 
     data = fleet(nodes=6, fault=("gpu_lost", 4, 1, 120), steps=240)
     full = Analyzer()

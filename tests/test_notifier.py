@@ -6,7 +6,8 @@ import dataclasses
 import logging
 import time
 
-from analyzer.alerting import Notifier, load_sinks
+from gpufleet.analyzer.alerting import Notifier, load_sinks
+
 from gpufleet.records import to_rfc3339
 from tests.test_alerting_receiver import T0, Receiver, fast, incident
 

@@ -14,11 +14,10 @@ import gc
 import os
 
 import pytest
+from gpufleet.agent.model import Sample
+from gpufleet.agent.pipeline import Pipeline
+from gpufleet.agent.pipeline.lineprotocol import LineProtocolExporter
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
-
-from agent.model import Sample
-from agent.pipeline import Pipeline
-from agent.pipeline.lineprotocol import LineProtocolExporter
 
 GPUS = 8
 JOBS = 5000

@@ -1,7 +1,7 @@
 """Contract tests over the registries: every sink and every collector, present and future.
 
-Sinks (``analyzer.alerting.base.REGISTRY``): secrets never in ``repr`` or logs, URLs redacted,
-one failing sink never stops the others. Collectors (``agent.model.REGISTRY``): each has a test
+Sinks (``gpufleet.analyzer.alerting.base.REGISTRY``): secrets never in ``repr`` or logs, URLs redacted,
+one failing sink never stops the others. Collectors (``gpufleet.agent.model.REGISTRY``): each has a test
 on recorded or replayed real data, one raising collector never stops the others, and a new
 collector is one module plus one ``@register`` line: a toy one, written as a module the agent
 has never seen, is loaded by name and its rows reach the sink.
@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
+from gpufleet.analyzer.alerting import REGISTRY as SINKS
+from gpufleet.analyzer.alerting import Notifier, load_sinks
 
-from analyzer.alerting import REGISTRY as SINKS
-from analyzer.alerting import Notifier, load_sinks
 from tests.test_alerting_receiver import T0, Receiver, fast, incident
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,11 +95,11 @@ def test_one_failing_sink_never_stops_the_others(tmp_path):
 
 # ------------------------------------------------------------------------------ collectors
 def _all_collectors() -> dict:
-    import agent.collectors as pkg
-    from agent.model import REGISTRY
+    import gpufleet.agent.collectors as pkg
+    from gpufleet.agent.model import REGISTRY
 
     for m in pkgutil.iter_modules(pkg.__path__):
-        importlib.import_module(f"agent.collectors.{m.name}")
+        importlib.import_module(f"gpufleet.agent.collectors.{m.name}")
     return dict(REGISTRY)
 
 
@@ -123,9 +123,9 @@ def test_every_collector_has_a_recorded_or_replay_test():
 
 
 def test_one_raising_collector_never_stops_the_others(tmp_path, monkeypatch):
-    from agent import config
-    from agent.daemon import Agent
-    from agent.model import REGISTRY, register
+    from gpufleet.agent import config
+    from gpufleet.agent.daemon import Agent
+    from gpufleet.agent.model import REGISTRY, register
 
     monkeypatch.setitem(REGISTRY, "boom", None)  # removed again after the test
 
@@ -156,7 +156,7 @@ def test_one_raising_collector_never_stops_the_others(tmp_path, monkeypatch):
 
 
 TOY = '''"""A toy collector: this module plus its one registry line."""
-from agent.model import Sample, register
+from gpufleet.agent.model import Sample, register
 
 
 @register("toy")
@@ -178,10 +178,10 @@ def test_a_new_collector_is_one_module_and_one_registry_line(tmp_path, monkeypat
     package path) is loaded by name from ``[agent] collectors`` and its rows reach the sink."""
     import sys
 
-    import agent.collectors as pkg
-    from agent import config
-    from agent.daemon import Agent
-    from agent.model import REGISTRY
+    import gpufleet.agent.collectors as pkg
+    from gpufleet.agent import config
+    from gpufleet.agent.daemon import Agent
+    from gpufleet.agent.model import REGISTRY
 
     mods = tmp_path / "mods"
     mods.mkdir()
@@ -202,7 +202,7 @@ def test_a_new_collector_is_one_module_and_one_registry_line(tmp_path, monkeypat
             a.close()
     finally:
         REGISTRY.pop("toy", None)
-        sys.modules.pop("agent.collectors.toy", None)
+        sys.modules.pop("gpufleet.agent.collectors.toy", None)
     lines = "".join(p.read_text() for p in out.glob("*.lp")).splitlines()
     toy = [ln for ln in lines if ln.startswith("host,") and "load1=" in ln]
     assert [ln.split("load1=")[1].split(",")[0].split(" ")[0] for ln in toy] == ["0.25", "0.5"]

@@ -10,8 +10,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from gpufleet.analyzer.alerting import write_pages
 
-from analyzer.alerting import write_pages
 from gpufleet import records
 from gpufleet.cli import main
 from gpufleet.lineprotocol import encode
@@ -130,8 +130,8 @@ def test_pages_load_without_network_and_stay_small(pages):
 
 
 def test_plots_show_the_gpu_against_its_peers(pages):
-    from analyzer.alerting.data import load
-    from analyzer.alerting.pages import plot, window
+    from gpufleet.analyzer.alerting.data import load
+    from gpufleet.analyzer.alerting.pages import plot, window
 
     _, data, _ = pages
     r = sample_incidents()[0]

@@ -3,8 +3,9 @@ warning for a GPU the canary has not checked for twice its max_age."""
 
 from __future__ import annotations
 
-from analyzer.config import Config
-from analyzer.pipeline import Analyzer
+from gpufleet.analyzer.config import Config
+from gpufleet.analyzer.pipeline import Analyzer
+
 from gpufleet.lineprotocol import encode
 
 T0 = 1_795_000_000

@@ -25,7 +25,8 @@ EPOCH = 1795220400.0  # 2026-11-21T00:20:00Z
 
 
 def test_zoneless_time_is_utc_everywhere(tz_far_from_utc):
-    from analyzer.cli import _time
+    from gpufleet.analyzer.cli import _time
+
     from gpufleet import records
     from gpufleet.sim.scenario import parse_time as scenario_parse_time
 
@@ -87,9 +88,10 @@ def test_secret_rule(tmp_path, monkeypatch):
 def test_every_caller_applies_the_same_rule(tmp_path, monkeypatch):
     """An empty variable, a two-line file: refused by the agent, the BMC collector, the alert sinks
     and replay alike (each used to apply its own rule)."""
-    from agent.collectors.ipmi import IpmiCollector
-    from agent.daemon import Agent
-    from analyzer.alerting.config import load_sinks
+    from gpufleet.agent.collectors.ipmi import IpmiCollector
+    from gpufleet.agent.daemon import Agent
+    from gpufleet.analyzer.alerting.config import load_sinks
+
     from gpufleet.sim.replay import Replayer
 
     two = tmp_path / "two"
@@ -105,7 +107,7 @@ def test_every_caller_applies_the_same_rule(tmp_path, monkeypatch):
     (tmp_path / "manifest.json").write_text("{}")
     with pytest.raises(ConfigError, match="--influx-token-file: .* more than one line"):
         Replayer(str(tmp_path), "http://127.0.0.1:9", api="v2", bucket="b", org="o", token_file=str(two))
-    from agent import config as agent_config
+    from gpufleet.agent import config as agent_config
 
     cfg = agent_config.parse_text(f'[agent]\nexporters = ["influx"]\n[influx]\napi = "v2"\n'
                                   f'url = "http://127.0.0.1:9"\norg = "o"\nbucket = "b"\n'

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from gpufleet.agent import config as agent_config
+from gpufleet.analyzer import config as analyzer_config
+from gpufleet.analyzer.alerting.base import redact_url as sink_redact_url
 
-from agent import config as agent_config
-from analyzer import config as analyzer_config
-from analyzer.alerting.base import redact_url as sink_redact_url
 from gpufleet.errors import ConfigError, GpufleetError
 from gpufleet.net import classify, redact_url, retry_after_seconds
 from gpufleet.sim import units as sim_units
@@ -66,7 +66,7 @@ def test_retry_after_and_classification():
 
 
 def test_agent_reads_retry_after_dates_too():
-    from agent.pipeline.influx import _classify
+    from gpufleet.agent.pipeline.influx import _classify
 
     a = _classify(429, "slow down", "Wed, 21 Oct 2099 07:28:00 GMT")
     assert not a.ok and a.retry and a.retry_after is not None and a.retry_after > 3600

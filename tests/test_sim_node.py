@@ -64,8 +64,8 @@ def test_lost_gpu_goes_lost_with_xid79():
 
 def test_agent_collector_reads_a_sim_node():
     pytest.importorskip("pynvml")
-    from agent.backends import get_backend
-    from agent.collectors.gpu import GpuCollector
+    from gpufleet.agent.backends import get_backend
+    from gpufleet.agent.collectors.gpu import GpuCollector
 
     node = SimNode("gpu0003", seed=4, scenario="healthy", duration="1h", t0=T0)
     backend = get_backend("sim", sim_node=node)

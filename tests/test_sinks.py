@@ -19,7 +19,8 @@ import subprocess
 import time
 from datetime import datetime
 
-from analyzer.alerting import Notifier, load_sinks
+from gpufleet.analyzer.alerting import Notifier, load_sinks
+
 from tests.test_alerting_receiver import T0, Receiver, fast, incident
 
 ROUTING_KEY = "R0123456789abcdef0123456789ABCDE"
@@ -165,8 +166,8 @@ def test_pagerduty_trigger_and_resolve_follow_the_events_v2_rules(tmp_path, monk
     assert trig["links"][0]["href"].endswith("/thermal_throttle.md")
     assert trig["links"][1]["href"].startswith("https://pages.example/inc/incident-")
     # a title over PagerDuty's 1024 characters is cut, never rejected
-    from analyzer.alerting.base import Alert
-    from analyzer.alerting.pagerduty import PagerDutySink
+    from gpufleet.analyzer.alerting.base import Alert
+    from gpufleet.analyzer.alerting.pagerduty import PagerDutySink
 
     long = PagerDutySink("pd", "", routing_key=ROUTING_KEY).render(
         Alert(key="k", status="firing", kind="sdc", severity="critical", start=T0, title=NASTY * 40))

@@ -15,11 +15,11 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from gpufleet.agent import jobs
+from gpufleet.agent.backends.recorded import RecordedBackend
+from gpufleet.agent.collectors.gpu import GpuCollector
+from gpufleet.analyzer.alerting import Notifier, load_sinks
 
-from agent import jobs
-from agent.backends.recorded import RecordedBackend
-from agent.collectors.gpu import GpuCollector
-from analyzer.alerting import Notifier, load_sinks
 from tests.slurm import Slurm, skip_unless_slurm
 from tests.test_alerting_receiver import T0, Receiver, fast, incident
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agent.spool import Spool
+from gpufleet.agent.spool import Spool
 
 
 def test_append_read_ack_reopen(tmp_path):

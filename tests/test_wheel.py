@@ -120,7 +120,7 @@ def test_agent_extra_resolves_without_heavy_packages(wheel, tmp_path):
 
 IMPORT_ALL_AGENT = r"""
 import importlib, json, pkgutil, sys
-import agent
+import gpufleet.agent
 failed = {}
 names = ["agent"]
 for info in pkgutil.walk_packages(agent.__path__, "agent."):
@@ -140,6 +140,6 @@ def test_agent_modules_import_no_heavy_packages():
                           cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert "agent.model" in result["imported"]
+    assert "gpufleet.agent.model" in result["imported"]
     assert not result["failed"], f"agent modules that do not import: {result['failed']}"
     assert not result["heavy"], f"importing agent/ loaded {result['heavy'][:10]}"

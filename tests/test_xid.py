@@ -11,9 +11,9 @@ import uuid
 
 import pynvml
 import pytest
+from gpufleet.agent.backends.recorded import RecordedBackend
+from gpufleet.agent.collectors.xid import XidCollector, normalise_pci, parse_xid_line
 
-from agent.backends.recorded import RecordedBackend
-from agent.collectors.xid import XidCollector, normalise_pci, parse_xid_line
 from gpufleet.catalogue import xids as xid_catalogue
 from gpufleet.errors import ConfigError
 from tests.conftest import FIXTURES

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pynvml
 import pytest
+from gpufleet.agent.backends.recorded import RecordedBackend
+from gpufleet.agent.collectors import xid as xidmod
+from gpufleet.agent.collectors.xid import XidCollector
 
-from agent.backends.recorded import RecordedBackend
-from agent.collectors import xid as xidmod
-from agent.collectors.xid import XidCollector
 from tests.test_xid import H200, EventBackend, append
 
 

@@ -6,10 +6,10 @@ A backend is an object with the nvidia-ml-py function names the GPU collector ca
 by raising real ``pynvml.NVMLError`` instances (``NVMLError_NotSupported``, ``NVMLError_GpuIsLost``,
 ...). Three exist:
 
-- ``nvml``: nvidia-ml-py itself (:mod:`agent.backends.nvml`);
+- ``nvml``: nvidia-ml-py itself (:mod:`gpufleet.agent.backends.nvml`);
 - ``recorded:PATH``: replays what a real GPU said, from an NVML dump (JSON) or an
-  ``nvidia-smi -q -x`` file (:mod:`agent.backends.recorded`);
-- ``sim``: answers from simulated GPU state (:mod:`agent.backends.sim`).
+  ``nvidia-smi -q -x`` file (:mod:`gpufleet.agent.backends.recorded`);
+- ``sim``: answers from simulated GPU state (:mod:`gpufleet.agent.backends.sim`).
 
 Optional members a backend may have, which the collector uses when present:
 
@@ -17,7 +17,7 @@ Optional members a backend may have, which the collector uses when present:
   takes its snapshot of the node there; the daemon calls it once per tick for all collectors
   sharing the backend, and a second call for the same time is free);
 - ``canary_engine()``: a canary engine of the backend's own, or None (the sim backend's gives
-  the simulated node's verdicts; see :mod:`agent.collectors.canary`);
+  the simulated node's verdicts; see :mod:`gpufleet.agent.collectors.canary`);
 - the NVML event-set calls (``nvmlEventSetCreate``, ``nvmlDeviceRegisterEvents``,
   ``nvmlEventSetWait[_v2]``, ...) for the XID collector; event data may carry ``timestamp_ns``,
   the event's own time;
@@ -38,25 +38,25 @@ def get_backend(spec: str, *, sim_node=None):
     """Build the backend a spec names: ``"nvml"``, ``"sim"`` or ``"recorded:PATH"``.
 
     ``sim_node`` is the node-state source of the ``sim`` backend (any object with
-    ``gpus(t) -> list[dict]``); the default is the small :class:`agent.backends.sim.TinyNode`.
+    ``gpus(t) -> list[dict]``); the default is the small :class:`gpufleet.agent.backends.sim.TinyNode`.
     A bad spec, a missing file or a garbled recording raises :class:`GpufleetError`.
     """
     if not isinstance(spec, str) or not spec.strip():
         raise GpufleetError(f"empty backend; expected {SPECS}")
     spec = spec.strip()
     if spec == "nvml":
-        from agent.backends.nvml import NvmlBackend
+        from gpufleet.agent.backends.nvml import NvmlBackend
 
         return NvmlBackend()
     if spec == "sim":
-        from agent.backends.sim import SimBackend, TinyNode
+        from gpufleet.agent.backends.sim import SimBackend, TinyNode
 
         return SimBackend(sim_node if sim_node is not None else TinyNode())
     if spec.startswith("recorded:"):
         path = spec[len("recorded:"):]
         if not path:
             raise GpufleetError("recorded: needs a path, e.g. recorded:nvsmi_q.xml")
-        from agent.backends.recorded import RecordedBackend
+        from gpufleet.agent.backends.recorded import RecordedBackend
 
         return RecordedBackend(Path(path))
     raise GpufleetError(f"unknown backend {spec!r}; expected {SPECS}")

@@ -1,5 +1,5 @@
 """A small ``/proc``-shaped tree (``<pid>/environ``, ``<pid>/cgroup``) for recorded and simulated
-GPU processes, so that job attribution (:func:`agent.jobs.resolve_job`) runs unchanged on them."""
+GPU processes, so that job attribution (:func:`gpufleet.agent.jobs.resolve_job`) runs unchanged on them."""
 
 from __future__ import annotations
 

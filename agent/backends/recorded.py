@@ -26,9 +26,9 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pynvml
+from gpufleet.agent.backends._proctree import ProcTree
+from gpufleet.agent.backends._replay import AnswerBackend, DeviceAnswers, Err
 
-from agent.backends._proctree import ProcTree
-from agent.backends._replay import AnswerBackend, DeviceAnswers, Err
 from gpufleet.errors import GpufleetError
 
 _ERRORS = {s.lower(): c for c, s in pynvml.NVMLError._errcode_to_string.items()}
@@ -135,7 +135,7 @@ class RecordedBackend(AnswerBackend):
                 raise GpufleetError(f"recording {self.path}: GPU #{n}: malformed entry ({exc})") from None
 
     def _load_gpm_probe(self, data: dict) -> None:
-        from agent.collectors.gpu import GPM_METRICS
+        from gpufleet.agent.collectors.gpu import GPM_METRICS
 
         by_name = {name: mid for mid, name in GPM_METRICS.items()}
         cols = {  # gpm_probe.json column -> the catalogue field of that GPM metric

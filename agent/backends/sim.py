@@ -24,10 +24,9 @@ import time
 import uuid as _uuid
 
 import pynvml
-
-from agent.backends._proctree import ProcTree
-from agent.backends._replay import AnswerBackend, DeviceAnswers, Handle, call_key
-from agent.collectors.gpu import (
+from gpufleet.agent.backends._proctree import ProcTree
+from gpufleet.agent.backends._replay import AnswerBackend, DeviceAnswers, Handle, call_key
+from gpufleet.agent.collectors.gpu import (
     GPM_METRICS,
     NVLINK_COUNTER_FIELDS,
     NVLINK_COUNTERS,
@@ -35,9 +34,10 @@ from agent.collectors.gpu import (
     NVLINK_THROUGHPUT,
     PLAN,
 )
+
 from gpufleet import catalogue
 
-# What the GPU collector reads, and how, is the catalogue's (agent.collectors.gpu.PLAN): the
+# What the GPU collector reads, and how, is the catalogue's (gpufleet.agent.collectors.gpu.PLAN): the
 # simulated node answers exactly those calls and field ids, in NVML units (the catalogue's scale
 # undone).
 _U32, _U64 = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
@@ -347,7 +347,7 @@ class SimCanaryEngine:
     """The SDC canary of a simulated node: each check is the node's own verdict
     ``source.canary(index, t)`` at the check's time, so a GPU the fleet corrupts fails its checks.
 
-    A *verdict engine* (see :mod:`agent.collectors.canary`): ``devices()`` and
+    A *verdict engine* (see :mod:`gpufleet.agent.collectors.canary`): ``devices()`` and
     ``check(dev, size, now_ns) -> fields``, no GEMM of its own.
     """
 

@@ -1,6 +1,6 @@
 """Collectors: one module per telemetry source, each registering itself with ``@register``.
 
-``load(name)`` imports the module of one collector (``agent.collectors.<name>``) and returns
+``load(name)`` imports the module of one collector (``gpufleet.agent.collectors.<name>``) and returns
 its class from the registry, so a node only imports what its configuration uses.
 
 A collector whose source does not exist on this node (no NVIDIA driver, no BMC) raises
@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import importlib
 
-from agent.model import REGISTRY
+from gpufleet.agent.model import REGISTRY
+
 from gpufleet.errors import GpufleetError
 
 
@@ -21,12 +22,12 @@ class CollectorUnavailable(GpufleetError):
 
 
 def load(name: str):
-    """The collector class registered as ``name``, importing ``agent.collectors.<name>``."""
+    """The collector class registered as ``name``, importing ``gpufleet.agent.collectors.<name>``."""
     if name not in REGISTRY:
         try:
-            importlib.import_module(f"agent.collectors.{name}")
+            importlib.import_module(f"gpufleet.agent.collectors.{name}")
         except ModuleNotFoundError as exc:
-            if exc.name == f"agent.collectors.{name}":
+            if exc.name == f"gpufleet.agent.collectors.{name}":
                 raise GpufleetError(f"unknown collector {name!r}") from None
             raise GpufleetError(
                 f"collector {name!r} needs {exc.name} (pip install 'gpufleet[agent]')") from None

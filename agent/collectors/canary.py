@@ -1,7 +1,7 @@
 """Silent-data-corruption canary: a known-answer test per GPU (``gpu_canary`` rows), run out of
 the agent's process, on a schedule that bounds how long any GPU goes unchecked.
 
-**Out of process.** Each check is a short-lived child, ``python -m agent.canary_worker``, that
+**Out of process.** Each check is a short-lived child, ``python -m gpufleet.agent.canary_worker``, that
 imports the engine (torch or cupy on the GPU; numpy on the CPU), runs the seeded GEMM and the
 memory pattern on ONE GPU (``CUDA_VISIBLE_DEVICES=<uuid>``), prints one JSON line and exits, so
 its CUDA context (the clocks it pins, ~0.8 GB of host memory torch takes) dies with it. This
@@ -56,8 +56,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent.canary_worker import reference_key
-from agent.model import Sample, register
+from gpufleet.agent.canary_worker import reference_key
+from gpufleet.agent.model import Sample, register
+
 from gpufleet.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -137,7 +138,7 @@ def is_own_process(pid: int, own: int | None = None, depth: int = 16) -> bool:
 
 
 class Child:
-    """One running ``agent.canary_worker`` process: its own session, output in temp files."""
+    """One running ``gpufleet.agent.canary_worker`` process: its own session, output in temp files."""
 
     def __init__(self, argv: list[str], env: dict, timeout: float, max_rss: int, cpu_only: bool):
         import subprocess
@@ -232,7 +233,7 @@ class Child:
 
 def worker_argv(engine: str, size: int, dtype: str, seed: int, memory_bytes: int, state_dir: str,
                 label: str, driver: str, inject: tuple[int, int] | None = None) -> list[str]:
-    argv = [sys.executable, "-m", "agent.canary_worker", "--engine", engine, "--size", str(size),
+    argv = [sys.executable, "-m", "gpufleet.agent.canary_worker", "--engine", engine, "--size", str(size),
             "--seed", str(seed), "--memory-bytes", str(memory_bytes), "--state-dir", state_dir,
             "--label", label, "--driver", driver]
     if dtype:
@@ -302,7 +303,7 @@ class CanaryCollector:
                  drop_dir: str = "", status_every: float = 60.0, reference: str = "",
                  reference_refresh: float = 3600.0, state_dir: str = "", standin: bool = False,
                  wait: float = 0.0, config: dict | None = None, clock=None):
-        from agent.collectors.ipmi import section_options
+        from gpufleet.agent.collectors.ipmi import section_options
 
         o = section_options(config, "canary", CanaryCollector.__init__, locals())
         if o:

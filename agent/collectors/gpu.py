@@ -29,7 +29,7 @@
   ``deadline_s`` in all. A GPU that misses the deadline is reported stale (``up=0``,
   ``health_code=1``), one that raises GpuIsLost lost (``health_code=2``); either is quarantined
   and retried after ``retry_s``, and never delays the other GPUs' rows.
-- **No driver**: ``collect()`` raises :class:`agent.collectors.CollectorUnavailable` with a
+- **No driver**: ``collect()`` raises :class:`gpufleet.agent.collectors.CollectorUnavailable` with a
   one-line reason (retried every ``retry_s``); the agent goes on with its other collectors.
 
 Counters are reported cumulative, as NVML gives them; rollover and resets are handled downstream.
@@ -48,9 +48,9 @@ import time
 from typing import NamedTuple
 
 import pynvml
+from gpufleet.agent.collectors import CollectorUnavailable
+from gpufleet.agent.model import Sample, register
 
-from agent.collectors import CollectorUnavailable
-from agent.model import Sample, register
 from gpufleet import catalogue
 
 log = logging.getLogger(__name__)
@@ -325,7 +325,7 @@ class GpuCollector:
     no error is lost, only resolution); ``jobs``: attribute GPUs to jobs; ``interval``: the agent's
     poll period, when known: the deadline is at most half of it; ``job_tags``: low-cardinality job
     labels to add as tags of the ``gpu`` row (``scheduler``, ``namespace``, ``partition``, ``user``;
-    see :func:`agent.jobs.job_tags`; empty: none); ``gpm``: read GPM metrics where
+    see :func:`gpufleet.agent.jobs.job_tags`; empty: none); ``gpm``: read GPM metrics where
     the GPU supports them; ``config``: the agent config, whose ``[gpu]`` section
     (``nvlink_interval``, ``job_tags``, ``gpm``) overrides the keyword defaults.
 
@@ -341,7 +341,7 @@ class GpuCollector:
                  jobs: bool = True, interval: float | None = None, config: dict | None = None,
                  job_tags=(), clock=None, gpm: bool = True):
         if isinstance(backend, str):
-            from agent.backends import get_backend
+            from gpufleet.agent.backends import get_backend
 
             backend = get_backend(backend)
         self.backend = backend
@@ -357,7 +357,7 @@ class GpuCollector:
         self._gpm_req = None  # the nvmlGpmMetricsGet request, built once (used under _GPM_LOCK)
         self._next_links = 0.0
         self.jobs = jobs
-        from agent.jobs import check_tag_keys
+        from gpufleet.agent.jobs import check_tag_keys
 
         self.job_tags = check_tag_keys(gcfg.get("job_tags", job_tags)) if jobs else ()
         self._clock = clock
@@ -376,7 +376,7 @@ class GpuCollector:
         self._resolve_job = None
         if jobs:
             try:
-                from agent.jobs import resolve_job
+                from gpufleet.agent.jobs import resolve_job
 
                 self._resolve_job = resolve_job
             except ImportError:  # pragma: no cover - jobs module absent
@@ -613,7 +613,7 @@ class GpuCollector:
         if self.job_tags:
             g.job_tags = {}
             if pids and proc_root:
-                from agent.jobs import job_tags
+                from gpufleet.agent.jobs import job_tags
 
                 try:
                     g.job_tags = job_tags(pids, self.job_tags, proc_root=proc_root)

@@ -11,8 +11,7 @@ import os
 import time
 
 import psutil
-
-from agent.model import Sample, register
+from gpufleet.agent.model import Sample, register
 
 
 @register("host")

@@ -29,7 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from agent.model import Sample, register
+from gpufleet.agent.model import Sample, register
+
 from gpufleet.errors import ConfigError, GpufleetError
 from gpufleet.secrets import read_secret
 

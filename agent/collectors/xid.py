@@ -44,7 +44,8 @@ import threading
 import time
 from pathlib import Path
 
-from agent.model import Sample, register
+from gpufleet.agent.model import Sample, register
+
 from gpufleet import catalogue
 from gpufleet.errors import ConfigError, GpufleetError
 
@@ -597,7 +598,7 @@ class XidCollector:
     def __init__(self, backend=None, nvml_events: bool = True, kmsg: str = "/dev/kmsg",
                  replay: bool = False, max_events: int = 1000, wait_ms: int = 500,
                  state_dir: str = "", config: dict | None = None):
-        from agent.collectors.ipmi import section_options
+        from gpufleet.agent.collectors.ipmi import section_options
 
         o = section_options(config, "xid", XidCollector.__init__, locals())
         if o:

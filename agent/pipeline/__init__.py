@@ -21,6 +21,8 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 
+from gpufleet.agent.model import Sample
+from gpufleet.agent.pipeline.mapping import EVENT_TIME, Catalogue
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, ExemplarReservoir, MeterProvider
 from opentelemetry.sdk.metrics import _Gauge as Gauge  # the synchronous gauge class readers key on
@@ -34,8 +36,6 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.metrics.view import View
 from opentelemetry.sdk.resources import Resource
 
-from agent.model import Sample
-from agent.pipeline.mapping import EVENT_TIME, Catalogue
 from gpufleet import __version__
 
 log = logging.getLogger("gpufleet.agent.pipeline")

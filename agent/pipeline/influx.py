@@ -31,7 +31,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from agent.spool import Spool
+from gpufleet.agent.spool import Spool
+
 from gpufleet.net import classify, redact_url
 
 log = logging.getLogger("gpufleet.agent.influx")

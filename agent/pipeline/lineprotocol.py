@@ -17,9 +17,9 @@ import math
 import time
 from collections.abc import Sequence
 
+from gpufleet.agent.pipeline.mapping import EVENT_TIME, Catalogue
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
 
-from agent.pipeline.mapping import EVENT_TIME, Catalogue
 from gpufleet.lineprotocol import escape_key, format_value
 from gpufleet.lineprotocol import head as lp_head
 

@@ -14,9 +14,9 @@ Entry points for the analyzer and the demo::
 
 from __future__ import annotations
 
-from analyzer.alerting.base import REGISTRY, Alert, Delivery, Outcome, Sink
-from analyzer.alerting.config import load_sinks
-from analyzer.alerting.notifier import Notifier, incident_key
+from gpufleet.analyzer.alerting.base import REGISTRY, Alert, Delivery, Outcome, Sink
+from gpufleet.analyzer.alerting.config import load_sinks
+from gpufleet.analyzer.alerting.notifier import Notifier, incident_key
 
 __all__ = ["REGISTRY", "Alert", "Delivery", "Notifier", "Outcome", "Sink", "incident_key", "load_sinks",
            "page_name", "write_pages"]
@@ -24,13 +24,13 @@ __all__ = ["REGISTRY", "Alert", "Delivery", "Notifier", "Outcome", "Sink", "inci
 
 def write_pages(incidents, data_points_or_path, out_dir, page_base_url=None, runbook_base_url=None):
     """Write one HTML page per incident plus index.html into ``out_dir``; returns the paths."""
-    from analyzer.alerting.pages import write_pages as _write
+    from gpufleet.analyzer.alerting.pages import write_pages as _write
 
     return _write(incidents, data_points_or_path, out_dir, page_base_url=page_base_url,
                   runbook_base_url=runbook_base_url)
 
 
 def page_name(key: str) -> str:
-    from analyzer.alerting.pages import page_name as _name
+    from gpufleet.analyzer.alerting.pages import page_name as _name
 
     return _name(key)

@@ -45,8 +45,9 @@ import signal
 import subprocess
 import time
 
-from analyzer.alerting.actions import render
-from analyzer.alerting.base import Alert, Outcome, Sink, register
+from gpufleet.analyzer.alerting.actions import render
+from gpufleet.analyzer.alerting.base import Alert, Outcome, Sink, register
+
 from gpufleet.errors import ConfigError
 from gpufleet.records import KINDS, SEVERITIES, to_rfc3339
 
@@ -59,7 +60,7 @@ OUTPUT_MAX = 500
 
 def alert_values(alert: Alert) -> dict:
     """Placeholder values of an alert: strings, None where absent."""
-    from analyzer.alerting.actions import where
+    from gpufleet.analyzer.alerting.actions import where
 
     v = {"key": alert.key, "status": alert.status, "kind": alert.kind, "severity": alert.severity,
          "host": alert.host, "gpu": alert.gpu, "link": alert.link, "cluster": alert.cluster,

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import time
 
-from analyzer.alerting.base import Alert, Outcome, Sink, register
+from gpufleet.analyzer.alerting.base import Alert, Outcome, Sink, register
+
 from gpufleet.records import to_rfc3339
 
 

@@ -34,7 +34,7 @@ class Alert:
     ``gpu``/``link`` are the opening incident's (stable labels); ``gpus``/``links`` list every
     member of the group. Times are seconds since the epoch. ``title`` (what is wrong, in plain
     words), ``impact``, ``action`` (what to do) and ``runbook_url`` come from the action catalogue
-    (:mod:`analyzer.alerting.actions`) and lead every rendering; ``jobs`` are the job ids on the
+    (:mod:`gpufleet.analyzer.alerting.actions`) and lead every rendering; ``jobs`` are the job ids on the
     affected GPUs; ``summary`` is the title, ``description`` the detector's technical line.
     """
 

@@ -19,7 +19,7 @@ from gpufleet import records
               help="URL of the runbooks (docs/runbooks/); pages link <URL>/<kind>.md.")
 def report(incidents_path, data, out_dir, page_base_url, runbook_base_url):
     """Write a self-contained HTML page per incident, plus index.html."""
-    from analyzer.alerting.pages import write_pages
+    from gpufleet.analyzer.alerting.pages import write_pages
 
     incs = records.read(incidents_path)
     paths = write_pages(incs, data, out_dir, page_base_url=page_base_url, runbook_base_url=runbook_base_url)

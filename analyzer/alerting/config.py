@@ -11,8 +11,9 @@ from __future__ import annotations
 import os
 from urllib.parse import urlsplit
 
-from analyzer.alerting import action, alertmanager, console, pagerduty, slack, webhook  # noqa: F401 (register)
-from analyzer.alerting.base import REGISTRY, Delivery, Sink, redact_url
+from gpufleet.analyzer.alerting import action, alertmanager, console, pagerduty, slack, webhook  # noqa: F401 (register)
+from gpufleet.analyzer.alerting.base import REGISTRY, Delivery, Sink, redact_url
+
 from gpufleet.errors import ConfigError
 from gpufleet.secrets import read_secret
 

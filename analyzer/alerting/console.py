@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import sys
 
-from analyzer.alerting.base import Alert, Outcome, Sink, register
+from gpufleet.analyzer.alerting.base import Alert, Outcome, Sink, register
+
 from gpufleet.records import to_rfc3339
 
 

@@ -24,7 +24,8 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from analyzer.alerting.base import Alert, Outcome, Sink
+from gpufleet.analyzer.alerting.base import Alert, Outcome, Sink
+
 from gpufleet.errors import ConfigError
 from gpufleet.records import Record, to_rfc3339
 
@@ -127,10 +128,10 @@ class Store:
 class Notifier:
     """Deliver incidents to sinks; see the module docstring.
 
-    ``sinks``: from :func:`analyzer.alerting.load_sinks`. ``state_path``: the SQLite state file.
+    ``sinks``: from :func:`gpufleet.analyzer.alerting.load_sinks`. ``state_path``: the SQLite state file.
     ``page_base_url``: alerts link to ``<base>/<page name>`` (the incident pages' layout).
     ``runbook_base_url``: runbook links are ``<base>/<kind>.md`` (default: see
-    :func:`analyzer.alerting.actions.runbook_base`).
+    :func:`gpufleet.analyzer.alerting.actions.runbook_base`).
     """
 
     def __init__(self, sinks: list[Sink], state_path: str | Path, page_base_url: str | None = None,
@@ -250,8 +251,8 @@ class Notifier:
                    (status, json.dumps(alert.to_dict()), now, grp))
 
     def build_alert(self, grp: str, members: list[Record], status: str) -> Alert:
-        from analyzer.alerting.actions import guide, where
-        from analyzer.alerting.pages import page_name
+        from gpufleet.analyzer.alerting.actions import guide, where
+        from gpufleet.analyzer.alerting.pages import page_name
 
         first = members[0]
         gpus = sorted({m.gpu for m in members if m.gpu is not None})

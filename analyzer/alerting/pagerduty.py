@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import hashlib
 
-from analyzer.alerting.base import Alert, Sink, register
+from gpufleet.analyzer.alerting.base import Alert, Sink, register
+
 from gpufleet.records import to_rfc3339
 
 DEFAULT_URL = "https://events.pagerduty.com/v2/enqueue"

@@ -292,7 +292,7 @@ def _same_gpu(a: Record, b: Record) -> bool:
 
 
 def _event_row(p) -> tuple:
-    from analyzer.alerting.actions import xid_action, xid_resolution
+    from gpufleet.analyzer.alerting.actions import xid_action, xid_resolution
 
     code = p.fields.get("code", "")
     name, todo = ("", "")
@@ -308,11 +308,10 @@ def write_pages(incidents, data_points_or_path, out_dir, page_base_url: str | No
                 runbook_base_url: str | None = None) -> list[Path]:
     """Write a page per incident and ``index.html``; returns the paths (pages first, index last)."""
     import jinja2
-
-    from analyzer.alerting.actions import guide
-    from analyzer.alerting.actions import where as where_words
-    from analyzer.alerting.data import load
-    from analyzer.alerting.notifier import default_summary, incident_key
+    from gpufleet.analyzer.alerting.actions import guide
+    from gpufleet.analyzer.alerting.actions import where as where_words
+    from gpufleet.analyzer.alerting.data import load
+    from gpufleet.analyzer.alerting.notifier import default_summary, incident_key
 
     incidents = sorted(incidents, key=lambda r: (r.start, r.kind, r.host or ""))
     out = Path(out_dir)

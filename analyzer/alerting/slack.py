@@ -6,7 +6,8 @@ environment in production. ``&``, ``<`` and ``>`` in our text are escaped as Sla
 
 from __future__ import annotations
 
-from analyzer.alerting.base import Alert, Sink, register
+from gpufleet.analyzer.alerting.base import Alert, Sink, register
+
 from gpufleet.records import to_rfc3339
 
 

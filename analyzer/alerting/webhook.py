@@ -17,7 +17,8 @@ import hashlib
 import hmac
 import time
 
-from analyzer.alerting.base import Alert, Sink, register
+from gpufleet.analyzer.alerting.base import Alert, Sink, register
+
 from gpufleet.records import to_rfc3339
 
 VERSION = "1"

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from analyzer.detectors.base import Detector, Hits
-from analyzer.detectors.cooling_degradation import CoolingDegradation
-from analyzer.detectors.gpu_lost import GpuLost
-from analyzer.detectors.memory_errors import MemoryErrors
-from analyzer.detectors.nvlink_degradation import NvlinkDegradation
-from analyzer.detectors.pcie_degradation import PcieDegradation
-from analyzer.detectors.power_brake import PowerBrake
-from analyzer.detectors.sdc import SilentDataCorruption
-from analyzer.detectors.sdc_unchecked import CanaryUnchecked
-from analyzer.detectors.straggler import Straggler
-from analyzer.detectors.thermal_throttle import ThermalThrottle
+from gpufleet.analyzer.detectors.base import Detector, Hits
+from gpufleet.analyzer.detectors.cooling_degradation import CoolingDegradation
+from gpufleet.analyzer.detectors.gpu_lost import GpuLost
+from gpufleet.analyzer.detectors.memory_errors import MemoryErrors
+from gpufleet.analyzer.detectors.nvlink_degradation import NvlinkDegradation
+from gpufleet.analyzer.detectors.pcie_degradation import PcieDegradation
+from gpufleet.analyzer.detectors.power_brake import PowerBrake
+from gpufleet.analyzer.detectors.sdc import SilentDataCorruption
+from gpufleet.analyzer.detectors.sdc_unchecked import CanaryUnchecked
+from gpufleet.analyzer.detectors.straggler import Straggler
+from gpufleet.analyzer.detectors.thermal_throttle import ThermalThrottle
 
 REGISTRY: dict[str, type[Detector]] = {
     c.kind: c

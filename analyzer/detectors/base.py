@@ -5,7 +5,7 @@ learns from a window and returns ``self`` (learned state ends in ``_``; detector
 window after window, so learning is incremental); ``score(window)`` gives one number per row
 of the detector's table, higher = more abnormal, NaN where it cannot judge; ``detect(window)``
 turns scores into :class:`Hits` with the configured thresholds. Dwell, persistence and
-merging into incidents are the engine's (``analyzer.engine``), driven by the same parameters.
+merging into incidents are the engine's (``gpufleet.analyzer.engine``), driven by the same parameters.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from analyzer.frame import Table, Window, nan_to_zero
+from gpufleet.analyzer.frame import Table, Window, nan_to_zero
 
 
 class Evidence(Sequence):

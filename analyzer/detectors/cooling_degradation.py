@@ -30,8 +30,7 @@ about to slow down); otherwise the incident stays a warning. Both go in the evid
 from __future__ import annotations
 
 import numpy as np
-
-from analyzer.detectors.base import (
+from gpufleet.analyzer.detectors.base import (
     Detector,
     Evidence,
     Hits,
@@ -42,8 +41,8 @@ from analyzer.detectors.base import (
     lookup,
     nz,
 )
-from analyzer.detectors.thermal_throttle import thermal_bits
-from analyzer.frame import Window
+from gpufleet.analyzer.detectors.thermal_throttle import thermal_bits
+from gpufleet.analyzer.frame import Window
 
 DEFAULT_SLOPE = 0.04  # °C per W, from the real H200 trace (39 -> 61 °C for 80 -> 690 W)
 

@@ -14,9 +14,8 @@ the node's (gpu = null), its evidence listing the GPUs.
 from __future__ import annotations
 
 import numpy as np
-
-from analyzer.detectors.base import Detector, Hits, concat, node_scope_hits
-from analyzer.frame import Window
+from gpufleet.analyzer.detectors.base import Detector, Hits, concat, node_scope_hits
+from gpufleet.analyzer.frame import Window
 
 
 class GpuLost(Detector):

@@ -11,9 +11,8 @@ pattern read back wrong: critical, device memory returned other data than was wr
 from __future__ import annotations
 
 import numpy as np
-
-from analyzer.detectors.base import Detector, Hits, concat, dense_inverse, nz
-from analyzer.frame import Window
+from gpufleet.analyzer.detectors.base import Detector, Hits, concat, dense_inverse, nz
+from gpufleet.analyzer.frame import Window
 
 CRITICAL_XIDS = {48, 64, 95}
 

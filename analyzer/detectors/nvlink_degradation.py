@@ -17,9 +17,8 @@ while it keeps collecting errors below the bar, until it has gone ``clear_second
 from __future__ import annotations
 
 import numpy as np
-
-from analyzer.detectors.base import Detector, Hits, concat, nz
-from analyzer.frame import Window
+from gpufleet.analyzer.detectors.base import Detector, Hits, concat, nz
+from gpufleet.analyzer.frame import Window
 
 
 class NvlinkDegradation(Detector):

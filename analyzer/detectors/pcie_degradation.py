@@ -12,9 +12,8 @@ has carried load ``clear_seconds`` at full speed without replays beyond the allo
 from __future__ import annotations
 
 import numpy as np
-
-from analyzer.detectors.base import Detector, Hits, concat, lookup, nz
-from analyzer.frame import Window
+from gpufleet.analyzer.detectors.base import Detector, Hits, concat, lookup, nz
+from gpufleet.analyzer.frame import Window
 
 
 class PcieDegradation(Detector):

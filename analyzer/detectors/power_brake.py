@@ -11,8 +11,7 @@ listing its GPUs, not one per GPU.
 from __future__ import annotations
 
 import numpy as np
-
-from analyzer.detectors.base import (
+from gpufleet.analyzer.detectors.base import (
     Detector,
     Evidence,
     Hits,
@@ -22,8 +21,8 @@ from analyzer.detectors.base import (
     per_key_minute,
     share,
 )
-from analyzer.detectors.thermal_throttle import _f
-from analyzer.frame import Window
+from gpufleet.analyzer.detectors.thermal_throttle import _f
+from gpufleet.analyzer.frame import Window
 
 HW_POWER_BRAKE = 0x80
 

@@ -17,9 +17,8 @@ the same GPU), reference_match and passed. Each hit says how many checks failed 
 from __future__ import annotations
 
 import numpy as np
-
-from analyzer.detectors.base import Detector, Hits, nz
-from analyzer.frame import Window
+from gpufleet.analyzer.detectors.base import Detector, Hits, nz
+from gpufleet.analyzer.frame import Window
 
 REFERENCE_ONLY = ("digest differs from the fleet reference only (the GPU repeats its own first "
                   "answer): likely a driver/engine/library mismatch with the reference, not "

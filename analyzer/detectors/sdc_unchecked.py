@@ -11,9 +11,8 @@ runs at all (any GPU of the host has a gpu_canary row): a fleet without the cana
 from __future__ import annotations
 
 import numpy as np
-
-from analyzer.detectors.base import Detector, Hits
-from analyzer.frame import Window
+from gpufleet.analyzer.detectors.base import Detector, Hits
+from gpufleet.analyzer.frame import Window
 
 
 def _grow(a: np.ndarray, n: int, fill: float) -> np.ndarray:

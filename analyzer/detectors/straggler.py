@@ -25,10 +25,9 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
-
-from analyzer.detectors.base import Detector, Hits, buckets, concat, group_median, nz
-from analyzer.detectors.thermal_throttle import thermal_bits
-from analyzer.frame import Window
+from gpufleet.analyzer.detectors.base import Detector, Hits, buckets, concat, group_median, nz
+from gpufleet.analyzer.detectors.thermal_throttle import thermal_bits
+from gpufleet.analyzer.frame import Window
 
 EXPLAINED = 0x20 | 0x40 | 0x80 | 0x8  # thermal, power brake, hw slowdown: a known reason
 

@@ -12,9 +12,8 @@ heat) until it has worked ``clear_seconds`` at full load without throttling, at 
 from __future__ import annotations
 
 import numpy as np
-
-from analyzer.detectors.base import Detector, Hits, concat, nz, share
-from analyzer.frame import Window
+from gpufleet.analyzer.detectors.base import Detector, Hits, concat, nz, share
+from gpufleet.analyzer.frame import Window
 
 SW_THERMAL, HW_THERMAL = 0x20, 0x40
 

@@ -1,1 +1,1 @@
-"""Generated Grafana dashboards (JSON); regenerate with python -m dashboards.generate."""
+"""Generated Grafana dashboards (JSON); regenerate with python -m gpufleet.dashboards.generate."""

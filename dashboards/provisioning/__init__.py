@@ -1,1 +1,1 @@
-"""Provisioning templates for Grafana (data files, read by dashboards.provisioning)."""
+"""Provisioning templates for Grafana (data files, read by gpufleet.dashboards.provisioning)."""
