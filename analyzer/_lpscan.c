@@ -215,7 +215,8 @@ static int parse_int(const char *s, Py_ssize_t n, int64_t *out) {
     for (; p < e; p++) {
         unsigned d = (unsigned)(*p - '0');
         if (d >= 10) return -1;
-        if (m > (UINT64_MAX - d) / 10) return -1;
+        /* m * 10 + d overflows: UINT64_MAX is 1844674407370955161 * 10 + 5 (no division here) */
+        if (m >= 1844674407370955161ULL && (m > 1844674407370955161ULL || d > 5)) return -1;
         m = m * 10 + d;
     }
     if (m > (uint64_t)INT64_MAX + (uint64_t)neg) return -1;
@@ -259,6 +260,40 @@ static int parse_ts(const char *s, Py_ssize_t n, int64_t *out) {
 }
 
 /* ------------------------------------------------------------------ scan */
+/* SWAR (8 bytes at a time): a mask with the high bit set in the first byte of x equal to c (the
+ * bits above the first match may be wrong: only the lowest set bit is read). */
+#define ONES 0x0101010101010101ULL
+#define HIGHS 0x8080808080808080ULL
+static inline uint64_t eq_mask(uint64_t x, unsigned char c) {
+    uint64_t y = x ^ (ONES * c);
+    return (y - ONES) & ~y & HIGHS;
+}
+
+/* The bytes that end a field key or an unquoted value: = , space backslash quote. */
+static const unsigned char KEY_STOP[256] = {['='] = 1, [','] = 1, [' '] = 1, ['\\'] = 1, ['"'] = 1};
+
+/* The first byte at or after j and before e that is one of KEY_STOP's (e if none); the buffer
+ * holds n bytes, so a word read past e (and not past n) is fine. */
+static inline Py_ssize_t key_stop(const char *d, Py_ssize_t j, Py_ssize_t e, Py_ssize_t n) {
+#if defined(__GNUC__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    while (j + 8 <= n && j < e) {
+        uint64_t x, m;
+        memcpy(&x, d + j, 8);
+        m = eq_mask(x, '=') | eq_mask(x, ',') | eq_mask(x, ' ') | eq_mask(x, '\\') | eq_mask(x, '"');
+        if (m) {
+            j += __builtin_ctzll(m) >> 3;
+            return j < e ? j : e;
+        }
+        j += 8;
+    }
+    if (j >= e) return e;
+#else
+    (void)n;
+#endif
+    while (j < e && !KEY_STOP[(unsigned char)d[j]]) j++;
+    return j;
+}
+
 /* Do the fields starting at a and b (na and nb of them) have the same keys in the same order? */
 static int same_keys(const char *d, const Vec *k0, const Vec *kn, Py_ssize_t a, Py_ssize_t b, Py_ssize_t na,
                      Py_ssize_t nb) {
@@ -341,11 +376,14 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
         /* head: up to the first space whose previous byte is not a backslash (InfluxDB's rule,
          * even for an escaped backslash); quotes are literal there */
         if (d[i0] == ',') goto slow;
-        for (j = i0 + 1; j < e; j++) {
-            char c = d[j];
-            if (d[j - 1] == '\\') continue;
-            if (c == ' ') break;
-            if (c == ',' && meas_end < 0) meas_end = j;
+        { /* memchr for the spaces and commas (a head is long, and has few of them) */
+            const char *q;
+            for (j = i0 + 1; (q = memchr(d + j, ' ', (size_t)(e - j))) && q[-1] == '\\'; j = q - d + 1)
+                ;
+            j = q ? q - d : e;
+            for (q = d + i0; (q = memchr(q + 1, ',', (size_t)(d + j - q - 1))) && q[-1] == '\\';)
+                ;
+            if (q) meas_end = q - d;
         }
         if (j >= e - 1 || d[j + 1] == ' ' || d[j + 1] == '\t' || d[j + 1] == '\0') goto slow;
         if (meas_end < 0) meas_end = j;
@@ -358,10 +396,7 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
                 double v = NAN;
                 int64_t iv = 0;
                 int type;
-                for (; j < e; j++) {
-                    char c = d[j];
-                    if (c == '=' || c == ',' || c == ' ' || c == '\\' || c == '"') break;
-                }
+                j = key_stop(d, j, e, n);
                 if (j >= e || d[j] != '=' || j == k0) goto slow;
                 v0 = ++j;
                 if (j < e && d[j] == '"') {
@@ -373,11 +408,8 @@ static PyObject *scan(PyObject *self, PyObject *arg) {
                     j++;
                     type = T_STR;
                 } else {
-                    for (; j < e; j++) {
-                        char c = d[j];
-                        if (c == ',' || c == ' ') break;
-                        if (c == '=' || c == '\\' || c == '"') goto slow;
-                    }
+                    j = key_stop(d, j, e, n);
+                    if (j < e && d[j] != ',' && d[j] != ' ') goto slow; /* = \\ or " in a value */
                     if (j == v0) goto slow;
                     type = parse_value(d + v0, j - v0, &v, &iv);
                     if (!type) goto slow;

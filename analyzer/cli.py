@@ -293,6 +293,8 @@ def _online(cfg, influx, shard_t, out_path, sinks, state_path, page_base_url, po
     where = Path(_state_path(state_path, out_path)).with_suffix(".checkpoint.json")
     checkpoint = Checkpoint(where if keep else None)
     online = Online(cfg, shard_t, influx, notifier, out_path, checkpoint, poll, grace)
+    for d in online.an.detectors:  # a daemon pays its imports at start, not on the window that
+        d.warm()                    # first needs them (that window's alert would wait for them)
 
     def stop(_sig, _frame):
         raise KeyboardInterrupt

@@ -72,8 +72,8 @@ def _file_chunks(f: Path, chunk: int = CHUNK) -> Iterator[bytes]:
             if cut < 0:
                 rest += block
                 continue
-            if rest:
-                yield rest + block[: cut + 1]
+            if rest:  # one copy (rest + block[: cut + 1] would copy the block twice)
+                yield b"".join((rest, memoryview(block)[: cut + 1]))
             else:
                 yield block if cut == len(block) - 1 else block[: cut + 1]
             rest = block[cut + 1 :]

@@ -156,6 +156,10 @@ class Detector:
     def get_params(self) -> dict:
         return {k: getattr(self, k) for k in {**type(self).params, **type(self).context}}
 
+    def warm(self) -> None:
+        """Load what the detector imports lazily (online modes call it at start, so the first
+        window that needs it is not delayed); nothing by default."""
+
     def fit(self, window: Window) -> Detector:
         self.n_windows_ = getattr(self, "n_windows_", 0) + 1
         return self

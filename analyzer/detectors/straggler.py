@@ -102,6 +102,9 @@ class Straggler(Detector):
         valid &= n >= self.min_peers + 1
         return X, valid
 
+    def warm(self) -> None:
+        import sklearn.covariance  # noqa: F401 - the robust covariance: about a second of CPU to import
+
     def fit(self, window: Window) -> Straggler:
         if hasattr(self, "location_") or hasattr(self, "fit_sample_"):
             return self
