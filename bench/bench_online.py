@@ -195,7 +195,7 @@ def bench_paths(quick: bool, tmp: Path) -> list[dict]:
     with InfluxDB1(tmp / "influx") as db:
         db.create_db("fleet")
         subprocess.run(
-            [*GPUFLEET, "replay", str(fl), "--influx-url", db.url, "--db", "fleet", "--no-progress"],
+            [*GPUFLEET, "replay", str(fl), "--influx-url", db.url, "--influx-db", "fleet", "--no-progress"],
             check=True,
             capture_output=True,
             cwd=ROOT,
@@ -246,7 +246,8 @@ def bench_paths(quick: bool, tmp: Path) -> list[dict]:
             )
         )
         wall, cpu, rss, err = _measured(
-            [*GPUFLEET, "analyze", "--influx-url", db.url, "--db", "fleet", "--since", "30d", "--stats"]
+            [*GPUFLEET, "analyze", "--influx-url", db.url, "--influx-db", "fleet", "--since", "30d",
+             "--stats"]
         )
         rows.append(
             _row(
@@ -265,7 +266,7 @@ def bench_paths(quick: bool, tmp: Path) -> list[dict]:
                 "--follow",
                 "--influx-url",
                 db.url,
-                "--db",
+                "--influx-db",
                 "fleet",
                 "--since",
                 "30d",
@@ -447,7 +448,7 @@ def bench_latency(quick: bool, tmp: Path) -> list[dict]:
                     f"127.0.0.1:{port}",
                     "--influx-url",
                     db.url,
-                    "--db",
+                    "--influx-db",
                     "fleet",
                     *common,
                     "--sink",
@@ -466,7 +467,7 @@ def bench_latency(quick: bool, tmp: Path) -> list[dict]:
                     "--follow",
                     "--influx-url",
                     db.url,
-                    "--db",
+                    "--influx-db",
                     "fleet",
                     *common,
                     "--since",

@@ -191,7 +191,8 @@ def test_listen_analyses_pushed_writes_with_influxdb_down(tmp_path):
     data = fleet(fault=("memory_errors", 1, 2, 50), steps=60, t0=now - 600)
     out = tmp_path / "inc.jsonl"
     p = subprocess.Popen([sys.executable, "-m", "gpufleet", "analyze", "--listen", f"127.0.0.1:{port}",
-                          "--influx-url", f"http://127.0.0.1:{free_port()}", "--db", "fleet", "--poll", "1s",
+                          "--influx-url", f"http://127.0.0.1:{free_port()}", "--influx-db", "fleet",
+                          "--poll", "1s",
                           "--out", str(out)], cwd=ROOT, stdout=subprocess.DEVNULL,
                          stderr=open(tmp_path / "err", "w"))
     try:

@@ -122,8 +122,8 @@ def test_live_agents_subscription_and_follow_page_once_across_sigkill(tmp_path):
                               "--exporter", "influx", "--influx-url", db.url, "--influx-db", "fleet",
                               "--spool-dir", str(tmp_path / f"spool-{h}"), env=sim_env, log=f"agent-{h}.log")
                   for h in ("gpu0001", "gpu0002")]
-        listen = ["--listen", f"127.0.0.1:{port}", "--influx-url", db.url, "--db", "fleet"]
-        follow = ["--follow", "--influx-url", db.url, "--db", "fleet", "--since", "1m"]
+        listen = ["--listen", f"127.0.0.1:{port}", "--influx-url", db.url, "--influx-db", "fleet"]
+        follow = ["--follow", "--influx-url", db.url, "--influx-db", "fleet", "--since", "1m"]
         procs = {"listen": analyzer(tmp_path, "listen", listen, am_l.url, env),
                  "follow": analyzer(tmp_path, "follow", follow, am_f.url, env)}
         landing, seen_l, seen_f = Landing(db), AlertSeen(am_l), AlertSeen(am_f)
