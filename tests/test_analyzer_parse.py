@@ -270,7 +270,7 @@ def test_field_sets_rotating_within_one_series(engine):
     assert _as_points(p, rows) == _reference(lines)
 
 
-def _typed(p: Parser, rows) -> list[tuple]:
+def typed_points(p: Parser, rows) -> list[tuple]:
     """(measurement, tags, time, fields) with each value in its own type, as Rows.kind says."""
     out = []
     for m, r in rows.items():
@@ -330,7 +330,7 @@ def test_issue_table(engine, line, want):
     if b"%d" in line:
         line = line % T
     p, rows = _rows(line + b"\n", engine)
-    assert _typed(p, rows) == ([want] if want else [])
+    assert typed_points(p, rows) == ([want] if want else [])
     assert p.stats.bad_lines == (0 if want else 1)
     ref = None
     try:

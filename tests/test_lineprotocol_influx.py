@@ -25,6 +25,7 @@ from gpufleet.analyzer.parse import Parser
 from gpufleet.lineprotocol import ParseError, parse_line, skip_line
 from tests.lp_corpus import corpus
 from tests.servers import InfluxDB1, skip_unless
+from tests.test_analyzer_parse import typed_points
 
 BATCH = 400
 NOW = "now"  # the time of a line without one: InfluxDB stamps its arrival
@@ -57,24 +58,7 @@ def reference(line: bytes) -> tuple | None:
 def engine_points(engine: str, lines: list[bytes]) -> tuple[list[tuple], Parser]:
     p = Parser(engine=engine)
     rows = p.feed(b"\n".join(lines) + b"\n")
-    out = []
-    for m, r in rows.items():
-        for i in range(len(r)):
-            fields = {}
-            for k, kind in r.kind.items():
-                code = int(kind[i])
-                if code == 0:
-                    continue
-                if code == 4:
-                    fields[k] = r.text[k][i]
-                elif code == 2:  # exact: in num up to 2**53, in ints beyond
-                    fields[k] = int(r.ints[k][i]) if k in r.ints else int(r.num[k][i])
-                elif code == 3:
-                    fields[k] = bool(r.num[k][i])
-                else:
-                    fields[k] = float(r.num[k][i])
-            out.append(_point(m, p.series.tags[int(r.sid[i])], int(r.t[i]), fields))
-    return sorted(out, key=repr), p
+    return sorted((_point(*pt) for pt in typed_points(p, rows)), key=repr), p
 
 
 # ------------------------------------------------------------------ InfluxDB side
