@@ -438,49 +438,20 @@ def bench_latency(quick: bool, tmp: Path) -> list[dict]:
         db.query(
             f'CREATE SUBSCRIPTION "an" ON "fleet"."autogen" DESTINATIONS ALL \'http://127.0.0.1:{port}\''
         )
-        common = ["--poll", "1s", "--grace", "1s"]
+        store = ["--influx-url", db.url, "--influx-db", "fleet", "--poll", "1s", "--grace", "1s"]
+        modes = (
+            (["--listen", f"127.0.0.1:{port}"], am_l, "l.db"),
+            (["--follow", "--since", "1m"], am_f, "f.db"),
+        )
         procs = [
             subprocess.Popen(
-                [
-                    *GPUFLEET,
-                    "analyze",
-                    "--listen",
-                    f"127.0.0.1:{port}",
-                    "--influx-url",
-                    db.url,
-                    "--influx-db",
-                    "fleet",
-                    *common,
-                    "--sink",
-                    f"alertmanager={am_l.url}",
-                    "--state",
-                    str(tmp / "l.db"),
-                ],
+                [*GPUFLEET, "analyze", *mode, *store, "--sink", f"alertmanager={am.url}",
+                 "--state", str(tmp / st)],
                 cwd=ROOT,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
-            ),
-            subprocess.Popen(
-                [
-                    *GPUFLEET,
-                    "analyze",
-                    "--follow",
-                    "--influx-url",
-                    db.url,
-                    "--influx-db",
-                    "fleet",
-                    *common,
-                    "--since",
-                    "1m",
-                    "--sink",
-                    f"alertmanager={am_f.url}",
-                    "--state",
-                    str(tmp / "f.db"),
-                ],
-                cwd=ROOT,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            ),
+            )
+            for mode, am, st in modes
         ]
         time.sleep(4)  # both interpreters up
         w = _Writer(db, 4 * (faults + 1), every, faults)
