@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import sqlite3
 
 import pytest
 from gpufleet.analyzer.evaluate import matches
@@ -62,3 +63,38 @@ def test_scenario_scores(scenario, nodes, duration, tmp_path, capsys):
                 # a DBE fault announces itself with single-bit errors that ramp up: allow a minute
                 limit = 60.0 if t.kind == "memory_errors" else 10.0
                 assert first - t.impact_at <= limit, f"{t.kind} {t.host}/{t.gpu}: {where}"
+
+
+def test_online_pages_each_fault_once(tmp_path):
+    """Online, the analysis runs as the data arrives and the notifier sees every pass: a fault
+    pages once, as in batch (an acute heat-sink loss throttles at once and is paged; the cooling
+    incident that opens minutes later, and throttling after it, are that page's update)."""
+    from gpufleet.analyzer.alerting import Notifier, load_sinks
+    from gpufleet.analyzer.pipeline import Analyzer
+    from gpufleet.analyzer.sources import read_chunks
+
+    from tests.test_alerting_receiver import Receiver, fast
+
+    seed = _seed()
+    out = tmp_path / "sim"
+    assert main(["sim", "--nodes", "16", "--duration", "3h", "--step", "10s", "--seed", str(seed),
+                 "--scenario", "thermal", "--out", str(out), "--no-progress"]) == 0
+    an = Analyzer()
+    with Receiver() as rx:
+        with Notifier(load_sinks([fast({"type": "webhook", "url": rx.url + "/hook"})], []),
+                      tmp_path / "state.db") as n:
+            for chunk in read_chunks(out / "telemetry.lp.gz", chunk=1 << 20):
+                an.feed_bytes(chunk)
+                n.update(an.incidents() + an.engine.absorbed)
+            an.finish()
+            n.update(an.incidents() + an.engine.absorbed)
+            assert n.flush(10)
+        pages = [r["json"] for r in rx.requests if r["json"]["status"] == "firing"]
+    batch = an.incidents()
+    where = f"thermal seed {seed}: pages {[(p['kind'], p['host'], p['gpu']) for p in pages]}"
+    assert any(r.evidence.get("impact") for r in batch), "the scenario's throttling folds into cooling"
+    assert len(pages) == len(batch), where
+    # each batch incident is a member of its own page's group (the notifier's state file)
+    with sqlite3.connect(tmp_path / "state.db") as db:
+        group = dict(db.execute("SELECT key, grp FROM incident").fetchall())
+    assert {group.get(r.id) for r in batch} == {p["key"] for p in pages}, where

@@ -204,3 +204,24 @@ def test_secrets_never_reach_the_logs(tmp_path, caplog, monkeypatch):
     assert time.monotonic() - t < 2.0, "close() is bounded even while a sink is down"
     assert "attempt 1 failed" in caplog.text
     assert secret not in text and token not in text
+
+
+def test_an_incident_that_takes_in_a_paged_one_is_its_update_not_a_second_page(tmp_path):
+    # online, an acute heat-sink loss throttles at once (paged); the cooling incident opens minutes
+    # later, folds the throttling as its impact, and the throttling record ends (absorbed)
+    throttle = incident(kind="thermal_throttle", id="thr", start=T0)
+    cooling = incident(kind="cooling_degradation", id="cool", start=T0 - 30, severity="warning",
+                       evidence={"impact": [{"kind": "thermal_throttle", "id": "thr"}]})
+    other = incident(kind="cooling_degradation", id="other", gpu=5, start=T0 - 30, severity="warning",
+                     evidence={"impact": [{"kind": "thermal_throttle", "id": "never-paged"}]})
+    with Receiver() as rx, Notifier(webhook(rx), tmp_path / "s.db") as n:
+        n.update([throttle], now=T0 + 10)
+        assert n.flush(5)
+        n.update([dataclasses.replace(throttle, end=T0 + 600), cooling], now=T0 + 700)
+        assert n.flush(5)
+        assert events(rx) == [("thr", "firing")], "the cooling incident must not page again"
+        n.update([dataclasses.replace(cooling, end=T0 + 3000)], now=T0 + 3100)
+        n.update([other], now=T0 + 3100)  # what it folded never paged: a page of its own
+        assert n.flush(5)
+    assert events(rx) == [("thr", "firing"), ("thr", "resolved"), ("other", "firing")]
+    assert rx.requests[1]["json"]["incidents"] == ["thr", "cool"]

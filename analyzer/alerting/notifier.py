@@ -10,7 +10,10 @@ neither pages again nor loses a pending resolve.
 
 Grouping: an incident of the same kind on the same host (and cluster) that starts within
 ``group_window`` seconds of an open group's start joins that group instead of paging again, so
-a node-wide fault pages once. The group resolves when every member has ended.
+a node-wide fault pages once. An incident that took in one already paged (a node incident
+absorbing its GPUs', a cooling incident folding the throttling it caused) joins that page's group:
+online, throttling pages first and the cooling incident found minutes later is its update. The
+group resolves when every member has ended.
 """
 
 from __future__ import annotations
@@ -61,6 +64,12 @@ def incident_key(r: Record) -> str:
     parts = [r.kind, r.host or "-", "-" if r.gpu is None else str(r.gpu),
              "-" if r.link is None else str(r.link), to_rfc3339(r.start)]
     return ":".join(parts)
+
+
+def _taken(r: Record) -> list[str]:
+    """Ids of the incidents ``r`` took in: narrower ones it absorbed, throttling it folded."""
+    ev = r.evidence or {}
+    return [str(k) for k in (*ev.get("absorbed", ()), *(x.get("id") for x in ev.get("impact", ())))]
 
 
 def default_summary(r: Record) -> str:
@@ -163,8 +172,11 @@ class Notifier:
             try:
                 changed: set[str] = set()
                 created: list[str] = []
-                for r in sorted(incidents, key=lambda r: r.start):
-                    g, new = self._record(r, now)
+                incidents = list(incidents)
+                # id of an incident taken into a wider one -> that one's key (the taker goes first)
+                taker = {k: incident_key(r) for r in incidents for k in _taken(r)}
+                for r in sorted(incidents, key=lambda r: (incident_key(r) in taker, r.start)):
+                    g, new = self._record(r, now, taker.get(incident_key(r)))
                     if g:
                         changed.add(g)
                     if new:
@@ -208,8 +220,9 @@ class Notifier:
             w.wake.set()
         return queued
 
-    def _record(self, r: Record, now: float) -> tuple[str | None, bool]:
-        """Insert or update one incident: (its group's key when something changed, group is new)."""
+    def _record(self, r: Record, now: float, taker: str | None = None) -> tuple[str | None, bool]:
+        """Insert or update one incident: (its group's key when something changed, group is new).
+        ``taker``: the key of the incident that took this one in, if any."""
         db = self.store.db
         key = incident_key(r)
         row = db.execute("SELECT grp, ended FROM incident WHERE key=?", (key,)).fetchone()
@@ -220,8 +233,8 @@ class Notifier:
                            (r.end, r.to_json(), key))
                 return grp, False
             return None, False
-        grp = None
-        if r.host is not None and self.group_window > 0:
+        grp = self._continued(r, taker)
+        if grp is None and r.host is not None and self.group_window > 0:
             # an open group: same kind/host/cluster, started nearby, some member still active then
             hit = db.execute(
                 "SELECT key FROM grp WHERE status='firing' AND kind=? AND host=? AND cluster IS ? "
@@ -237,6 +250,18 @@ class Notifier:
         db.execute("INSERT INTO incident (key, grp, ended, end_t, record) VALUES (?, ?, ?, ?, ?)",
                    (key, grp, int(r.end is not None), r.end, r.to_json()))
         return grp, grp == key
+
+    def _continued(self, r: Record, taker: str | None) -> str | None:
+        """The firing group a new incident ``r`` belongs to as one fault: that of an incident it
+        took in (``r`` is that page's update), or of the incident that took it in (a throttling
+        folded into a cooling incident already paged is that page's evidence, not a page)."""
+        for k in [*_taken(r), *([taker] if taker else [])]:
+            hit = self.store.db.execute(
+                "SELECT i.grp FROM incident i JOIN grp g ON g.key = i.grp "
+                "WHERE i.key = ? AND g.status = 'firing'", (k,)).fetchone()
+            if hit:
+                return hit[0]
+        return None
 
     def _refresh_group(self, grp: str, now: float) -> None:
         db = self.store.db
