@@ -274,3 +274,25 @@ dir = "{tmp_path / 'spool'}"
         assert code == 0, log[-2000:]
         assert "influx: the spool is empty" in log and "influx.analyzer:" in log, log[-2000:]
         assert token not in log and "Traceback" not in log
+
+
+def test_resend_rejected_of_a_named_destination(tmp_path, influxdb):
+    """``resend-rejected --destination influx.NAME`` reads that destination's spool and keys."""
+    influxdb.create_db("second")
+    cfg = tmp_path / "agent.toml"
+    cfg.write_text(f'[spool]\ndir = "{tmp_path / "spool"}"\n[influx]\nurl = "http://127.0.0.1:1"\n'
+                   f'[influx.copy]\nurl = "{influxdb.url}"\ndb = "second"\n')
+    rdir = tmp_path / "spool-copy" / "rejected"  # spool.dir + "-copy"
+    rdir.mkdir(parents=True)
+    (rdir / "rejected-20261126T000000-0000000000000001-000000000000.lp").write_text("m,host=a v=7 1000\n")
+    base = [*agent_cmd()[:-1], "resend-rejected", "--config", str(cfg)]
+    r = subprocess.run([*base, "--destination", "influx.copy"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and "re-sent 1 batches (1 lines)" in r.stdout, r.stdout + r.stderr
+    res = influxdb.query("SELECT v FROM m", db="second")["results"][0]
+    assert res["series"][0]["values"][0][1] == 7
+    for args, needle in ((["--destination", "influx.nope"], "influx.nope"),
+                         (["--destination", "influx.copy", "--influx-url", influxdb.url],
+                          "--destination influx")):
+        r = subprocess.run([*base, *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
