@@ -12,9 +12,11 @@ alone (the analyzer has no InfluxDB to catch up from), nothing dropped.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -24,7 +26,7 @@ from gpufleet.agent import config
 
 from gpufleet.errors import ConfigError
 from tests.servers import Alertmanager, InfluxDB1, free_port, skip_unless
-from tests.test_agent_support import ROOT, agent_cmd, start_agent, stop_agent, wait_for
+from tests.test_agent_support import ROOT, NotifySocket, agent_cmd, start_agent, stop_agent, wait_for
 from tests.test_alerting_receiver import Receiver
 
 TWO = """
@@ -215,7 +217,15 @@ backoff_max = "1s"
 [spool]
 dir = "{tmp_path / 'spool'}"
 """)
-        agent = start_agent(tmp_path, "--config", str(cfg), env=sim_env)
+        notify, reading = NotifySocket(tmp_path), threading.Event()
+
+        def read_notify():  # as systemd does: a notify socket left unread would block the agent's sends
+            while not reading.is_set():
+                notify.drain()
+
+        reader = threading.Thread(target=read_notify, daemon=True)
+        reader.start()
+        agent = start_agent(tmp_path, "--config", str(cfg), env={**sim_env, "NOTIFY_SOCKET": notify.path})
         an = _analyzer(tmp_path, port, am.url, env)
         try:
             # 1. both destinations receive; the analyzer pages the first DBE
@@ -226,6 +236,21 @@ dir = "{tmp_path / 'spool'}"
             assert killed_ns / 1e9 < t0 + second - 5, "the analyzer outlived the second fault's onset"
             assert not _firing(rx, *b)
             # 2. while it is down: InfluxDB keeps receiving every poll, the analyzer's destination spools
+            # the unit's STATUS names each destination: the analyzer's failing, InfluxDB's not
+            status = re.compile(r"STATUS=tick \d+: .*; influx: spool \d+ points, \d+ B; "
+                                r"influx\.analyzer: spool \d+ points, \d+ B, failing \(")
+            assert wait_for(lambda: any(status.search(x) for x in notify.msgs[-5:]), 10), notify.msgs[-3:]
+            # the analyzer's spool has its own lock: a second agent on it is refused, one line, exit 2
+            other = tmp_path / "other.toml"  # its own [spool], the analyzer destination's spool_dir
+            shared = f'spool_dir = "{tmp_path / "spool-analyzer"}"\n[spool]'
+            other.write_text(cfg.read_text()
+                             .replace(f'dir = "{tmp_path / "spool"}"', f'dir = "{tmp_path / "other"}"')
+                             .replace('backoff_max = "1s"\n[spool]', f'backoff_max = "1s"\n{shared}'))
+            assert "spool_dir" in other.read_text()
+            r = subprocess.run(agent_cmd("--config", str(other)), capture_output=True, text=True, timeout=60,
+                               cwd=ROOT, env={**os.environ, **sim_env})
+            assert r.returncode == 2 and "spool-analyzer is in use by another agent" in r.stderr, r.stderr
+            assert len(r.stderr.strip().splitlines()) == 1
             q = "SELECT first(health_code) FROM gpu WHERE health_code = 2 AND gpu = '1'"
             assert wait_for(lambda: db.query(q, db="fleet")["results"][0].get("series"), 60)
             assert wait_for(lambda: any((r["spool_points"] or 0) > 0 and r["retries_total"] > 0
@@ -270,6 +295,9 @@ dir = "{tmp_path / 'spool'}"
                 except subprocess.TimeoutExpired:
                     an.kill()
             code = stop_agent(agent)
+            reading.set()
+            reader.join(5)
+            notify.close()
         log = (tmp_path / "agent.log").read_text()
         assert code == 0, log[-2000:]
         assert "influx: the spool is empty" in log and "influx.analyzer:" in log, log[-2000:]
