@@ -270,7 +270,7 @@ dir = "{tmp_path / 'spool'}"
             assert wait_for(lambda: [r for r in _agent_rows(db, "influx.analyzer", later)
                                      if r["spool_points"] == 0], 20)
             # every gpu row InfluxDB took while the analyzer was down reached the analyzer and was
-            # analysed (gpu rows counted as the analysis cuts its windows; none came too late)
+            # analysed (gpu_samples_total counts the gpu rows taken in; none late: all went into windows)
             assert wait_for(lambda: _gauge(port, "gpufleet_analyzer_gpu_samples_total") >= down_rows, 10), (
                 down_rows, _metrics(port))
             assert _gauge(port, "gpufleet_analyzer_late_points_total") == 0, _metrics(port)
