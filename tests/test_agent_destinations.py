@@ -276,7 +276,7 @@ dir = "{tmp_path / 'spool'}"
             assert _gauge(port, "gpufleet_analyzer_late_points_total") == 0, _metrics(port)
             backlog = max(r["spool_points"] or 0 for r in _agent_rows(db, "influx.analyzer", killed_ns))
             print(f"analyzer down {down_s:.0f}s: {down_rows} gpu rows in InfluxDB meanwhile, the analyzer's "
-                  f"spool held up to {backlog} lines, the restarted analyzer analysed "
+                  f"spool held up to {backlog} lines, the restarted analyzer took in "
                   f"{_gauge(port, 'gpufleet_analyzer_gpu_samples_total'):.0f} gpu rows, none late")
             m = _metrics(port)
             assert 'refused_total{reason="auth"} 0' in m
