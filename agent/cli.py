@@ -51,10 +51,12 @@ def agent():
 @agent.command("resend-rejected")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               help="agent.toml (its [influx] and [spool] sections)")
+@click.option("--destination", default="influx", show_default=True,
+              help="influx, or influx.NAME for an [influx.NAME] table")
 @click.option("--spool-dir", default=None, help="the spool (default: spool.dir of the config)")
 @click.option("--influx-url", default=None)
 @click.option("--influx-db", default=None)
-def resend_rejected_command(config_path, spool_dir, influx_url, influx_db):
+def resend_rejected_command(config_path, destination, spool_dir, influx_url, influx_db):
     """Send the batches InfluxDB refused (spool/rejected/) again; delivered ones are deleted.
 
     Safe while the agent runs (it never reads rejected/); a re-sent line carries its original
@@ -66,11 +68,18 @@ def resend_rejected_command(config_path, spool_dir, influx_url, influx_db):
     from gpufleet.agent.pipeline.influx import resend_rejected
 
     cfg = agent_config.load(Path(config_path) if config_path else None)
-    cfg = agent_config.apply_overrides(cfg, influx_url=influx_url, influx_db=influx_db, spool_dir=spool_dir,
-                                       exporters=("influx",))
-    ix = cfg["influx"]
-    secret = agent_config.influx_secret(ix)
-    rdir = Path(cfg["spool"]["dir"]) / "rejected"
+    if destination == agent_config.INFLUX:
+        cfg = agent_config.apply_overrides(cfg, influx_url=influx_url, influx_db=influx_db,
+                                           spool_dir=spool_dir, exporters=(destination,))
+    else:  # the flags name [influx]'s keys; a named destination's come from its table only
+        if influx_url or influx_db or spool_dir:
+            raise GpufleetError("--influx-url, --influx-db and --spool-dir are for --destination influx",
+                                exit_code=2)
+        cfg = agent_config.apply_overrides(cfg, exporters=(destination,))
+    dest = agent_config.influx_destinations(cfg)[0]
+    ix = dest.cfg
+    secret = agent_config.influx_secret(ix, dest.name)
+    rdir = Path(dest.spool_dir) / "rejected"
     if not rdir.is_dir():
         raise GpufleetError(f"{rdir}: no such directory (nothing was rejected?)")
     files, lines, problems = resend_rejected(rdir, ix, secret)

@@ -5,15 +5,21 @@ Every key is declared in ``SCHEMA`` (section -> key -> spec); an unknown key or 
 (InfluxDB token and password) are read from a file or an environment variable, never from the
 TOML itself, and never logged: :func:`gpufleet.net.redact_url` strips credentials from URLs before logging.
 The reference is ``docs/agent.md``; ``packaging/config/agent.toml`` holds every key.
+
+Several InfluxDB-protocol destinations: besides ``[influx]`` (exporter ``influx``), a table
+``[influx.NAME]`` declares the destination ``influx.NAME`` (the same keys, plus ``spool_dir``),
+active when ``agent.exporters`` lists it. Each has its own spool, sender, backoff and counters
+(:func:`influx_destinations` is the one list of them).
 """
 
 from __future__ import annotations
 
 import math
+import os
 import re
 import socket
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -21,6 +27,8 @@ from gpufleet.errors import ConfigError
 from gpufleet.units import parse_duration, parse_size
 
 EXPORTERS = ("file", "influx", "otlp")
+INFLUX = "influx"  # the exporter of the [influx] table; [influx.NAME] tables are "influx.NAME"
+_DEST_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")
 STATE_DIR = "/var/lib/gpufleet-agent"  # the systemd unit's StateDirectory: the one place it may write
 COLLECTOR_SECTIONS = ("ipmi", "xid", "canary")
 JOB_TAG_KEYS = ("scheduler", "namespace", "partition", "user")  # gpufleet.agent.jobs.TAG_KEYS
@@ -45,7 +53,7 @@ SCHEMA: dict[str, dict[str, Spec]] = {
         "sim_node": Spec("str", ""),
         "host": Spec("str", ""),
         "collectors": Spec("strlist", ["gpu", "host"]),
-        "exporters": Spec("strlist", ["file"], choices=EXPORTERS),
+        "exporters": Spec("strlist", ["file"]),  # EXPORTERS and influx.NAME: checked in _cross_check
         "log_level": Spec("choice", "info", choices=("debug", "info", "warning", "error")),
         "flush_timeout": Spec("duration", 5.0, 0.0, 60.0),
         # degraded (the spool cannot be written) this long: stop the watchdog pings so systemd
@@ -149,6 +157,10 @@ SCHEMA: dict[str, dict[str, Spec]] = {
         "state_dir": Spec("path", f"{STATE_DIR}/canary"),
         "standin": Spec("bool", False),
     },
+}
+# the keys an [influx.NAME] table has beyond [influx]'s (its other keys: SCHEMA["influx"], same defaults)
+DESTINATION_KEYS: dict[str, Spec] = {
+    "spool_dir": Spec("path", ""),  # "" = spool.dir + "-NAME"
 }
 # config section -> collector keyword, where the names differ
 COLLECTOR_ALIASES = {"ipmi": {"host": "bmc_host", "port": "bmc_port"}}
@@ -264,14 +276,115 @@ def validate(doc: object) -> dict[str, dict[str, object]]:
             out[section] = sec
             continue
         for name in given:
-            if name not in specs:
+            if name not in specs and not (section == INFLUX and isinstance(given[name], dict)):
                 raise _bad(f"{section}.{name}", "unknown key")
         for name, spec in specs.items():
             key = f"{section}.{name}"
             sec[name] = _check(key, spec, given[name]) if name in given else spec.default
+        if section == INFLUX:
+            for name, table in given.items():
+                if name not in specs:
+                    sec[name] = _destination_table(str(name), table)
         out[section] = sec
     _cross_check(out)
     return out
+
+
+def _destination_table(name: str, table: dict) -> dict[str, object]:
+    """An ``[influx.NAME]`` table: the keys of ``[influx]`` (with their defaults) and ``spool_dir``."""
+    if not _DEST_NAME.match(name):
+        raise _bad(f"influx.{name}", "a destination name is letters, digits, '_' and '-', "
+                                     "starting with a letter")
+    specs = {**SCHEMA[INFLUX], **DESTINATION_KEYS}
+    for k in table:
+        if k not in specs:
+            raise _bad(f"influx.{name}.{k}", "unknown key")
+    return {k: _check(f"influx.{name}.{k}", spec, table[k]) if k in table else spec.default
+            for k, spec in specs.items()}
+
+
+def named_destinations(cfg: dict) -> dict[str, dict]:
+    """The ``[influx.NAME]`` tables: NAME -> table (declared, whether listed in exporters or not)."""
+    return {k: v for k, v in cfg[INFLUX].items() if isinstance(v, dict)}
+
+
+@dataclass(frozen=True)
+class Destination:
+    """One InfluxDB-protocol destination of the agent: its exporter name, keys and spool."""
+
+    name: str  # "influx" or "influx.NAME": the exporter tag of its gpufleet_agent row
+    cfg: dict = field(compare=False)  # the keys of [influx] (make_client, InfluxSender)
+    spool_dir: str
+
+
+def influx_destinations(cfg: dict) -> list[Destination]:
+    """The active InfluxDB-protocol destinations, in the order ``agent.exporters`` lists them."""
+    named = named_destinations(cfg)
+    base = os.path.normpath(str(cfg["spool"]["dir"]))
+    out = []
+    for exp in cfg["agent"]["exporters"]:
+        if exp == INFLUX:
+            ix = {k: v for k, v in cfg[INFLUX].items() if k in SCHEMA[INFLUX]}
+            out.append(Destination(INFLUX, ix, str(cfg["spool"]["dir"])))
+        elif exp.startswith(INFLUX + ".") and exp[len(INFLUX) + 1:] in named:
+            name = exp[len(INFLUX) + 1:]
+            t = named[name]
+            out.append(Destination(exp, t, str(t["spool_dir"]) or f"{base}-{name}"))
+    return out
+
+
+def _check_destination(key: str, ix: dict, active: bool) -> None:
+    """One destination's own keys (``key``: ``influx`` or ``influx.NAME``); its URL when active."""
+    if ix["backoff_min"] > ix["backoff_max"]:
+        raise _bad(f"{key}.backoff_min", f"is larger than {key}.backoff_max")
+    if ix["password_file"] and ix["password_env"]:
+        raise _bad(f"{key}.password_file", "give password_file or password_env, not both")
+    if ix["token_file"] and ix["token_env"]:
+        raise _bad(f"{key}.token_file", "give token_file or token_env, not both")
+    if not active:
+        return
+    url = ix["url"]
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises on a bad port
+    except ValueError as exc:
+        raise _bad(f"{key}.url", f"not a URL ({exc})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise _bad(f"{key}.url", "expected http://HOST:PORT or https://HOST:PORT")
+    if ix["api"] == "v1" and not ix["db"]:
+        raise _bad(f"{key}.db", "needed with api = \"v1\"")
+    if ix["api"] == "v2" and not ix["bucket"]:
+        raise _bad(f"{key}.bucket", "needed with api = \"v2\"")
+
+
+def _check_exporters(c: dict) -> None:
+    named = named_destinations(c)
+    for x in c["agent"]["exporters"]:
+        if x in EXPORTERS:
+            continue
+        if x.startswith(INFLUX + "."):
+            if x[len(INFLUX) + 1:] in named:
+                continue
+            raise _bad("agent.exporters", f"{x!r} names no [{x}] table")
+        raise _bad("agent.exporters", f"unknown name {x!r}; expected {', '.join(EXPORTERS)} or influx.NAME "
+                                      "(an [influx.NAME] table)")
+    for name, t in named.items():
+        _check_destination(f"influx.{name}", t, f"{INFLUX}.{name}" in c["agent"]["exporters"])
+    dests = influx_destinations(c)
+    if not dests:
+        return
+    first = dests[0]
+    seen: dict[str, str] = {}
+    for d in dests:
+        key = "spool.dir" if d.name == INFLUX else f"{d.name}.spool_dir"
+        if d.cfg["precision"] != first.cfg["precision"]:  # the lines are encoded once for all sinks
+            raise _bad(f"{d.name}.precision", f"every influx destination writes the same lines: "
+                                              f"{first.cfg['precision']!r} as {first.name}.precision")
+        real = os.path.realpath(d.spool_dir)
+        if real in seen:
+            raise _bad(key, f"{d.spool_dir} is also the spool of {seen[real]}: each destination needs "
+                            "its own spool directory")
+        seen[real] = d.name
 
 
 def _cross_check(c: dict[str, dict[str, object]]) -> None:
@@ -281,8 +394,6 @@ def _cross_check(c: dict[str, dict[str, object]]) -> None:
         raise _bad("agent.backend", f"expected nvml, sim or recorded:PATH, got {b!r}")
     if a["sim_node"] and b != "sim":
         raise _bad("agent.sim_node", "needs backend = \"sim\"")
-    if ix["backoff_min"] > ix["backoff_max"]:
-        raise _bad("influx.backoff_min", "is larger than influx.backoff_max")
     if c["ipmi"]["backoff_min"] > c["ipmi"]["backoff_max"]:
         raise _bad("ipmi.backoff_min", "is larger than ipmi.backoff_max")
     if c["ipmi"]["password_file"] and c["ipmi"]["password_env"]:
@@ -290,24 +401,8 @@ def _cross_check(c: dict[str, dict[str, object]]) -> None:
     for key in ("size", "busy_size"):
         if 0 < c["canary"][key] < 16:
             raise _bad(f"canary.{key}", f"{c['canary'][key]} is outside 16..32768 (0: the default)")
-    if "influx" in a["exporters"]:
-        url = ix["url"]
-        try:
-            parts = urlsplit(url)
-            parts.port  # noqa: B018 - raises on a bad port
-        except ValueError as exc:
-            raise _bad("influx.url", f"not a URL ({exc})") from None
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise _bad("influx.url", "expected http://HOST:PORT or https://HOST:PORT")
-        if ix["api"] == "v1" and not ix["db"]:
-            raise _bad("influx.db", "needed with api = \"v1\"")
-        if ix["api"] == "v2":
-            if not ix["bucket"]:
-                raise _bad("influx.bucket", "needed with api = \"v2\"")
-    if ix["password_file"] and ix["password_env"]:
-        raise _bad("influx.password_file", "give password_file or password_env, not both")
-    if ix["token_file"] and ix["token_env"]:
-        raise _bad("influx.token_file", "give token_file or token_env, not both")
+    _check_destination(INFLUX, ix, INFLUX in a["exporters"])
+    _check_exporters(c)
     if "otlp" in a["exporters"]:
         try:
             parts = urlsplit(c["otlp"]["endpoint"])
@@ -387,9 +482,10 @@ def hostname(cfg: dict) -> str:
     return cfg["agent"]["host"] or socket.gethostname()
 
 
-def influx_secret(ix: dict) -> str | None:
-    """The ``[influx]`` table's secret: the v2 token or the v1 password, from its file or env key."""
+def influx_secret(ix: dict, name: str = INFLUX) -> str | None:
+    """A destination's secret (``name``: ``influx`` or ``influx.NAME``): the v2 token or the v1
+    password, from its file or env key."""
     from gpufleet.secrets import read_secret
 
     key = "token" if ix["api"] == "v2" else "password"
-    return read_secret(f"influx.{key}", ix.get(f"{key}_file"), ix.get(f"{key}_env"))
+    return read_secret(f"{name}.{key}", ix.get(f"{key}_file"), ix.get(f"{key}_env"))

@@ -3,11 +3,12 @@
 Every ``interval`` seconds: run each collector once (timed and isolated: one failing never stops
 the others), add the agent's own rows (``gpufleet_collector``, ``gpufleet_agent``), hand them to
 the pipeline in one observation pass and collect OpenTelemetry once (exporters: ``file``,
-``influx`` through the disk spool, ``otlp``). systemd: ``READY=1`` after the first successful
+``influx`` and any ``influx.NAME`` destinations, each through its own disk spool and sender,
+``otlp``). systemd: ``READY=1`` after the first successful
 poll, ``WATCHDOG=1`` after every completed healthy tick, ``STATUS=`` a summary, ``STOPPING=1``.
 Degraded (the spool cannot be written: disk full, directory unusable): STATUS says why and the
 points are counted as dropped; past ``degraded_restart`` the pings stop, so systemd restarts the
-unit (without a watchdog the agent exits 1). The spool is owned by one agent (a lock taken first
+unit (without a watchdog the agent exits 1). Each spool is owned by one agent (a lock taken first
 thing: a second agent on the same directory exits 2 at once).
 Signals: SIGHUP reloads the config (an invalid one is rejected, the old keeps running;
 ``RELOADING=1`` + ``MONOTONIC_USEC`` before, ``READY=1`` after either way);
@@ -75,8 +76,40 @@ def _load_collector(name: str, load):
 NVML_COLLECTORS = ("gpu", "xid", "canary")
 
 
+class Output:
+    """One influx destination of a running agent: its spool and the sender draining it."""
+
+    def __init__(self, name: str, spool):
+        self.name = name
+        self.spool = spool
+        self.sender = None
+
+    def row(self, now_ns: int) -> Sample:
+        """Its ``gpufleet_agent`` row (tag ``exporter`` = the destination's name)."""
+        sp, se = self.spool, self.sender
+        f = {"spool_bytes": sp.bytes, "spool_points": sp.points,
+             "dropped_points_total": sp.dropped_points + sp.rejected_points,
+             "retries_total": se.retries_total, "export_failing_seconds": se.failing_seconds,
+             "spool_write_failures_total": sp.write_failures}
+        if se.last_latency is not None:
+            f["export_latency_seconds"] = se.last_latency
+        return Sample("gpufleet_agent", {"exporter": self.name}, f, now_ns)
+
+    def problem(self) -> str:
+        sp = self.spool
+        if not sp.error:
+            return ""
+        return f"spool {sp.dir} cannot be written ({sp.error}); {sp.dropped_points} points dropped"
+
+    def summary(self) -> str:
+        s = f"{self.name}: spool {self.spool.points} points, {self.spool.bytes} B"
+        if self.sender is not None and self.sender.failures:
+            s += f", failing ({self.sender.last_error})"
+        return s
+
+
 class Agent:
-    """Everything one configuration builds: collectors, pipeline, exporters, spool, sender."""
+    """Everything one configuration builds: collectors, pipeline, exporters, spools, senders."""
 
     backend = None
     _backend_inited = False
@@ -90,27 +123,26 @@ class Agent:
         self.interval = float(a["interval"])
         self.host = a["host"] or a["sim_node"] or agent_config.hostname(cfg)
         exporters = a["exporters"]
-        self.spool = None
-        self.sender = None
+        self.outputs: list[Output] = []  # one per influx destination: its spool and sender
         self.file = None
-        secret = None
-        ix = cfg["influx"]
-        if "influx" in exporters:
-            secret = agent_config.influx_secret(ix)
+        dests = agent_config.influx_destinations(cfg)
+        secrets = {d.name: agent_config.influx_secret(d.cfg, d.name) for d in dests}
         self._closed = False
         self.collectors = self._build_collectors(cfg)
         sinks = []
         try:
-            if "influx" in exporters:
+            for d in dests:
                 from gpufleet.agent.pipeline.influx import InfluxSender, SpoolSink
                 from gpufleet.agent.spool import Spool
 
-                sp = cfg["spool"]
-                self.spool = Spool(sp["dir"], sp["max_bytes"], sp["segment_bytes"], sp["fsync"],
-                                   sp["rejected_max_files"], sp["rejected_max_bytes"])
+                sp = cfg["spool"]  # its bounds apply to each destination's spool
+                spool = Spool(d.spool_dir, sp["max_bytes"], sp["segment_bytes"], sp["fsync"],
+                              sp["rejected_max_files"], sp["rejected_max_bytes"])
+                out = Output(d.name, spool)
+                self.outputs.append(out)
                 wake = threading.Event()
-                self.sender = InfluxSender(self.spool, ix, secret, wake)
-                sinks.append(SpoolSink(self.spool, ix["batch_lines"], wake))
+                out.sender = InfluxSender(spool, d.cfg, secrets[d.name], wake, name=d.name)
+                sinks.append(SpoolSink(spool, d.cfg["batch_lines"], wake, name=d.name))
             if "file" in exporters:
                 from gpufleet.agent.pipeline.filesink import FileSink
 
@@ -118,7 +150,7 @@ class Agent:
                 self.file = FileSink(f["dir"], self.host, f["segment_bytes"], f["segment_age"], f["compress"],
                                      f["keep_bytes"])
                 sinks.append(self.file)
-            precision = ix["precision"] if "influx" in exporters else "ns"
+            precision = dests[0].cfg["precision"] if dests else "ns"  # one for all (agent.config)
             exps = [LineProtocolExporter(sinks, precision=precision)] if sinks else []
             self.lp = exps[0] if exps else None
             if "otlp" in exporters:
@@ -129,8 +161,12 @@ class Agent:
         except BaseException:
             self._close_parts()
             raise
-        if self.sender is not None:
-            self.sender.start()
+        for out in self.outputs:
+            out.sender.start()
+        unused = sorted(set(agent_config.named_destinations(cfg)) - {d.name.partition(".")[2] for d in dests})
+        for name in unused:
+            log.warning("[influx.%s] is declared but agent.exporters does not list \"influx.%s\": not used",
+                        name, name)
         self.ticks = 0
         self.ok_ticks = 0
         self.last_summary = ""
@@ -226,32 +262,18 @@ class Agent:
         return ok_any
 
     def _self_rows(self, now_ns: int) -> list[Sample]:
-        if self.spool is None or self.sender is None:
-            return []
-        f = {"spool_bytes": self.spool.bytes, "spool_points": self.spool.points,
-             "dropped_points_total": self.spool.dropped_points + self.spool.rejected_points,
-             "retries_total": self.sender.retries_total,
-             "export_failing_seconds": self.sender.failing_seconds,
-             "spool_write_failures_total": self.spool.write_failures}
-        if self.sender.last_latency is not None:
-            f["export_latency_seconds"] = self.sender.last_latency
-        return [Sample("gpufleet_agent", {"exporter": "influx"}, f, now_ns)]
+        return [out.row(now_ns) for out in self.outputs]
 
     def problem(self) -> str:
-        """Why the agent is degraded ("" when healthy): data it cannot keep."""
-        if self.spool is not None and self.spool.error:
-            return f"spool {self.spool.dir} cannot be written ({self.spool.error}); " \
-                   f"{self.spool.dropped_points} points dropped"
-        return ""
+        """Why the agent is degraded ("" when healthy): data it cannot keep (any destination's)."""
+        return "; ".join(p for p in (out.problem() for out in self.outputs) if p)
 
     def summary(self) -> str:
         ok = sum(1 for _, good in self.stats.values() if good)
         pts = getattr(self, "last_points", 0)
         s = f"tick {self.ticks}: {ok}/{len(self.stats)} collectors ok, {pts} points"
-        if self.spool is not None:
-            s += f"; spool {self.spool.points} points, {self.spool.bytes} B"
-            if self.sender is not None and self.sender.failures:
-                s += f"; influx failing ({self.sender.last_error})"
+        for out in self.outputs:
+            s += f"; {out.summary()}"
         return s
 
     # ------------------------------------------------------------------ shutdown
@@ -259,9 +281,10 @@ class Agent:
         """Stop: flush the spool as far as the backend allows within ``flush_timeout``."""
         if self._closed:
             return True
-        drained = True
-        if self.sender is not None:
-            drained = self.sender.flush(flush_timeout)
+        deadline = time.monotonic() + flush_timeout
+        for out in self.outputs:  # every destination drains at once, within the one budget
+            out.sender.begin_flush(deadline)
+        drained = all([out.sender.end_flush() for out in self.outputs])
         for c in self.collectors:
             close = getattr(c, "close", None)
             if close is not None:
@@ -284,10 +307,10 @@ class Agent:
 
     def _close_parts(self) -> None:
         self._closed = True
-        if self.sender is not None:
-            self.sender.close()
-        if self.spool is not None:
-            self.spool.close()
+        for out in self.outputs:
+            if out.sender is not None:
+                out.sender.close()
+            out.spool.close()
         if self.file is not None:
             self.file.close()
 
@@ -352,7 +375,7 @@ class Daemon:
         signal.signal(signal.SIGHUP, self._on_hup)
         log.info("agent started: host %s, interval %gs, exporters %s%s", self.agent.host, self.agent.interval,
                  ",".join(self.cfg["agent"]["exporters"]),
-                 f", influx {self.agent.sender.url_for_logs}" if self.agent.sender else "")
+                 "".join(f", {o.name} {o.sender.url_for_logs}" for o in self.agent.outputs))
         next_t = time.time()
         code = 0
         while not self.stop_requested:
@@ -380,11 +403,11 @@ class Daemon:
         t0 = time.monotonic()
         self.agent.close(flush_timeout=max(0.0, budget - 0.3))
         msg = ""
-        if self.agent.spool is not None:  # counted from the files, not from what we believe we wrote
-            sp = self.agent.spool
+        for out in self.agent.outputs:  # counted from the files, not from what we believe we wrote
+            sp = out.spool
             left = sp.points_on_disk()
-            msg = f"; {left} points stay in the spool {sp.dir} for the next start" if left else \
-                "; the spool is empty"
+            msg += f"; {out.name}: {left} points stay in the spool {sp.dir} for the next start" if left else \
+                f"; {out.name}: the spool is empty"
             if sp.dropped_points:
                 msg += f"; {sp.dropped_points} points were dropped (spool full or unwritable)"
         log.info("agent stopped in %.1fs%s", time.monotonic() - t0, msg)
@@ -462,16 +485,16 @@ def run_command(config_path, backend, interval, exporters, influx_url, influx_ap
 
     cfg = load_config()
     _setup_logging(cfg["agent"]["log_level"])
-    lock = None
-    if "influx" in cfg["agent"]["exporters"]:  # one owner per spool: refuse at once, before the slow start
-        from gpufleet.agent.spool import lock_dir, unlock_dir
+    from gpufleet.agent.spool import lock_dir, unlock_dir
 
-        lock = lock_dir(cfg["spool"]["dir"])
+    locks = []  # one owner per spool: refuse at once, before the slow start
     try:
+        for d in agent_config.influx_destinations(cfg):
+            locks.append(lock_dir(d.spool_dir))
         daemon = Daemon(load_config)
     finally:
-        if lock is not None:
-            unlock_dir(lock)  # the agent's spool holds its own count of the lock now
+        for lock in locks:
+            unlock_dir(lock)  # the agent's spools hold their own count of the locks now
     code = daemon.run()
     if code:  # click's Exit is swallowed outside standalone mode: a GpufleetError carries the code
         raise GpufleetError("the agent stopped degraded (see the log); the service manager restarts it",

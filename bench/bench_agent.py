@@ -5,6 +5,8 @@
 - CPU per GPU per tick with the sim backend (8 GPUs, 18 NVLink links each, read every
   ``gpu.nvlink_interval``), file + influx exporters on, split into collection / OpenTelemetry SDK /
   encoding+export (process CPU time, all threads), and apart for ticks with and without NVLink rows;
+- the same ticks with a second InfluxDB-protocol destination (``[influx.analyzer]``, its own
+  spool) beside the first, timed alternately with the one-destination agent in the same run;
 - RSS of a real ``gpufleet agent run`` process with 8 simulated GPUs.
 """
 
@@ -20,13 +22,16 @@ from pathlib import Path
 import requests
 
 
-def _agent(tmp: Path, url: str, nvlink_interval: float | None = None):
+def _agent(tmp: Path, url: str, nvlink_interval: float | None = None, second: bool = False):
     from gpufleet.agent import config
     from gpufleet.agent.daemon import Agent
 
     doc = {"agent": {"backend": "sim", "interval": 1, "exporters": ["file", "influx"], "host": "bench"},
            "influx": {"url": url, "db": "bench"},
            "file": {"dir": str(tmp / "lp")}, "spool": {"dir": str(tmp / "spool")}}
+    if second:
+        doc["agent"]["exporters"].append("influx.analyzer")
+        doc["influx"]["analyzer"] = {"url": url, "db": "bench2"}
     if nvlink_interval is not None:
         doc["gpu"] = {"nvlink_interval": nvlink_interval}
     ag = Agent(config.validate(doc))
@@ -42,14 +47,40 @@ def _spool_lines(tmp: Path, url: str, ticks: int) -> list[str]:
     """Real agent lines for the throughput test: NVLink rows on every tick (wide GPU rows and
     narrow link rows, as a node with gpu.nvlink_interval = 0 writes them)."""
     ag, clock = _agent(tmp / "data", url, nvlink_interval=0)
-    ag.sender.stop_event.set()
+    out = ag.outputs[0]  # the [influx] destination
+    out.sender.stop_event.set()
     t = time.time_ns() - (ticks + 1) * 10**9
     for i in range(ticks + 1):
         clock[0] = float(i)
         ag.tick(t + i * 10**9)
-    lines = ag.spool.read_batch(10**9)[0]
+    lines = out.spool.read_batch(10**9)[0]
     ag.close(0)
     return lines
+
+
+def _second_destination(tmp: Path, url: str, ticks: int) -> list[dict]:
+    """CPU per GPU per tick with one and with two influx destinations, ticks alternated so that
+    both see the same machine load; the senders are stopped (the tick alone is timed)."""
+    agents = [_agent(tmp / f"d{n}", url, second=n == 2) for n in (1, 2)]
+    for ag, _ in agents:
+        for out in ag.outputs:
+            out.sender.stop_event.set()
+    cpu = [0.0, 0.0]
+    t = time.time_ns() - (ticks + 1) * 10**9
+    for i in range(ticks + 1):
+        for k, (ag, clock) in enumerate(agents):
+            clock[0] = float(i)
+            c = time.process_time()
+            ag.tick(t + i * 10**9)
+            if i:  # the first tick builds the caches
+                cpu[k] += time.process_time() - c
+    for ag, _ in agents:
+        ag.close(0)
+    one, two = (c / ticks / 8 * 1e3 for c in cpu)
+    return [{"benchmark": "agent", "metric": "CPU per GPU per tick, one influx destination", "value": one,
+             "unit": "ms", "note": f"{ticks} ticks, alternated with the next row"},
+            {"benchmark": "agent", "metric": "CPU per GPU per tick, two (+ [influx.analyzer])", "value": two,
+             "unit": "ms", "note": "the lines are encoded once; one more spool append per tick"}]
 
 
 def run(quick: bool) -> list[dict]:
@@ -63,7 +94,8 @@ def run(quick: bool) -> list[dict]:
             srv.create_db("bench")
             srv.create_db("raw")
             ag, clock = _agent(tmp, srv.url)
-            ag.sender.stop_event.set()  # measure the tick alone; drain afterwards
+            spool, sender = ag.outputs[0].spool, ag.outputs[0].sender  # the [influx] destination
+            sender.stop_event.set()  # measure the tick alone; drain afterwards
             t = time.time_ns() - ticks * 10**9
             ag.tick(t)
             parts = ("collect", "otel", "encode_export")
@@ -101,7 +133,7 @@ def run(quick: bool) -> list[dict]:
                                  f"({max(n for _, n in per_tick)} with NVLink rows)"})
             # throughput: make a large spool of real lines, drain it, then raw POST the same lines
             lines = []
-            ag.spool.ack(ag.spool.read_batch(10**9)[1], ag.spool.points)  # the timed ticks' lines: not sent
+            spool.ack(spool.read_batch(10**9)[1], spool.points)  # the timed ticks' lines: not sent
             base = _spool_lines(tmp, srv.url, ticks)
             reps = 3 if quick else 12
             for r in range(reps):
@@ -111,10 +143,10 @@ def run(quick: bool) -> list[dict]:
                     lines.append(f"{head} {fields} {int(ts) - shift}")
             all_lines = base + lines
             for i in range(0, len(all_lines), 5000):
-                ag.spool.append(all_lines[i:i + 5000])
-            nfields = sum(ln.rsplit(" ", 2)[1].count("=") for ln in ag.spool.read_batch(10**9)[0])
+                spool.append(all_lines[i:i + 5000])
+            nfields = sum(ln.rsplit(" ", 2)[1].count("=") for ln in spool.read_batch(10**9)[0])
             t0 = time.perf_counter()
-            while ag.sender.step() != "empty":
+            while sender.step() != "empty":
                 pass
             dt_agent = time.perf_counter() - t0
             t0 = time.perf_counter()
@@ -132,6 +164,7 @@ def run(quick: bool) -> list[dict]:
                          "value": nfields / dt_raw, "unit": "field values/s"})
             rows.append({"benchmark": "agent", "metric": "exporter / raw POST", "value": dt_raw / dt_agent,
                          "unit": "ratio"})
+            rows.extend(_second_destination(tmp, srv.url, ticks))
         # RSS of a real agent process
         proc = subprocess.Popen([sys.executable, "-m", "gpufleet", "agent", "run", "--backend", "sim",
                                  "--interval", "1", "--exporter", "file", "--file-dir", str(tmp / "lp2")],

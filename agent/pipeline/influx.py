@@ -19,6 +19,11 @@ exponential backoff and jitter (``backoff_min`` doubling up to ``backoff_max``; 
 batch into halves until the pieces pass. Loud while failing: one log line per backoff step
 (attempts 1, 2, 4, 8, ...: not one per batch), the reason in the unit's STATUS, and
 ``export_failing_seconds`` / ``retries_total`` in ``gpufleet_agent``.
+
+An agent with several destinations (``[influx]`` and ``[influx.NAME]`` tables) has one spool,
+one :class:`SpoolSink` and one :class:`InfluxSender` (its own thread, backoff and counters) per
+destination, each named after its exporter (``influx``, ``influx.NAME``): a destination that is
+down or slow only fills its own spool.
 """
 
 from __future__ import annotations
@@ -39,9 +44,9 @@ log = logging.getLogger("gpufleet.agent.influx")
 
 
 class SpoolSink:
-    name = "influx"
-
-    def __init__(self, spool: Spool, batch_lines: int = 5000, wake: threading.Event | None = None):
+    def __init__(self, spool: Spool, batch_lines: int = 5000, wake: threading.Event | None = None,
+                 name: str = "influx"):
+        self.name = name
         self.spool = spool
         self.batch_lines = batch_lines
         self.wake = wake
@@ -202,7 +207,9 @@ def resend_rejected(rejected_dir, cfg: dict, secret: str | None) -> tuple[int, i
 class InfluxSender:
     """Drains a :class:`Spool` into InfluxDB in its own thread."""
 
-    def __init__(self, spool: Spool, cfg: dict, secret: str | None, wake: threading.Event | None = None):
+    def __init__(self, spool: Spool, cfg: dict, secret: str | None, wake: threading.Event | None = None,
+                 name: str = "influx"):
+        self.name = name  # the exporter: "influx" or "influx.NAME"
         self.spool = spool
         self.cfg = cfg
         self.url_for_logs = redact_url(cfg["url"])
@@ -235,8 +242,8 @@ class InfluxSender:
                 bad_lines = [x for part, _ in bad for x in part]
                 reason = "; ".join(f"HTTP {a.status}: {a.text}" for _, a in bad)
                 path = self.spool.reject(bad_lines, pos, reason, len(lines))
-                log.error("influx %s refused a batch: %d of %d lines malformed: %s (moved to %s; "
-                          "'gpufleet agent resend-rejected' sends them again)", self.url_for_logs,
+                log.error("%s %s refused a batch: %d of %d lines malformed: %s (moved to %s; "
+                          "'gpufleet agent resend-rejected' sends them again)", self.name, self.url_for_logs,
                           len(bad_lines), len(lines), reason, path)
                 self.sent_points += len(lines) - len(bad_lines)
             else:
@@ -244,8 +251,8 @@ class InfluxSender:
                 self.sent_points += len(lines)
             self.last_latency = time.perf_counter() - t0
             if self.failures:
-                log.warning("influx %s: delivering again after %d failed attempts (%s)", self.url_for_logs,
-                            self.failures, self.last_error)
+                log.warning("%s %s: delivering again after %d failed attempts (%s)", self.name,
+                            self.url_for_logs, self.failures, self.last_error)
             self.failures = 0
             self.failing_since = None
             self.last_error = ""
@@ -267,8 +274,8 @@ class InfluxSender:
             ans = self.client.send(("\n".join(part) + "\n").encode("utf-8"), timeout)
             if ans.status == 413 and len(part) > 1:
                 self.chunk_lines = max(1, len(part) // 2)
-                log.warning("influx %s: HTTP 413 for %d lines: sending at most %d lines per request",
-                            self.url_for_logs, len(part), self.chunk_lines)
+                log.warning("%s %s: HTTP 413 for %d lines: sending at most %d lines per request",
+                            self.name, self.url_for_logs, len(part), self.chunk_lines)
                 continue
             if not ans.ok and (ans.retry and ans.status != 413):
                 return ans, bad
@@ -290,8 +297,9 @@ class InfluxSender:
         self.last_error = err
         self._retry_after = ans.retry_after
         if self.failures & (self.failures - 1) == 0:  # attempts 1, 2, 4, 8, ...: one line per backoff step
-            log.warning("influx %s: %s; attempt %d failed, retrying with backoff (the spool keeps the "
-                        "data: %d points)", self.url_for_logs, err, self.failures, self.spool.points)
+            log.warning("%s %s: %s; attempt %d failed, retrying with backoff (the spool keeps the "
+                        "data: %d points)", self.name, self.url_for_logs, err, self.failures,
+                        self.spool.points)
 
     @property
     def failing_seconds(self) -> float:
@@ -307,7 +315,7 @@ class InfluxSender:
 
     # ------------------------------------------------------------------ thread
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="influx-sender", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"{self.name}-sender", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
@@ -344,12 +352,20 @@ class InfluxSender:
 
     def flush(self, timeout: float) -> bool:
         """Drain as far as the backend allows within ``timeout`` seconds; stop the thread."""
-        self.deadline = time.monotonic() + timeout
+        self.begin_flush(time.monotonic() + timeout)
+        return self.end_flush()
+
+    def begin_flush(self, deadline: float) -> None:
+        """Last drain until ``deadline`` (monotonic), then stop: several senders drain at once."""
+        self.deadline = deadline
         self.stop_event.set()
         self.wake.set()
+
+    def end_flush(self) -> bool:
+        """Wait for the drain :meth:`begin_flush` started; True when the spool is empty."""
         if self._thread is not None:
             self._thread.join(max(0.0, self.deadline - time.monotonic()) + 0.05)
-        elif timeout > 0:
+        elif self.deadline > time.monotonic():
             self._run()
         return self.spool.points == 0
 
