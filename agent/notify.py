@@ -24,7 +24,9 @@ class Notifier:
             if addr.startswith("@"):
                 addr = "\0" + addr[1:]  # abstract namespace
             self.address = addr
-            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+            # never blocking: a manager that stops reading costs dropped notifications (logged at
+            # debug), never a poll loop stuck in sendto
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
         usec = os.environ.get("WATCHDOG_USEC", "")
         pid = os.environ.get("WATCHDOG_PID", "")
         self.watchdog_s = int(usec) / 1e6 if usec.isdigit() and (not pid or pid == str(os.getpid())) else None

@@ -54,3 +54,19 @@ def test_reload_sends_reloading_with_monotonic_usec_then_ready_accepted_or_rejec
         if proc.poll() is None:
             proc.kill()
         notify.close()
+
+
+def test_a_notify_socket_nobody_reads_never_blocks_the_agent(tmp_path):
+    import socket
+
+    from gpufleet.agent.notify import Notifier
+
+    path = str(tmp_path / "notify")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as rx:
+        rx.bind(path)  # bound, never read: its queue fills after a few hundred datagrams
+        n = Notifier(path)
+        t = time.monotonic()
+        sent = [n.status("x" * 200) for _ in range(5000)]
+        n.close()
+    assert time.monotonic() - t < 5
+    assert sent[0] and not all(sent), "the first go through, the overflow is dropped, not waited on"
