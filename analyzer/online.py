@@ -161,8 +161,9 @@ class Online:
     # ------------------------------------------------------------------ output
     def deliver(self, upto_ns: int) -> None:
         """Analyse what ``upto`` completes and hand new and changed incidents to every output."""
-        from gpufleet.analyzer.cli import _write
         from gpufleet.analyzer.store import incident_lines
+
+        from gpufleet import records
 
         an = self.an
         self._size_windows(upto_ns)
@@ -173,7 +174,7 @@ class Online:
         if self.notifier is not None:
             self.notifier.update(incs, time.time())
         if self.out_path and changed:
-            _write(self.out_path, an.incidents())
+            records.write(self.out_path, an.incidents())
         if self.influx is not None and changed:
             try:  # the write-back failing stops no other output: it is tried again next cycle
                 self.influx.write(incident_lines(changed))
