@@ -198,7 +198,8 @@ class Online:
           agents' spools replaying): that data is late already;
         - the data runs ahead of the wall clock by more than the grace and a poll (a replay or a
           generated fleet stamped from now on, a clock set ahead): no poll-sized window of it
-          is due sooner than its data's own time passes, and none can be paged sooner.
+          is due sooner than its data's own time passes, and none can be paged sooner (a clock
+          that far ahead makes the other writers' points late anyway: it is no live stream).
 
         Either way a window's fixed cost is paid once per batch window instead of once per poll."""
         an = self.an
