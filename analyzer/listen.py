@@ -10,7 +10,10 @@ Accepts what InfluxDB 1.x subscriptions, the agent's ``influx`` exporter (``api 
 - ``GET /metrics``: the counters (accepted, refused by reason, queue) in Prometheus text format.
 
 Bodies are parsed in the receiving thread with the analyzer's own tokenizer (analyzer/parse.py)
-and queued as rows for the analysis loop. Answers, as InfluxDB gives them:
+and queued as rows for the analysis loop, which takes them every poll, or as soon as a file
+chunk's worth (``sources.CHUNK``, at most half the queue) waits: a backlog is analysed at
+batch speed instead of being refused while the loop sleeps.
+Answers, as InfluxDB gives them:
 
 - 204: every line taken; 400: lines that are not line protocol (the valid ones of the body are
   kept, the message says how many were refused), a bad gzip stream or an unknown precision;
@@ -19,7 +22,8 @@ and queued as rows for the analysis loop. Answers, as InfluxDB gives them:
 - 413: the body (compressed or inflated) is larger than ``max_body``;
 - 429 with ``Retry-After``: the queue holds ``max_queue`` bytes not yet analysed (the agent's
   spool and Telegraf retry; an InfluxDB subscription drops the write, which the analyzer then
-  reads back from InfluxDB: see ``Online``).
+  reads back from InfluxDB: see ``Online``). A gzip body whose compressed size does not fit
+  is refused before it is inflated.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 from gpufleet.analyzer.parse import Parser
-from gpufleet.analyzer.sources import inflate
+from gpufleet.analyzer.sources import CHUNK, inflate
 
 from gpufleet.errors import ConfigError
 
@@ -67,6 +71,8 @@ class Listener:
         self.lock = threading.Lock()  # the parser (its series index) and the queue
         self.queue: deque = deque()
         self.queued_bytes = 0
+        self.ready = threading.Event()  # set while wake_bytes wait: the analysis takes them now
+        self.wake_bytes = min(CHUNK, max_queue // 2)
         self.counters = {"requests": 0, "accepted_bytes": 0, "accepted_points": 0, "errors": 0}
         self.counters.update({f"refused_{k}": 0 for k in REFUSED})
         self.refused_lines = 0
@@ -95,7 +101,13 @@ class Listener:
             out = list(self.queue)
             self.queue.clear()
             self.queued_bytes = 0
+            self.ready.clear()
         return [rows for rows, _n in out]
+
+    def full(self, size: int) -> bool:
+        """Whether a body of ``size`` bytes more is refused (429): the queue holds something and
+        would grow past ``max_queue``."""
+        return bool(self.queue) and self.queued_bytes + size > self.max_queue
 
     def metrics(self) -> str:
         lines = []
@@ -137,9 +149,8 @@ class Listener:
             self.counters["refused_bad_body"] += 1
             return 400, f"unknown precision {prec!r} (one of ns, us, ms, s)"
         with self.lock:
-            if self.queued_bytes + len(body) > self.max_queue and self.queue:
-                self.counters["refused_busy"] += 1
-                return 429, "the analyzer is behind; retry later"
+            if self.full(len(body)):
+                return self.busy()
             st = self.parser.stats
             lines0, bad0 = st.lines, st.bad_lines + st.no_timestamp
             rows = self.parser.feed(body)
@@ -153,6 +164,8 @@ class Listener:
             if rows:
                 self.queue.append((rows, len(body)))
                 self.queued_bytes += len(body)
+                if self.queued_bytes >= self.wake_bytes:
+                    self.ready.set()
             self.counters["accepted_bytes"] += len(body)
             self.counters["accepted_points"] += points
             self.last_write = time.time()
@@ -163,6 +176,10 @@ class Listener:
                 return 400, f"unable to parse: none of the {lines} lines is line protocol with a timestamp"
             return 400, f"partial write: {bad} of {lines} lines are not line protocol (the rest was kept)"
         return 204, ""
+
+    def busy(self) -> tuple[int, str]:
+        self.counters["refused_busy"] += 1
+        return 429, "the analyzer is behind; retry later"
 
 
 class _Server(ThreadingHTTPServer):
@@ -233,21 +250,40 @@ class _Handler(BaseHTTPRequestHandler):
             ls.counters["refused_auth"] += 1
             self._answer(401, "authorization failed")
             return
-        if self.headers.get("Content-Encoding", "").lower() == "gzip":
-            try:
-                d = inflate.decompressobj(wbits=31)
-                body = d.decompress(body, ls.max_body + 1)
-            except (zlib.error, inflate.error):
-                ls.counters["refused_bad_body"] += 1
-                self._answer(400, "the body is not valid gzip")
-                return
-            if len(body) > ls.max_body:
-                ls.counters["refused_too_large"] += 1
-                self._answer(413, f"the inflated body is larger than {ls.max_body} bytes")
-                return
-        code, err = ls.write(body, query)
+        gzipped = self.headers.get("Content-Encoding", "").lower() == "gzip"
+        if gzipped and ls.full(len(body)):  # no room even for the compressed body: not inflated
+            code, err = ls.busy()
+        else:
+            if gzipped:
+                body = self._inflate(body)
+                if body is None:
+                    return
+            code, err = ls.write(body, query)
         headers = {"Retry-After": str(ls.retry_after)} if code == 429 else None
         self._answer(code, err, headers=headers)
+
+    def _inflate(self, body: bytes) -> bytes | None:
+        """A gzip body inflated (every member, at most ``max_body`` bytes), or None once the error
+        is answered: a stream cut short is refused whole, never taken in part."""
+        ls = self.listener
+        out, room = [], ls.max_body + 1
+        try:
+            while body:
+                d = inflate.decompressobj(wbits=31)
+                out.append(d.decompress(body, room))
+                room -= len(out[-1])
+                if room <= 0:
+                    ls.counters["refused_too_large"] += 1
+                    self._answer(413, f"the inflated body is larger than {ls.max_body} bytes")
+                    return None
+                if not d.eof:
+                    raise zlib.error("truncated")
+                body = d.unused_data
+        except (zlib.error, inflate.error):
+            ls.counters["refused_bad_body"] += 1
+            self._answer(400, "the body is not valid gzip")
+            return None
+        return b"".join(out)
 
     def _body(self) -> bytes | None:
         ls = self.listener

@@ -161,8 +161,9 @@ class Online:
     # ------------------------------------------------------------------ output
     def deliver(self, upto_ns: int) -> None:
         """Analyse what ``upto`` completes and hand new and changed incidents to every output."""
-        from gpufleet.analyzer.cli import _write
         from gpufleet.analyzer.store import incident_lines
+
+        from gpufleet import records
 
         an = self.an
         self._size_windows(upto_ns)
@@ -173,7 +174,7 @@ class Online:
         if self.notifier is not None:
             self.notifier.update(incs, time.time())
         if self.out_path and changed:
-            _write(self.out_path, an.incidents())
+            records.write(self.out_path, an.incidents())
         if self.influx is not None and changed:
             try:  # the write-back failing stops no other output: it is tried again next cycle
                 self.influx.write(incident_lines(changed))
@@ -191,25 +192,35 @@ class Online:
         self.checkpoint.save(upto_ns - int(self.grace * 1e9))
 
     def _size_windows(self, upto_ns: int) -> None:
-        """Windows of a poll while the analysis keeps up; batch-size windows while a whole one
-        waits to be cut (a backlog: a catch-up, a burst of pushed writes, agents' spools
-        replaying): that data is late already, and a window's fixed cost is paid once per batch
-        window instead of once per poll."""
-        an = self.an
-        starts = [v for v in an.window_start.values() if v is not None]
-        if not starts:
-            return
-        wm = max([upto_ns, *an.stream_wm.values()]) / 1e9
-        behind = wm - self.grace - min(starts) >= self.batch_window
-        an.window = self.batch_window if behind else self.online_window
+        """Windows of a poll while the data arrives live; batch-size windows otherwise:
 
-    def wait(self) -> None:
+        - a whole batch window waits to be cut (a backlog: a catch-up, a burst of pushed writes,
+          agents' spools replaying): that data is late already;
+        - the data runs ahead of the wall clock by more than the grace and a poll (a replay or a
+          generated fleet stamped from now on, a clock set ahead): no poll-sized window of it
+          is due sooner than its data's own time passes, and none can be paged sooner (a clock
+          that far ahead makes the other writers' points late anyway: it is no live stream).
+
+        Either way a window's fixed cost is paid once per batch window instead of once per poll."""
+        an = self.an
+        wm = max([upto_ns, *an.stream_wm.values()]) / 1e9
+        starts = [v for v in an.window_start.values() if v is not None]
+        backlog = bool(starts) and wm - self.grace - min(starts) >= self.batch_window
+        ahead = wm - time.time() > self.grace + self.online_window
+        an.window = self.batch_window if backlog or ahead else self.online_window
+
+    def wait(self, wake=None) -> None:
         """Sleep until the next window is due (its end + grace, a little after): cycles run in
-        step with the windows, so a point waits at most a window and the grace."""
+        step with the windows, so a point waits at most a window and the grace. ``wake`` (a
+        :class:`threading.Event`) ends the sleep early: pushed data waiting in bulk."""
         w = self.online_window
         now = time.time()
         due = (int((now - self.grace) // w) + 1) * w + self.grace + 0.05
-        time.sleep(min(max(0.0, due - now), self.poll + 0.05))
+        pause = min(max(0.0, due - now), self.poll + 0.05)
+        if wake is None:
+            time.sleep(pause)
+        else:
+            wake.wait(pause)
 
     def gauges(self) -> dict:
         an = self.an
@@ -258,7 +269,8 @@ def listen(online: Online, listener, since: float | None) -> None:
     """``--listen``: receive writes; with InfluxDB, first catch up the gap since the checkpoint.
 
     The listener takes writes from the start; while the catch-up reads InfluxDB they wait in its
-    queue (429 once it is full). Catch-up rounds repeat until one ends within a poll of now, and
+    queue (429 once it is full). Then the loop takes the queue every poll, and early when a chunk's
+    worth waits (``Listener.ready``). Catch-up rounds repeat until one ends within a poll of now, and
     none refused a write meanwhile; queued rows older than where the last round read to were read
     by it and are dropped, the rest are analysed. An InfluxDB that cannot be read ends the
     catch-up (said once): the writes that arrive are analysed without it.
@@ -283,4 +295,4 @@ def listen(online: Online, listener, since: float | None) -> None:
         for rows in listener.take():
             online.feed(rows, handoff)
         online.deliver(time.time_ns())
-        online.wait()
+        online.wait(listener.ready)

@@ -99,6 +99,67 @@ def test_refusals_are_clear_and_counted(listener):
         assert f'refused_total{{reason="{reason}"}} {n}' in m, (reason, m)
 
 
+def test_a_full_queue_refuses_gzip_before_inflating_and_wakes_the_analysis(listener):
+    """Backpressure costs the listener no gunzip: a gzip body that does not fit even compressed is
+    refused as it is (a broken stream shows it was never inflated); and the analysis loop is
+    woken as soon as half the queue (at most a file chunk) waits, not at its next poll."""
+    ls = listener
+    ok = {"Authorization": "Token tok3n"}
+    body = LINES * 20
+    assert ls.wake_bytes == 4096 and not ls.ready.is_set()
+    assert requests.post(ls.url + "/write", data=body, headers=ok).status_code == 204
+    assert not ls.ready.is_set()  # len(body) bytes wait: fewer than wake_bytes
+    assert requests.post(ls.url + "/write", data=body, headers=ok).status_code == 204
+    assert ls.ready.is_set()
+    while requests.post(ls.url + "/write", data=body, headers=ok).status_code == 204:
+        pass
+    r = requests.post(ls.url + "/write", data=b"\x1f\x8b broken" + bytes(len(body)),
+                      headers={**ok, "Content-Encoding": "gzip"})
+    assert r.status_code == 429 and r.headers["Retry-After"] == "2"
+    assert sum(len(g["gpu"]) for g in ls.take()) == 2 * 20 * (ls.counters["accepted_bytes"] // len(body))
+    assert not ls.ready.is_set()
+    r = requests.post(ls.url + "/write", data=b"\x1f\x8b broken", headers={**ok, "Content-Encoding": "gzip"})
+    assert r.status_code == 400 and "gzip" in r.json()["error"]  # with room, it is inflated (and fails)
+
+
+def test_gzip_bodies_are_taken_whole_or_refused(listener):
+    """Every member of a multi-member gzip body is taken; a stream cut short is refused (400),
+    none of its lines kept."""
+    ls = listener
+    gz = {"Authorization": "Token tok3n", "Content-Encoding": "gzip"}
+    a, b = LINES.splitlines(keepends=True)
+    r = requests.post(ls.url + "/write", data=gzip.compress(a) + gzip.compress(b), headers=gz)
+    assert r.status_code == 204
+    assert [x[2] for x in rows_of(ls)] == [300.5, 301.0]
+    r = requests.post(ls.url + "/write", data=gzip.compress(LINES * 10)[:-9], headers=gz)
+    assert r.status_code == 400 and "gzip" in r.json()["error"]
+    assert rows_of(ls) == [] and ls.counters["accepted_bytes"] == len(LINES)
+
+
+def test_online_windows_follow_the_data_s_pace():
+    """Poll-sized windows for data arriving live; batch-size windows for a backlog and for data
+    stamped ahead of the wall clock (a replay), whose windows are due as its own time passes."""
+    import threading
+
+    from gpufleet.analyzer.config import Config
+    from gpufleet.analyzer.online import Checkpoint, Online
+
+    now = int(time.time())
+    got = {}
+    for name, t0 in (("live", now - 120), ("backlog", now - 4 * 3600), ("ahead", now + 3600)):
+        online = Online(Config(), None, None, None, None, Checkpoint(None), poll=10.0, grace=10.0)
+        online.feed(online.an.parser.feed(fleet(steps=12, t0=t0)))
+        online.deliver(time.time_ns())
+        got[name] = online.an.window
+    assert got == {"live": 10.0, "backlog": 300.0, "ahead": 300.0}
+    # the loop sleeps until the next window is due, or until the listener has a backlog for it
+    wake = threading.Event()
+    wake.set()
+    t = time.monotonic()
+    Online(Config(), None, None, None, None, Checkpoint(None), poll=60.0, grace=60.0).wait(wake)
+    assert time.monotonic() - t < 5
+
+
 def test_the_agents_v2_exporter_writes_to_the_listener(tmp_path, listener):
     """Wiring 2: the agent's influx exporter (here its v2 client, influxdb-client) pointed at the analyzer."""
     from gpufleet.agent.pipeline.influx import InfluxSender
