@@ -26,7 +26,8 @@ class Notifier:
             self.address = addr
             # never blocking: a manager that stops reading costs dropped notifications (logged at
             # debug), never a poll loop stuck in sendto
-            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
+            kind = socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK
+            self.sock = socket.socket(socket.AF_UNIX, kind)
         usec = os.environ.get("WATCHDOG_USEC", "")
         pid = os.environ.get("WATCHDOG_PID", "")
         self.watchdog_s = int(usec) / 1e6 if usec.isdigit() and (not pid or pid == str(os.getpid())) else None
