@@ -84,31 +84,62 @@ def _file_chunks(f: Path, chunk: int = CHUNK) -> Iterator[bytes]:
 
 
 def _raw_blocks(f: Path, chunk: int) -> Iterator[bytes]:
+    """Blocks of about ``chunk`` bytes, each read to end at a line end where one is in its last
+    64 kB (looked at first): cut where it was read, not by a copy."""
+    probe = min(chunk, 1 << 16)
     with open(f, "rb") as fh:
-        while block := fh.read(chunk):
+        while True:
+            start = fh.tell()
+            fh.seek(start + chunk - probe)
+            cut = fh.read(probe).rfind(b"\n")
+            fh.seek(start)
+            block = fh.read(chunk if cut < 0 else chunk - probe + cut + 1)
+            if not block:
+                return
             yield block
 
 
 def _gz_blocks(f: Path, chunk: int) -> Iterator[bytes]:
-    """Decompressed blocks of about ``chunk`` bytes: inflate on large reads (members concatenated,
-    as ``gzip`` reads them); a truncated file raises EOFError after its readable part."""
+    """Decompressed blocks of about ``chunk`` bytes, each as a rule the output of one inflate call
+    (no join of pieces, no copy): the call is handed the compressed bytes that should fill a block
+    (at the ratio seen so far, and a quarter more) and stops at ``chunk``. Where one call falls
+    short (a gzip member ends, the guess was low), the next calls fill the block up and the pieces
+    are joined. Members are concatenated, as ``gzip`` reads them, zero padding after the last is
+    ignored; a truncated file raises EOFError after its readable part."""
     with open(f, "rb") as fh:
         d = inflate.decompressobj(wbits=31)
+        buf, pos = b"", 0  # compressed bytes read, and how far inflate has taken them
+        n_in = n_out = 0
         out: list[bytes] = []
         size = 0
-        started = False
-        while raw := fh.read(1 << 18):
-            while raw:
-                if d.eof:  # another gzip member follows (or trailing zero padding)
-                    if not raw.lstrip(b"\0"):
-                        break
-                    d = inflate.decompressobj(wbits=31)
-                started = True
-                piece = d.decompress(raw, chunk - size)
-                raw = d.unused_data if d.eof else d.unconsumed_tail
-                if piece:
-                    out.append(piece)
-                    size += len(piece)
+        at_end = started = False
+        while True:
+            want = int(1.25 * chunk * (n_in + (1 << 16)) / (n_out + (1 << 18))) + 4096
+            if len(buf) - pos < want and not at_end:
+                more = fh.read(max(want, 1 << 20))
+                at_end = not more
+                buf, pos = buf[pos:] + more, 0  # copies only the compressed bytes left over
+            if pos == len(buf):
+                break
+            if d.eof:  # another gzip member follows, or zero padding
+                if buf[pos] == 0:
+                    rest = len(buf[pos:].lstrip(b"\0"))
+                    pos = len(buf) - rest
+                    if not rest:
+                        continue  # padding so far: read on
+                d = inflate.decompressobj(wbits=31)
+            started = True
+            view = memoryview(buf)[pos : pos + want]
+            block = d.decompress(view, chunk - size)
+            used = len(view) - len(d.unused_data if d.eof else d.unconsumed_tail)
+            pos += used
+            n_in += used
+            n_out += len(block)
+            if len(block) == chunk:
+                yield block
+            elif block:
+                out.append(block)
+                size += len(block)
                 if size >= chunk:
                     yield b"".join(out)
                     out, size = [], 0
