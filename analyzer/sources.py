@@ -152,54 +152,57 @@ def _gz_blocks(f: Path, chunk: int) -> Iterator[bytes]:
             raise EOFError("Compressed file ended before the end-of-stream marker was reached")
 
 
-def _line_time(block: bytes, starts: np.ndarray, ends: np.ndarray, i: int) -> int | None:
-    """Timestamp of line ``i`` of ``block`` (or of the next line that has one, a few lines on)."""
-    n = len(starts)
-    for j in range(i, min(n, i + 8)):
-        line = block[starts[j] : ends[j]].rstrip(b"\r")
+def _line_time(block: bytes, pos: int) -> int | None:
+    """Timestamp of the line that starts at byte ``pos`` of ``block`` (or of the next line that has
+    one, a few lines on)."""
+    for _ in range(8):
+        if pos >= len(block):
+            return None
+        end = block.find(b"\n", pos)
+        if end < 0:
+            end = len(block)
+        line = block[pos:end].rstrip(b"\r")
         sp = line.rfind(b" ")
-        if sp < 0:
-            continue
-        try:
-            return int(line[sp + 1 :])
-        except ValueError:
-            continue
+        if sp >= 0:
+            try:
+                return int(line[sp + 1 :])
+            except ValueError:
+                pass
+        pos = end + 1
     return None
 
 
-def _pieces(f: Path, chunk: int, span_ns: int) -> Iterator[tuple[int | None, bytes]]:
-    """A file's lines in pieces of at most ``span_ns`` of time each, with each piece's first time.
+def _pieces(f: Path, chunk: int, span_ns: int) -> Iterator[tuple[int | None, memoryview]]:
+    """A file's lines in pieces of at most ``span_ns`` of time each, with each piece's first time:
+    views of the block read (the merge copies them once, into its chunk).
 
     A file is written in time order (the agent's segments, the simulator's output); a piece is
-    cut where a line's time reaches the piece's first time + span (binary search: a few
-    timestamps per piece are read, not every line). Out-of-order lines only make pieces uneven.
+    cut where a line's time reaches the piece's first time + span (binary search on the block's
+    bytes: a few timestamps per piece are read, the lines between are never looked at).
+    Out-of-order lines only make pieces uneven.
     """
     for block in _file_chunks(f, chunk):
-        nl = np.flatnonzero(np.frombuffer(block, np.uint8) == 10)
-        if not len(nl):
-            continue
-        ends = nl
-        starts = np.empty_like(nl)
-        starts[0] = 0
-        starts[1:] = nl[:-1] + 1
-        n = len(starts)
+        n = len(block)  # a block ends at a line end
+        view = memoryview(block)
         i = 0
         while i < n:
-            t0 = _line_time(block, starts, ends, i)
+            t0 = _line_time(block, i)
             if t0 is None:
-                yield None, block[starts[i] :]
+                yield None, view[i:]
                 break
             lim = t0 + span_ns
-            lo, hi = i + 1, n
-            while lo < hi:  # first line at or past the limit
+            lo, hi = i + 1, n  # the cut: the first line start at or after lo whose time reaches lim
+            while lo < hi:
                 mid = (lo + hi) // 2
-                tm = _line_time(block, starts, ends, mid)
+                start = block.find(b"\n", mid - 1) + 1  # the first line start at or after mid
+                tm = _line_time(block, start) if start < n else lim
                 if tm is None or tm < lim:
-                    lo = mid + 1
+                    lo = start + 1
                 else:
                     hi = mid
-            yield t0, block[starts[i] : ends[lo - 1] + 1]
-            i = lo
+            cut = block.find(b"\n", lo - 1) + 1 if lo < n else n
+            yield t0, view[i:cut]
+            i = cut
 
 
 def _first_time(f: Path) -> int:
@@ -208,7 +211,7 @@ def _first_time(f: Path) -> int:
     return 2**62
 
 
-def _pieces_head(f: Path) -> Iterator[tuple[int | None, bytes]]:
+def _pieces_head(f: Path) -> Iterator[tuple[int | None, memoryview]]:
     it = _pieces(f, 1 << 16, 1)
     try:
         yield next(it)
@@ -227,8 +230,9 @@ def merged_chunks(
     time goes next, so hosts whose files are read side by side are seen side by side, never
     hours apart (the analyzer would drop a late host's data). A file is opened when the merge
     reaches its first timestamp and closed at its end: memory holds one block per open file
-    (the hosts writing at the same time), not the history. Pieces are joined into chunks of
-    about ``chunk`` bytes for the parser.
+    (the hosts writing at the same time; two while the chunk being gathered still holds a piece
+    of a file's previous block), not the history. Pieces are joined into chunks of about
+    ``chunk`` bytes for the parser.
     """
     import heapq
 
