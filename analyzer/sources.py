@@ -110,11 +110,17 @@ def _gz_blocks(f: Path, chunk: int) -> Iterator[bytes]:
         d = inflate.decompressobj(wbits=31)
         buf, pos = b"", 0  # compressed bytes read, and how far inflate has taken them
         n_in = n_out = 0
+        # once a member has ended, a call is handed about four members' worth (grown while calls
+        # use all they get): inflate copies what follows a member's end, and a file of many small
+        # members (a flush each) must not copy a block's worth per member
+        member, limit = 0, None
         out: list[bytes] = []
         size = 0
         at_end = started = False
         while True:
             want = int(1.25 * chunk * (n_in + (1 << 16)) / (n_out + (1 << 18))) + 4096
+            if limit is not None:
+                want = min(want, limit)
             if len(buf) - pos < want and not at_end:
                 more = fh.read(max(want, 1 << 20))
                 at_end = not more
@@ -135,6 +141,11 @@ def _gz_blocks(f: Path, chunk: int) -> Iterator[bytes]:
             pos += used
             n_in += used
             n_out += len(block)
+            member += used
+            if d.eof:
+                limit, member = max(1 << 14, 4 * member), 0
+            elif limit is not None and used == len(view):
+                limit *= 2
             if len(block) == chunk:
                 yield block
             elif block:
