@@ -104,8 +104,8 @@ def _gz_blocks(f: Path, chunk: int) -> Iterator[bytes]:
     (no join of pieces, no copy): the call is handed the compressed bytes that should fill a block
     (at the ratio seen so far, and a quarter more) and stops at ``chunk``. Where one call falls
     short (a gzip member ends, the guess was low), the next calls fill the block up and the pieces
-    are joined. Members are concatenated, as ``gzip`` reads them, zero padding after the last is
-    ignored; a truncated file raises EOFError after its readable part."""
+    are joined. Members are concatenated and zero padding between or after them is skipped, as
+    ``gzip`` reads them; a truncated file raises EOFError after its readable part."""
     with open(f, "rb") as fh:
         d = inflate.decompressobj(wbits=31)
         buf, pos = b"", 0  # compressed bytes read, and how far inflate has taken them
