@@ -5,8 +5,8 @@ forward) and the clock-event reasons. Peers are the busy GPUs of the same job in
 poll (all GPUs of the node when no job is reported): the job moves through its phases in
 lockstep, so each feature is normalised by the peers' median at that instant. A robust
 covariance fitted on the fleet's peer-normalised features (the Minimum Covariance Determinant:
-FastMCD as scikit-learn's ``MinCovDet`` fits it, its 500 random starts run side by side as
-stacked arrays, :func:`_mcd`) gives a Mahalanobis distance; a hit needs that distance above
+FastMCD as scikit-learn's ``MinCovDet`` fits it, in numpy, its 500 random starts run side by side
+as stacked arrays, :func:`_mcd`) gives a Mahalanobis distance; a hit needs that distance above
 ``distance``, a clock at least ``min_slowdown`` below the peers', no thermal/brake reason, and
 persistence (the engine's dwell).
 The covariance is learned from the first window with enough busy rows (``fit_sample_``) and
@@ -24,6 +24,7 @@ one waiting: not a straggler either. Without GPM the clock evidence decides alon
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -103,9 +104,6 @@ class Straggler(Detector):
         X = np.stack(feats, 1)
         valid &= n >= self.min_peers + 1
         return X, valid
-
-    def warm(self) -> None:
-        import scipy.special  # noqa: F401 - the robust covariance's chi-square quantiles: a quarter second to import
 
     def fit(self, window: Window) -> Straggler:
         if hasattr(self, "location_") or hasattr(self, "fit_sample_"):
@@ -197,8 +195,6 @@ def _mcd(X: np.ndarray, support_fraction: float, seed: int = 0) -> tuple[np.ndar
     support_fraction=...)`` computes it (1.9: 500 random starts, consistency factors, reweighting),
     the random starts drawn in the same order, but the C-steps of all starts run side by side as
     stacked arrays instead of one small covariance, pseudo-inverse and determinant at a time."""
-    from scipy import special
-
     rng = np.random.RandomState(seed)
     n, p = X.shape
     h = int(support_fraction * n)
@@ -239,12 +235,12 @@ def _mcd(X: np.ndarray, support_fraction: float, seed: int = 0) -> tuple[np.ndar
         support, raw_dist = sup[b], dist[b]
 
     def consistency(alpha):  # Croux & Haesbroeck, Pison et al.: consistent at the normal distribution
-        return alpha / special.chdtr(p + 2, 2 * special.gammaincinv(p / 2, alpha))
+        return alpha / _chi2_cdf(_chi2_ppf(alpha, p), p + 2)
 
     # the raw estimate picks the rows the reweighted one is computed from: those within the
     # chi-square's 97.5 % quantile
     raw_dist = raw_dist / consistency(len(support) / n)
-    keep = raw_dist < special.chdtri(p, 0.025)
+    keep = raw_dist < _chi2_ppf(1 - 0.025, p)
     return X[keep].mean(0), _covariance(X[keep]) * consistency(1 - 0.025)
 
 
@@ -324,3 +320,36 @@ def _covariance(X: np.ndarray) -> np.ndarray:
     c = np.dot(Xt, Xt.T.conj())
     c *= np.true_divide(1, Xt.shape[1])
     return c
+
+
+def _chi2_cdf(x: float, k: int) -> float:
+    """P(X <= x) for X chi-square with ``k`` degrees of freedom: the regularised lower incomplete
+    gamma P(k/2, x/2) by its series, y^a e^-y / Gamma(a + 1) * sum of y^n / ((a + 1)...(a + n))
+    (terms all positive: no cancellation)."""
+    a, y = k / 2, x / 2
+    if y <= 0:
+        return 0.0
+    term = total = 1.0
+    n = 0
+    while term > total * 1e-17:
+        n += 1
+        term *= y / (a + n)
+        total += term
+    return min(1.0, math.exp(a * math.log(y) - y - math.lgamma(a + 1)) * total)
+
+
+def _chi2_ppf(q: float, k: int) -> float:
+    """The ``q`` quantile of the chi-square with ``k`` degrees of freedom (bisection to the last bit)."""
+    if not 0 < q < 1:
+        raise ValueError(f"chi-square quantile {q} outside (0, 1)")
+    lo, hi = 0.0, float(k)
+    while _chi2_cdf(hi, k) < q:
+        lo, hi = hi, hi * 2
+    while True:
+        mid = (lo + hi) / 2
+        if mid in (lo, hi):
+            return mid
+        if _chi2_cdf(mid, k) < q:
+            lo = mid
+        else:
+            hi = mid
