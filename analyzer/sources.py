@@ -122,7 +122,7 @@ def _gz_blocks(f: Path, chunk: int) -> Iterator[bytes]:
             if limit is not None:
                 want = min(want, limit)
             if len(buf) - pos < want and not at_end:
-                more = fh.read(max(want, 1 << 20))
+                more = fh.read(max(want, min(1 << 20, 4 * want)))  # a file's head: a little
                 at_end = not more
                 buf, pos = buf[pos:] + more, 0  # copies only the compressed bytes left over
             if pos == len(buf):
