@@ -84,31 +84,73 @@ def _file_chunks(f: Path, chunk: int = CHUNK) -> Iterator[bytes]:
 
 
 def _raw_blocks(f: Path, chunk: int) -> Iterator[bytes]:
+    """Blocks of about ``chunk`` bytes, each read to end at a line end where one is in its last
+    64 kB (looked at first): cut where it was read, not by a copy."""
+    probe = min(chunk, 1 << 16)
     with open(f, "rb") as fh:
-        while block := fh.read(chunk):
+        while True:
+            start = fh.tell()
+            fh.seek(start + chunk - probe)
+            cut = fh.read(probe).rfind(b"\n")
+            fh.seek(start)
+            block = fh.read(chunk if cut < 0 else chunk - probe + cut + 1)
+            if not block:
+                return
             yield block
 
 
 def _gz_blocks(f: Path, chunk: int) -> Iterator[bytes]:
-    """Decompressed blocks of about ``chunk`` bytes: inflate on large reads (members concatenated,
-    as ``gzip`` reads them); a truncated file raises EOFError after its readable part."""
+    """Decompressed blocks of about ``chunk`` bytes, each as a rule the output of one inflate call
+    (no join of pieces, no copy): the call is handed the compressed bytes that should fill a block
+    (at the ratio seen so far, and a quarter more) and stops at ``chunk``. Where one call falls
+    short (a gzip member ends, the guess was low), the next calls fill the block up and the pieces
+    are joined. Members are concatenated and zero padding between or after them is skipped, as
+    ``gzip`` reads them; a truncated file raises EOFError after its readable part."""
     with open(f, "rb") as fh:
         d = inflate.decompressobj(wbits=31)
+        buf, pos = b"", 0  # compressed bytes read, and how far inflate has taken them
+        n_in = n_out = 0
+        # once a member has ended, a call is handed about four members' worth (grown while calls
+        # use all they get): inflate copies what follows a member's end, and a file of many small
+        # members (a flush each) must not copy a block's worth per member
+        member, limit = 0, None
         out: list[bytes] = []
         size = 0
-        started = False
-        while raw := fh.read(1 << 18):
-            while raw:
-                if d.eof:  # another gzip member follows (or trailing zero padding)
-                    if not raw.lstrip(b"\0"):
-                        break
-                    d = inflate.decompressobj(wbits=31)
-                started = True
-                piece = d.decompress(raw, chunk - size)
-                raw = d.unused_data if d.eof else d.unconsumed_tail
-                if piece:
-                    out.append(piece)
-                    size += len(piece)
+        at_end = started = False
+        while True:
+            want = int(1.25 * chunk * (n_in + (1 << 16)) / (n_out + (1 << 18))) + 4096
+            if limit is not None:
+                want = min(want, limit)
+            if len(buf) - pos < want and not at_end:
+                more = fh.read(max(want, min(1 << 20, 4 * want)))  # a file's head: a little
+                at_end = not more
+                buf, pos = buf[pos:] + more, 0  # copies only the compressed bytes left over
+            if pos == len(buf):
+                break
+            if d.eof:  # another gzip member follows, or zero padding
+                if buf[pos] == 0:
+                    rest = len(buf[pos:].lstrip(b"\0"))
+                    pos = len(buf) - rest
+                    if not rest:
+                        continue  # padding so far: read on
+                d = inflate.decompressobj(wbits=31)
+            started = True
+            view = memoryview(buf)[pos : pos + want]
+            block = d.decompress(view, chunk - size)
+            used = len(view) - len(d.unused_data if d.eof else d.unconsumed_tail)
+            pos += used
+            n_in += used
+            n_out += len(block)
+            member += used
+            if d.eof:
+                limit, member = max(1 << 14, 4 * member), 0
+            elif limit is not None and used == len(view):
+                limit *= 2
+            if len(block) == chunk:
+                yield block
+            elif block:
+                out.append(block)
+                size += len(block)
                 if size >= chunk:
                     yield b"".join(out)
                     out, size = [], 0
@@ -121,54 +163,57 @@ def _gz_blocks(f: Path, chunk: int) -> Iterator[bytes]:
             raise EOFError("Compressed file ended before the end-of-stream marker was reached")
 
 
-def _line_time(block: bytes, starts: np.ndarray, ends: np.ndarray, i: int) -> int | None:
-    """Timestamp of line ``i`` of ``block`` (or of the next line that has one, a few lines on)."""
-    n = len(starts)
-    for j in range(i, min(n, i + 8)):
-        line = block[starts[j] : ends[j]].rstrip(b"\r")
+def _line_time(block: bytes, pos: int) -> int | None:
+    """Timestamp of the line that starts at byte ``pos`` of ``block`` (or of the next line that has
+    one, a few lines on)."""
+    for _ in range(8):
+        if pos >= len(block):
+            return None
+        end = block.find(b"\n", pos)
+        if end < 0:
+            end = len(block)
+        line = block[pos:end].rstrip(b"\r")
         sp = line.rfind(b" ")
-        if sp < 0:
-            continue
-        try:
-            return int(line[sp + 1 :])
-        except ValueError:
-            continue
+        if sp >= 0:
+            try:
+                return int(line[sp + 1 :])
+            except ValueError:
+                pass
+        pos = end + 1
     return None
 
 
-def _pieces(f: Path, chunk: int, span_ns: int) -> Iterator[tuple[int | None, bytes]]:
-    """A file's lines in pieces of at most ``span_ns`` of time each, with each piece's first time.
+def _pieces(f: Path, chunk: int, span_ns: int) -> Iterator[tuple[int | None, memoryview]]:
+    """A file's lines in pieces of at most ``span_ns`` of time each, with each piece's first time:
+    views of the block read (the merge copies them once, into its chunk).
 
     A file is written in time order (the agent's segments, the simulator's output); a piece is
-    cut where a line's time reaches the piece's first time + span (binary search: a few
-    timestamps per piece are read, not every line). Out-of-order lines only make pieces uneven.
+    cut where a line's time reaches the piece's first time + span (binary search on the block's
+    bytes: a few timestamps per piece are read, the lines between are never looked at).
+    Out-of-order lines only make pieces uneven.
     """
     for block in _file_chunks(f, chunk):
-        nl = np.flatnonzero(np.frombuffer(block, np.uint8) == 10)
-        if not len(nl):
-            continue
-        ends = nl
-        starts = np.empty_like(nl)
-        starts[0] = 0
-        starts[1:] = nl[:-1] + 1
-        n = len(starts)
+        n = len(block)  # a block ends at a line end
+        view = memoryview(block)
         i = 0
         while i < n:
-            t0 = _line_time(block, starts, ends, i)
+            t0 = _line_time(block, i)
             if t0 is None:
-                yield None, block[starts[i] :]
+                yield None, view[i:]
                 break
             lim = t0 + span_ns
-            lo, hi = i + 1, n
-            while lo < hi:  # first line at or past the limit
+            lo, hi = i + 1, n  # the cut: the first line start at or after lo whose time reaches lim
+            while lo < hi:
                 mid = (lo + hi) // 2
-                tm = _line_time(block, starts, ends, mid)
+                start = block.find(b"\n", mid - 1) + 1  # the first line start at or after mid
+                tm = _line_time(block, start) if start < n else lim
                 if tm is None or tm < lim:
-                    lo = mid + 1
+                    lo = start + 1
                 else:
                     hi = mid
-            yield t0, block[starts[i] : ends[lo - 1] + 1]
-            i = lo
+            cut = block.find(b"\n", lo - 1) + 1 if lo < n else n
+            yield t0, view[i:cut]
+            i = cut
 
 
 def _first_time(f: Path) -> int:
@@ -177,7 +222,7 @@ def _first_time(f: Path) -> int:
     return 2**62
 
 
-def _pieces_head(f: Path) -> Iterator[tuple[int | None, bytes]]:
+def _pieces_head(f: Path) -> Iterator[tuple[int | None, memoryview]]:
     it = _pieces(f, 1 << 16, 1)
     try:
         yield next(it)
@@ -196,8 +241,9 @@ def merged_chunks(
     time goes next, so hosts whose files are read side by side are seen side by side, never
     hours apart (the analyzer would drop a late host's data). A file is opened when the merge
     reaches its first timestamp and closed at its end: memory holds one block per open file
-    (the hosts writing at the same time), not the history. Pieces are joined into chunks of
-    about ``chunk`` bytes for the parser.
+    (the hosts writing at the same time; two while the chunk being gathered still holds a piece
+    of a file's previous block), not the history. Pieces are joined into chunks of about
+    ``chunk`` bytes for the parser.
     """
     import heapq
 

@@ -108,3 +108,25 @@ def test_damaged_gzip_is_one_line_error(tmp_path, capsys):
         assert main(["analyze", "--input", str(f), "--out", str(tmp_path / "i.jsonl")]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "unreadable" in err[0], err
+
+
+def test_chunks_of_gzip_members_and_plain_files(tmp_path):
+    lines = b"".join(b"gpu,host=h%d,gpu=0 power_watts=%d.5 %d\n" % (i % 7, i, 10**9 * i)
+                     for i in range(60000))
+    # an agent's segment: many small gzip members (a flush each), zero padding between two of them
+    # and after the last (as gzip reads them: skipped), and the same lines as a plain file
+    members = [gzip.compress(lines[i : i + 3000]) for i in range(0, len(lines), 3000)]
+    gz = tmp_path / "seg.lp.gz"
+    gz.write_bytes(b"".join(members[:10]) + bytes(7) + b"".join(members[10:]) + bytes(512))
+    plain = tmp_path / "seg.lp"
+    plain.write_bytes(lines + b"gpu,host=h,gpu=0 power_watts=1 7")  # no final newline
+    with gzip.open(gz, "rb") as f:
+        assert f.read() == lines
+    for f, want in ((gz, lines), (plain, lines + b"gpu,host=h,gpu=0 power_watts=1 7\n")):
+        for chunk in (4096, 1 << 16, 1 << 20):
+            chunks = list(read_chunks(f, chunk))
+            assert b"".join(chunks) == want, (f.name, chunk)
+            assert all(c.endswith(b"\n") for c in chunks)
+            # blocks fill up across members (not one chunk per 3 kB member), cut at most a line short
+            assert len(chunks) <= len(want) // (chunk - 100) + 2, (f.name, chunk)
+            assert max(map(len, chunks)) <= chunk + 100, (f.name, chunk)

@@ -474,16 +474,42 @@ def test_group_median_buckets_and_lookup_match_the_sorting_versions():
         assert np.array_equal(_leave_one_out_median(g, x), want)
 
 
+def test_straggler_robust_covariance_is_scikit_learns_fastmcd_with_starts_stacked():
+    from gpufleet.analyzer.detectors.straggler import _mcd
+
+    sk = pytest.importorskip("sklearn.covariance._robust_covariance")
+    rng = np.random.default_rng(5)
+    # the three paths of FastMCD: all rows at once (<= 500), subsets then one merged set (< 1500),
+    # subsets, merged set, then all rows
+    for n in (300, 928, 1600):
+        X = rng.normal(0, [0.02, 0.05, 0.01], (n, 3))
+        X[: n // 20] += [0.15, -0.3, 0.05]  # 5 % outliers, far out on every feature
+        loc, cov = _mcd(X, support_fraction=0.9)
+        # robust: the outliers move neither the location nor the spread (the plain mean and
+        # covariance they do move, by ~0.0075 and ~2x)
+        assert np.abs(loc).max() < 0.003, (n, loc)
+        assert np.allclose(np.sqrt(np.diag(cov)), [0.02, 0.05, 0.01], rtol=0.15), (n, cov)
+        assert abs(X[:, 0].mean()) > 0.006 and np.cov(X.T, bias=True)[0, 0] > 2 * 0.02**2
+        if hasattr(sk, "_consistency_factor"):  # a scikit-learn with Pison's consistency factors
+            a = sk.MinCovDet(random_state=0, support_fraction=0.9).fit(X)
+            assert np.allclose(a.location_, loc, rtol=1e-9, atol=0), n
+            assert np.allclose(a.covariance_, cov, rtol=1e-9, atol=0), n
+
+
+def test_straggler_chi_square_is_scipys():
+    from gpufleet.analyzer.detectors.straggler import _chi2_cdf, _chi2_ppf
+
+    special = pytest.importorskip("scipy.special")
+    for k in (1, 2, 3, 4, 5, 7):
+        for x in (1e-6, 0.01, 0.5, 2.37, 9.35, 20.0, 40.0):
+            assert _chi2_cdf(x, k) == pytest.approx(special.chdtr(k, x), rel=1e-13, abs=0)
+        for q in (1e-4, 0.5, 0.9, 0.975, 0.999):
+            assert _chi2_ppf(q, k) == pytest.approx(special.chdtri(k, 1 - q), rel=1e-12, abs=0)
+    with pytest.raises(ValueError):
+        _chi2_ppf(1.0, 3)
+
+
 def test_straggler_fits_its_model_only_once_a_gpu_is_slow():
-    from gpufleet.analyzer.detectors.straggler import _min_cov_det
-    from sklearn.covariance import MinCovDet
-
-    # the lean covariance inside the MCD fit: the very same model as scikit-learn's own
-    X = np.random.default_rng(5).normal(0, [0.02, 0.05, 0.01], (700, 3))
-    a = MinCovDet(random_state=0, support_fraction=0.9).fit(X)
-    b = _min_cov_det()(random_state=0, support_fraction=0.9).fit(X)
-    assert np.array_equal(a.location_, b.location_) and np.array_equal(a.covariance_, b.covariance_)
-
     healthy = analyse(fleet(steps=200))
     st = next(d for d in healthy.detectors if d.kind == "straggler")
     assert hasattr(st, "fit_sample_") and not hasattr(st, "location_")

@@ -4,9 +4,11 @@ Reads gpu.clock_sm_mhz, power_watts, utilization_gpu_ratio, job_id (slow tier, c
 forward) and the clock-event reasons. Peers are the busy GPUs of the same job in the same
 poll (all GPUs of the node when no job is reported): the job moves through its phases in
 lockstep, so each feature is normalised by the peers' median at that instant. A robust
-covariance (scikit-learn ``MinCovDet``) fitted on the fleet's peer-normalised features gives a
-Mahalanobis distance; a hit needs that distance above ``distance``, a clock at least
-``min_slowdown`` below the peers', no thermal/brake reason, and persistence (the engine's dwell).
+covariance fitted on the fleet's peer-normalised features (the Minimum Covariance Determinant:
+FastMCD as scikit-learn's ``MinCovDet`` fits it, in numpy, its 500 random starts run side by side
+as stacked arrays, :func:`_mcd`) gives a Mahalanobis distance; a hit needs that distance above
+``distance``, a clock at least ``min_slowdown`` below the peers', no thermal/brake reason, and
+persistence (the engine's dwell).
 The covariance is learned from the first window with enough busy rows (``fit_sample_``) and
 fitted when first needed: a fleet without a slow GPU never pays for the fit.
 
@@ -22,6 +24,7 @@ one waiting: not a straggler either. Without GPM the clock evidence decides alon
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -102,9 +105,6 @@ class Straggler(Detector):
         valid &= n >= self.min_peers + 1
         return X, valid
 
-    def warm(self) -> None:
-        import sklearn.covariance  # noqa: F401 - the robust covariance: about a second of CPU to import
-
     def fit(self, window: Window) -> Straggler:
         if hasattr(self, "location_") or hasattr(self, "fit_sample_"):
             return self
@@ -124,14 +124,16 @@ class Straggler(Detector):
         if X is not None and not hasattr(self, "location_"):
             del self.fit_sample_  # a sample the fit rejects is replaced by the next window's
             try:
-                with warnings.catch_warnings():
+                with np.errstate(all="ignore"), warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    mcd = _min_cov_det()(random_state=0, support_fraction=0.9).fit(X)
-            except (ValueError, np.linalg.LinAlgError):
+                    location, cov = _mcd(X, support_fraction=0.9)
+                precision = np.linalg.inv(cov + np.eye(X.shape[1]) * 1e-6)
+            except np.linalg.LinAlgError:
                 return False
-            cov = mcd.covariance_ + np.eye(X.shape[1]) * 1e-6
-            self.location_ = mcd.location_
-            self.precision_ = np.linalg.inv(cov)
+            if not (np.isfinite(location).all() and np.isfinite(precision).all()):
+                return False
+            self.location_ = location
+            self.precision_ = precision
         return hasattr(self, "location_")
 
     def score(self, window: Window) -> np.ndarray:
@@ -187,13 +189,132 @@ class Straggler(Detector):
         return concat(self.kind, [self._gpu_hits(window, tab, hit, sc, False, ev), held])
 
 
-def _covariance(X: np.ndarray, *, assume_centered: bool = False) -> np.ndarray:
-    """``sklearn.covariance.empirical_covariance`` for a float array, without its input checks (the
-    MCD fit calls it hundreds of times on small subsets); the same arithmetic, so the same result."""
-    if assume_centered:
-        from sklearn.covariance import empirical_covariance
+def _mcd(X: np.ndarray, support_fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Robust (location, covariance) of ``X`` (n × p, p > 1): the Minimum Covariance Determinant by
+    FastMCD (Rousseeuw & Van Driessen 1999) as scikit-learn's ``MinCovDet(random_state=seed,
+    support_fraction=...)`` computes it (1.9: 500 random starts, consistency factors, reweighting),
+    the random starts drawn in the same order, but the C-steps of all starts run side by side as
+    stacked arrays instead of one small covariance, pseudo-inverse and determinant at a time."""
+    rng = np.random.RandomState(seed)
+    n, p = X.shape
+    h = int(support_fraction * n)
+    rows = X.T[None]  # every start on all rows
+    if n > 500:
+        # candidates: 10 from each subset of about 300 rows, two C-steps from each random start
+        n_subsets = n // 300
+        n_sub = n // n_subsets
+        shuffle = rng.permutation(n)
+        h_sub = int(np.ceil(n_sub * (h / float(n))))
+        trials = max(10, 500 // n_subsets)
+        subsets = X[shuffle[: n_subsets * n_sub]].reshape(n_subsets, n_sub, p).transpose(0, 2, 1)
+        starts = np.array([rng.permutation(n_sub)[:h_sub] for _ in range(n_subsets * trials)])
+        loc, cov, det, _, _ = _c_steps(np.repeat(subsets, trials, axis=0), h_sub, 2, support=starts)
+        best = np.argsort(det.reshape(n_subsets, trials), axis=1)[:, :10]
+        best = (best + np.arange(n_subsets)[:, None] * trials).ravel()
+        # refined on a merged set of at most 1500 rows (and then, past 1500 rows, on all of them)
+        n_merged = min(1500, n)
+        selection = rng.permutation(n)[:n_merged]
+        h_merged = int(np.ceil(n_merged * (h / float(n))))
+        merged = X[selection].T[None]
+        loc, cov, det, sup, dist = _c_steps(merged, h_merged, 30, loc[best], cov[best], dists=True)
+        if n < 1500:  # the merged set is every row
+            b = np.argsort(det)[0]
+            support, raw_dist = selection[sup[b]], np.empty(n)
+            raw_dist[selection] = dist[b]
+        else:
+            best = np.argsort(det)[: 10 if n > 1500 else 1]
+            loc, cov, det, sup, dist = _c_steps(rows, h, 30, loc[best], cov[best], dists=True)
+            b = np.argsort(det)[0]
+            support, raw_dist = sup[b], dist[b]
+    else:
+        starts = np.array([rng.permutation(n)[:h] for _ in range(30)])
+        loc, cov, det, _, _ = _c_steps(rows, h, 2, support=starts)
+        best = np.argsort(det)[:10]
+        loc, cov, det, sup, dist = _c_steps(rows, h, 30, loc[best], cov[best], dists=True)
+        b = np.argsort(det)[0]
+        support, raw_dist = sup[b], dist[b]
 
-        return empirical_covariance(X, assume_centered=True)
+    def consistency(alpha):  # Croux & Haesbroeck, Pison et al.: consistent at the normal distribution
+        return alpha / _chi2_cdf(_chi2_ppf(alpha, p), p + 2)
+
+    # the raw estimate picks the rows the reweighted one is computed from: those within the
+    # chi-square's 97.5 % quantile
+    raw_dist = raw_dist / consistency(len(support) / n)
+    keep = raw_dist < _chi2_ppf(1 - 0.025, p)
+    return X[keep].mean(0), _covariance(X[keep]) * consistency(1 - 0.025)
+
+
+def _c_steps(X, h, n_iter, location=None, covariance=None, support=None, dists=False):
+    """C-steps of FastMCD from many starts at once. Start k works on the rows ``X[k]`` (or on
+    ``X[0]``, rows all starts share), a feature's values side by side (T × p × n); it begins with
+    the ``h`` rows ``support[k]``, or those nearest the estimate (``location[k]``,
+    ``covariance[k]``), and stops as scikit-learn's ``_c_step`` stops: when the determinant no
+    longer falls, or after ``n_iter`` steps. Returns each start's location, covariance,
+    log-determinant, ``h`` rows and (``dists``) distances of all rows."""
+    T = len(location) if support is None else len(support)
+    p, n = X.shape[1:]
+    if support is None:
+        precision = _pinvh(covariance)
+        support = np.argpartition(_distance(X, location, precision), h - 1, axis=1)[:, :h]
+    else:
+        precision = np.zeros((T, p, p))
+        support = support.copy()
+    loc, cov, det = _estimate(X, support)
+    stop = np.isinf(det)
+    precision[stop] = _pinvh(cov[stop])
+    prev_loc, prev_cov, prev_det, prev_sup = loc.copy(), cov.copy(), np.full(T, np.inf), support.copy()
+    dist = np.full((T, n), np.inf)
+    left = np.full(T, n_iter)
+    run = (det < prev_det) & ~stop
+    while run.any():
+        k = slice(None) if run.all() else np.flatnonzero(run)
+        Xk = X if len(X) == 1 else X[k]
+        prev_loc[k], prev_cov[k], prev_det[k], prev_sup[k] = loc[k], cov[k], det[k], support[k]
+        precision[k] = _pinvh(cov[k])
+        dist[k] = _distance(Xk, loc[k], precision[k])
+        support[k] = np.argpartition(dist[k], h - 1, axis=1)[:, :h]
+        loc[k], cov[k], det[k] = _estimate(Xk, support[k])
+        left[k] -= 1
+        run = (det < prev_det) & (left > 0) & ~np.isinf(det)
+    # as _c_step ends: a determinant that rose (more than rounding) before the last step gives
+    # back the previous estimate, with the distances that estimate was judged by
+    back = ~np.isinf(det) & ~np.isclose(det, prev_det, rtol=1e-5, atol=1e-8) & (det > prev_det) & (left > 0)
+    loc[back], cov[back], det[back] = prev_loc[back], prev_cov[back], prev_det[back]
+    support[back] = prev_sup[back]
+    if not dists:
+        return loc, cov, det, support, None
+    final = _distance(X, loc, precision)  # the last precision: the estimate's before the last step
+    final[back] = dist[back]
+    return loc, cov, det, support, final
+
+
+def _estimate(X: np.ndarray, support: np.ndarray):
+    """Location, covariance and log-determinant (-inf where not positive) of rows ``support[k]``
+    of ``X[k]``, for every k at once."""
+    Xs = np.take_along_axis(X, support[:, None, :], axis=2)
+    loc = Xs.mean(axis=2)
+    c = Xs - loc[:, :, None]
+    cov = np.matmul(c, c.transpose(0, 2, 1)) / Xs.shape[2]
+    sign, logdet = np.linalg.slogdet(cov)
+    return loc, cov, np.where(sign > 0, logdet, -np.inf)
+
+
+def _distance(X: np.ndarray, location: np.ndarray, precision: np.ndarray) -> np.ndarray:
+    """Squared Mahalanobis distance of every row of ``X[k]`` from estimate k."""
+    c = X - location[:, :, None]
+    return (np.matmul(precision, c) * c).sum(axis=1)
+
+
+def _pinvh(a: np.ndarray) -> np.ndarray:
+    """Pseudo-inverses of stacked symmetric matrices (``scipy.linalg.pinvh``'s cut-off)."""
+    s, u = np.linalg.eigh(a)
+    cut = np.abs(s).max(axis=-1, initial=0.0, keepdims=True) * a.shape[-1] * np.finfo(np.float64).eps
+    inv = np.where(np.abs(s) > cut, 1.0 / np.where(s == 0, 1.0, s), 0.0)
+    return np.matmul(u * inv[..., None, :], u.transpose(0, 2, 1))
+
+
+def _covariance(X: np.ndarray) -> np.ndarray:
+    """The empirical covariance (``sklearn.covariance.empirical_covariance``'s arithmetic)."""
     Xt = np.array(X.T, ndmin=2, dtype=np.float64)  # as np.cov(X.T, bias=1)
     Xt -= Xt.mean(axis=1)[:, None]
     c = np.dot(Xt, Xt.T.conj())
@@ -201,10 +322,34 @@ def _covariance(X: np.ndarray, *, assume_centered: bool = False) -> np.ndarray:
     return c
 
 
-def _min_cov_det():
-    from sklearn.covariance import MinCovDet
+def _chi2_cdf(x: float, k: int) -> float:
+    """P(X <= x) for X chi-square with ``k`` degrees of freedom: the regularised lower incomplete
+    gamma P(k/2, x/2) by its series, y^a e^-y / Gamma(a + 1) * sum of y^n / ((a + 1)...(a + n))
+    (terms all positive: no cancellation)."""
+    a, y = k / 2, x / 2
+    if y <= 0:
+        return 0.0
+    term = total = 1.0
+    n = 0
+    while term > total * 1e-17:
+        n += 1
+        term *= y / (a + n)
+        total += term
+    return min(1.0, math.exp(a * math.log(y) - y - math.lgamma(a + 1)) * total)
 
-    class _MinCovDet(MinCovDet):
-        _nonrobust_covariance = staticmethod(_covariance)
 
-    return _MinCovDet
+def _chi2_ppf(q: float, k: int) -> float:
+    """The ``q`` quantile of the chi-square with ``k`` degrees of freedom (bisection to the last bit)."""
+    if not 0 < q < 1:
+        raise ValueError(f"chi-square quantile {q} outside (0, 1)")
+    lo, hi = 0.0, float(k)
+    while _chi2_cdf(hi, k) < q:
+        lo, hi = hi, hi * 2
+    while True:
+        mid = (lo + hi) / 2
+        if mid in (lo, hi):
+            return mid
+        if _chi2_cdf(mid, k) < q:
+            lo = mid
+        else:
+            hi = mid
