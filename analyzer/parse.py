@@ -113,9 +113,17 @@ class Rows:
                 [p.kind.get(name, np.zeros(k, np.uint8)) for p, k in zip(parts, n, strict=False)]
             )
         for name in dict.fromkeys(k for p in parts for k in p.ints):
-            out.ints[name] = np.concatenate(
-                [p.ints.get(name, np.zeros(k, np.int64)) for p, k in zip(parts, n, strict=False)]
-            )
+            out.ints[name] = np.concatenate([p.exact_ints(name) for p in parts])
+        return out
+
+    def exact_ints(self, name: str) -> np.ndarray:
+        """The exact int64 of field ``name`` where it is an integer (0 elsewhere)."""
+        if name in self.ints:
+            return self.ints[name]
+        out = np.zeros(len(self), np.int64)
+        if name in self.kind and name in self.num:
+            at = self.kind[name] == INT
+            out[at] = self.num[name][at]  # within +-2**53 here: the float64 is exact
         return out
 
     def take(self, idx) -> Rows:
@@ -224,7 +232,12 @@ class Parser:
                     kind[i] = BOOL if isinstance(v, bool) else INT if isinstance(v, int) else FLOAT
                     num[i] = v
                     if kind[i] == INT and not -_EXACT <= v <= _EXACT:
-                        r.ints.setdefault(k, np.zeros(n, np.int64))[i] = v
+                        r.ints[k] = None  # filled below: every integer of the field, exactly
+                if k in r.ints:
+                    r.ints[k] = exact = np.zeros(n, np.int64)
+                    for i, v in d.items():
+                        if kind[i] == INT:
+                            exact[i] = v
                 r.kind[k] = kind
                 if text is not None:
                     r.text[k] = text

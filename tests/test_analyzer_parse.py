@@ -409,3 +409,52 @@ def test_degenerate_chunks(engine, lines):
     p, rows = _rows(b"\n".join(lines) + b"\n", engine)
     assert _as_points(p, rows) == sorted((r for r in map(_reference_point, lines) if r is not None), key=repr)
     assert p.stats.lines == sum(1 for ln in lines if not skip_line(ln))
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("chunking", ["one", "per_line", "random"])
+def test_state_across_chunks_matches_reference(engine, chunking):
+    """The C scanner keeps heads and field-key groups from chunk to chunk and first matches a
+    line's keys with its series' last group: keys that are prefixes of each other, field sets
+    changing mid-line, numbers on both sides of the short-number fast path, integers beyond 2**53,
+    strings and booleans, and a refused head written again (counted once per line), read the same
+    however the lines are cut into chunks, and as the reference parser reads them."""
+    rng = random.Random(7)
+    values = ["1", "-0.0", "5.", "0.05", "007i", "-12i", "123456789012345", "1234567890123456", "1.5e3",
+              "9007199254740993i", "-9223372036854775808i", "t", "FALSE", '"s,\\" x"', "1.25", ".5"]
+    sets = [("a", "ab", "abc"), ("ab", "a"), ("a", "ab"), ("abc",), ("a", "ab", "abc", "b")]
+    lines = []
+    for i in range(300):
+        host = f"h{i % 3}"
+        if i % 50 == 7:
+            lines.append(f"m,{host} a=1 {i + 1}")  # a tag without a value: refused
+            continue
+        keys = sets[rng.randrange(len(sets))]
+        fields = ",".join(f"{k}={values[rng.randrange(len(values))]}" for k in keys)
+        lines.append(f"m,host={host} {fields} {i + 1}")
+    data = [(ln + "\n").encode() for ln in lines]
+    if chunking == "one":
+        chunks = [b"".join(data)]
+    elif chunking == "per_line":
+        chunks = data
+    else:
+        chunks, i = [], 0
+        while i < len(data):
+            k = rng.randrange(1, 40)
+            chunks.append(b"".join(data[i : i + k]))
+            i += k
+    p = Parser(engine=engine)
+    got = []
+    for c in chunks:
+        got += typed_points(p, p.feed(c))
+    want, refused = [], 0
+    for ln in lines:
+        try:
+            pt = parse_line(ln)
+        except ParseError:
+            refused += 1
+            continue
+        want.append((pt.measurement, pt.tags, pt.time, pt.fields))
+    assert sorted(got, key=repr) == sorted(want, key=repr)
+    assert p.stats.bad_lines == refused == 6
+    assert p.stats.points == len(want)
