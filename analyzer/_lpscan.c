@@ -77,8 +77,29 @@ static inline uint64_t mix(uint64_t h, uint64_t w) {
     return h * 0xC2B2AE3D27D4EB4FULL;
 }
 
+/* Four lanes of 8-byte words (a series head is ~120 bytes: the lanes' multiplies overlap), folded
+ * into one hash with mix(). The tables compare bytes: the hash only has to spread. */
+static inline uint64_t lane(uint64_t h, uint64_t w, uint64_t k) {
+    h = (h ^ w) * k;
+    return (h << 29) | (h >> 35);
+}
+
 static uint64_t hash_bytes(const char *s, Py_ssize_t n, uint64_t h) {
-    uint64_t w;
+    uint64_t w, x, y, z, a = h, b = ~h, c = h ^ 0x452821E638D01377ULL, e = h ^ 0xBE5466CF34E90C6CULL;
+    Py_ssize_t len = n;
+    while (n >= 32) {
+        memcpy(&w, s, 8);
+        memcpy(&x, s + 8, 8);
+        memcpy(&y, s + 16, 8);
+        memcpy(&z, s + 24, 8);
+        a = lane(a, w, 0x9E3779B97F4A7C15ULL);
+        b = lane(b, x, 0xC2B2AE3D27D4EB4FULL);
+        c = lane(c, y, 0x165667B19E3779F9ULL);
+        e = lane(e, z, 0xD6E8FEB86659FD93ULL);
+        s += 32;
+        n -= 32;
+    }
+    h = mix(mix(mix(a, b), c), e);
     while (n >= 8) {
         memcpy(&w, s, 8);
         h = mix(h, w);
@@ -87,7 +108,7 @@ static uint64_t hash_bytes(const char *s, Py_ssize_t n, uint64_t h) {
     }
     w = 0;
     memcpy(&w, s, (size_t)n);
-    return mix(h, w ^ ((uint64_t)n << 56));
+    return mix(h, w ^ ((uint64_t)len << 48));
 }
 
 /* Open-addressing table of ids; the caller compares candidates itself. */
@@ -261,9 +282,74 @@ static int parse_value(const char *s, Py_ssize_t n, double *out, int64_t *iv) {
     return parse_bool(s, n, out) ? 0 : T_BOOL;
 }
 
+/* A run of decimal digits from p (up to pe): where it ends, its value added to *m (*m * 10^k +
+ * the k digits, modulo 2^64: the callers bound k). lim: the end of the buffer (8-byte reads stay
+ * before it). Eight digits at a time where the byte order allows: for long runs (timestamps);
+ * values, mostly a few digits, read faster one byte at a time (digits). */
+static const uint64_t IPOW10[9] = {1, 10, 100, 1000, 10000, 100000, 1000000, 10000000, 100000000};
+#if defined(__GNUC__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define SWAR_DIGITS 1
+static inline uint64_t eight_digits(uint64_t x) { /* 8 ASCII digits, the first in the low byte */
+    x -= 0x3030303030303030ULL;
+    x = x * 10 + (x >> 8);
+    return (((x & 0x000000FF000000FFULL) * (100 + (1000000ULL << 32))) +
+            (((x >> 16) & 0x000000FF000000FFULL) * (1 + (10000ULL << 32)))) >>
+           32;
+}
+
+static inline int leading_digits(uint64_t x) { /* how many of x's bytes, from the low one, are digits */
+    const uint64_t hi = 0xF0F0F0F0F0F0F0F0ULL, zeros = 0x3030303030303030ULL;
+    uint64_t z = ((x & hi) ^ zeros) | (((x + 0x0606060606060606ULL) & hi) ^ zeros); /* 0 bytes: digits */
+    uint64_t t = (((z & 0x7F7F7F7F7F7F7F7FULL) + 0x7F7F7F7F7F7F7F7FULL) | z) & 0x8080808080808080ULL;
+    return t ? __builtin_ctzll(t) >> 3 : 8; /* a carry only reaches bytes after the first non-digit */
+}
+#endif
+
+static inline const char *digit_run(const char *p, const char *pe, const char *lim, uint64_t *m) {
+    uint64_t v = *m;
+#ifdef SWAR_DIGITS
+    while (p + 8 <= lim) {
+        uint64_t x;
+        int k;
+        memcpy(&x, p, 8);
+        k = leading_digits(x);
+        if (p + k > pe) break;
+        if (k == 8) {
+            v = v * 100000000ULL + eight_digits(x);
+            p += 8;
+            continue;
+        }
+        if (k) {
+            x = (x << (8 * (8 - k))) | (0x3030303030303030ULL >> (8 * k)); /* leading zeros */
+            v = v * IPOW10[k] + eight_digits(x);
+            p += k;
+        }
+        *m = v;
+        return p;
+    }
+#else
+    (void)lim;
+#endif
+    for (; p < pe && (unsigned)(*p - '0') < 10; p++) v = v * 10 + (uint64_t)(*p - '0');
+    *m = v;
+    return p;
+}
+
+static inline const char *digits(const char *p, const char *pe, uint64_t *m) {
+    uint64_t v = *m;
+    for (; p < pe && (unsigned)(*p - '0') < 10; p++) v = v * 10 + (uint64_t)(*p - '0');
+    *m = v;
+    return p;
+}
+
 /* Timestamp: -?digits within InfluxDB's range [-2^63+2, 2^63-2]. */
-static int parse_ts(const char *s, Py_ssize_t n, int64_t *out) {
-    if (parse_int(s, n, out) || *out < INT64_MIN + 2 || *out > INT64_MAX - 1) return -1;
+static int parse_ts(const char *s, Py_ssize_t n, int64_t *out, const char *lim) {
+    const char *p = s + (n > 0 && *s == '-');
+    uint64_t m = 0;
+    Py_ssize_t k = n - (p - s);
+    if (k < 1 || k > 19 || digit_run(p, s + n, lim, &m) != s + n) return -1; /* 19 digits: < 2^64 */
+    if (m > (uint64_t)INT64_MAX - 1) return -1;
+    *out = p > s ? -(int64_t)m : (int64_t)m;
     return 0;
 }
 
@@ -342,19 +428,21 @@ static inline int bytes_eq(const char *a, const char *b, Py_ssize_t n) {
     return 1;
 }
 
-/* A number value in its usual short form, -?digits then i (an integer) or -?digits[.digits] (a
- * float), with at most 15 digits (exact in a double, one correctly rounded division), followed
- * by a comma or a space: its type, with *end at that byte. 0 for anything else: the general
- * path (parse_value) decides, with the same result for every token taken here. */
+/* A number value in its usual short form, -?digits then i (an integer, at most 18 digits: within
+ * int64) or -?digits[.digits] (a float, at most 15 digits: exact in a double, one correctly
+ * rounded division), followed by a comma or a space: its type, with *end at that byte. 0 for
+ * anything else: the general path (parse_value) decides, with the same result for every token
+ * taken here. */
 static inline int fast_number(const char *p, const char *pe, double *out, int64_t *iv, const char **end) {
     const char *d0;
     uint64_t m = 0;
     Py_ssize_t nd, nf;
     int neg = 0;
     if (p < pe && *p == '-') neg = 1, p++;
-    for (d0 = p; p < pe && (unsigned)(*p - '0') < 10; p++) m = m * 10 + (uint64_t)(*p - '0');
+    d0 = p;
+    p = digits(p, pe, &m);
     nd = p - d0;
-    if (!nd || nd > 15 || p >= pe) return 0;
+    if (!nd || nd > 18 || p >= pe) return 0;
     if (*p == 'i') {
         if (++p >= pe || (*p != ',' && *p != ' ')) return 0;
         *iv = neg ? -(int64_t)m : (int64_t)m;
@@ -362,10 +450,11 @@ static inline int fast_number(const char *p, const char *pe, double *out, int64_
         *end = p;
         return T_INT;
     }
+    if (nd > 15) return 0;
     if (*p == '.') {
         const char *f = ++p;
         double v;
-        for (; p < pe && (unsigned)(*p - '0') < 10; p++) m = m * 10 + (uint64_t)(*p - '0');
+        p = digits(p, pe, &m);
         nf = p - f;
         if (nd + nf > 15 || p >= pe) return 0;
         v = nf ? (double)m / POW10[nf] : (double)m;
@@ -675,14 +764,14 @@ static PyObject *scanner_scan(PyObject *self, PyObject *arg) {
                     if (j == v0) goto slow;
                     type = parse_value(d + v0, j - v0, &v, &iv);
                     if (!type) goto slow;
-                    if (type == T_INT && (iv > (1LL << 53) || iv < -(1LL << 53))) {
-                        if (B_idx.n == B_idx.cap) {
-                            Py_ssize_t cap = 2 * B_idx.cap;
-                            if (vec_grow(&B_idx, cap) || vec_grow(&B_val, cap)) goto done;
-                        }
-                        AT(B_idx, int64_t)[B_idx.n++] = F_val.n;
-                        AT(B_val, int64_t)[B_val.n++] = iv;
+                }
+                if (type == T_INT && (iv > (1LL << 53) || iv < -(1LL << 53))) {
+                    if (B_idx.n == B_idx.cap) {
+                        Py_ssize_t cap = 2 * B_idx.cap;
+                        if (vec_grow(&B_idx, cap) || vec_grow(&B_val, cap)) goto done;
                     }
+                    AT(B_idx, int64_t)[B_idx.n++] = F_val.n;
+                    AT(B_val, int64_t)[B_val.n++] = iv;
                 }
             }
             AT(F_val, double)[F_val.n++] = v;
@@ -693,7 +782,7 @@ static PyObject *scanner_scan(PyObject *self, PyObject *arg) {
             j++;
         }
         j++;
-        if (parse_ts(d + j, e - j, &ts)) goto slow;
+        if (parse_ts(d + j, e - j, &ts, d + n)) goto slow;
         nf = F_val.n - f0;
 
         /* group: the series' last one, the one before (fast and slow tier), or the table's */
