@@ -389,16 +389,6 @@ static inline Py_ssize_t key_stop(const char *d, Py_ssize_t j, Py_ssize_t e, Py_
 }
 
 
-static Py_ssize_t count_byte(const char *s, Py_ssize_t n, char c) {
-    Py_ssize_t k = 0;
-    const char *e = s + n, *q;
-    while (s < e && (q = memchr(s, c, (size_t)(e - s)))) {
-        k++;
-        s = q + 1;
-    }
-    return k;
-}
-
 /* Are the n bytes at a and b equal? (short keys: word compares, no call) */
 static inline int bytes_eq(const char *a, const char *b, Py_ssize_t n) {
     uint64_t x, y;
@@ -657,7 +647,7 @@ static PyObject *scanner_scan(PyObject *self, PyObject *arg) {
     Scanner *S = (Scanner *)self;
     Py_buffer view;
     const char *d;
-    Py_ssize_t n, pos, maxlines, real = 0, nl = 0, i, h_start = S->h_off.n, g_start = S->g_moff.n;
+    Py_ssize_t n, pos, lcap, real = 0, nl = 0, i, h_start = S->h_off.n, g_start = S->g_moff.n;
     int64_t *L = NULL; /* per good line, in line order: head, local group, first field, time, start, end */
     Vec F_val, F_type, B_idx, B_val, Q_idx, Q_v0, Q_vn, S_start, S_end;
     Vec *all[] = {&F_val, &F_type, &B_idx, &B_val, &Q_idx, &Q_v0, &Q_vn, &S_start, &S_end};
@@ -670,13 +660,13 @@ static PyObject *scanner_scan(PyObject *self, PyObject *arg) {
     n = view.len;
     S->calls++;
     S->loc.n = 0;
-    maxlines = count_byte(d, n, '\n') + 1;
+    lcap = n / 128 + 64; /* lines (grown as needed) */
     for (i = 0; i < nvec; i++) all[i]->obj = NULL;
     if (vec_init(&F_val, n / 16, 8) || vec_init(&F_type, n / 16, 1) || vec_init(&B_idx, 16, 8) ||
         vec_init(&B_val, 16, 8) || vec_init(&Q_idx, 16, 8) || vec_init(&Q_v0, 16, 8) || vec_init(&Q_vn, 16, 8) ||
-        vec_init(&S_start, maxlines, 8) || vec_init(&S_end, maxlines, 8))
+        vec_init(&S_start, 64, 8) || vec_init(&S_end, 64, 8))
         goto done;
-    L = PyMem_Malloc((size_t)maxlines * 6 * sizeof(int64_t));
+    L = PyMem_Malloc((size_t)lcap * 6 * sizeof(int64_t));
     if (!L) {
         PyErr_NoMemory();
         goto done;
@@ -798,6 +788,15 @@ static PyObject *scanner_scan(PyObject *self, PyObject *arg) {
             S->g_local.p[g] = S->loc.n;
             if (i64_push(&S->loc, g)) goto done;
         }
+        if (nl == lcap) {
+            int64_t *more = PyMem_Realloc(L, (size_t)lcap * 2 * 6 * sizeof(int64_t));
+            if (!more) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            L = more;
+            lcap *= 2;
+        }
         L[6 * nl + 0] = hid;
         L[6 * nl + 1] = S->g_local.p[g];
         L[6 * nl + 2] = f0;
@@ -812,6 +811,10 @@ static PyObject *scanner_scan(PyObject *self, PyObject *arg) {
             F_val.n = F_type.n = f0;
             B_idx.n = B_val.n = b0;
             Q_idx.n = Q_v0.n = Q_vn.n = q0;
+            if (S_start.n == S_start.cap) {
+                Py_ssize_t cap = 2 * S_start.cap;
+                if (vec_grow(&S_start, cap) || vec_grow(&S_end, cap)) goto done;
+            }
             AT(S_start, int64_t)[S_start.n++] = i0;
             AT(S_end, int64_t)[S_end.n++] = e;
         }
