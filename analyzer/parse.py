@@ -98,20 +98,15 @@ class Rows:
             return Rows(measurement, np.zeros(0, np.int64), np.zeros(0, np.int64))
         if len(parts) == 1:
             return parts[0]
-        n = [len(p) for p in parts]
         out = Rows(measurement, np.concatenate([p.sid for p in parts]), np.concatenate([p.t for p in parts]))
-        for name in dict.fromkeys(k for p in parts for k in p.num):
-            out.num[name] = np.concatenate(
-                [p.num.get(name, np.full(k, np.nan)) for p, k in zip(parts, n, strict=False)]
-            )
-        for name in dict.fromkeys(k for p in parts for k in p.text):
-            out.text[name] = np.concatenate(
-                [p.text.get(name, np.full(k, None, dtype=object)) for p, k in zip(parts, n, strict=False)]
-            )
-        for name in dict.fromkeys(k for p in parts for k in p.kind):
-            out.kind[name] = np.concatenate(
-                [p.kind.get(name, np.zeros(k, np.uint8)) for p, k in zip(parts, n, strict=False)]
-            )
+        for attr, fill in (("num", np.nan), ("text", None), ("kind", 0)):
+            cols = [getattr(p, attr) for p in parts]
+            for name in dict.fromkeys(k for c in cols for k in c):
+                dtype = next(c[name] for c in cols if name in c).dtype
+                parts_of = zip(cols, parts, strict=True)
+                getattr(out, attr)[name] = np.concatenate(
+                    [c[name] if name in c else np.full(len(r), fill, dtype) for c, r in parts_of]
+                )
         for name in dict.fromkeys(k for p in parts for k in p.ints):
             out.ints[name] = np.concatenate([p.exact_ints(name) for p in parts])
         return out
@@ -319,10 +314,11 @@ class Parser:
             vidx = first + pos[:, None]  # (column, row) -> field
             kinds, vals = ftype[vidx], fval[vidx]
             strs = (kinds == STR) if len(q_idx) else None
+            has_str = strs.any(axis=1).tolist() if strs is not None else [False] * len(cols)
             for j, name in enumerate(cols):
                 typ = kinds[j]
                 r.kind[name] = typ
-                if strs is not None and strs[j].any():
+                if has_str[j]:
                     at = np.flatnonzero(strs[j])
                     span = np.searchsorted(q_idx, vidx[j, at])
                     text = np.full(len(typ), None, dtype=object)
