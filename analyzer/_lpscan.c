@@ -586,14 +586,18 @@ static Py_ssize_t head_id(Scanner *S, const char *d, Py_ssize_t a, Py_ssize_t n)
     return id;
 }
 
-/* Has group g the nf keys of the line being read (tk0/tkn)? */
-static int group_has_keys(const Scanner *S, Py_ssize_t g, const char *d, Py_ssize_t nf) {
+/* Are group g's first nf keys those of the line being read (tk0/tkn)? */
+static int group_has_prefix(const Scanner *S, Py_ssize_t g, const char *d, Py_ssize_t nf) {
     const int64_t *ko = S->k_off.p + S->g_k0.p[g], *kl = S->k_len.p + S->g_k0.p[g];
     Py_ssize_t k;
-    if (S->g_nf.p[g] != nf) return 0;
     for (k = 0; k < nf; k++)
         if (kl[k] != S->tkn.p[k] || !bytes_eq(S->gb.p + ko[k], d + S->tk0.p[k], kl[k])) return 0;
     return 1;
+}
+
+/* Has group g the nf keys of the line being read, and no more? */
+static int group_has_keys(const Scanner *S, Py_ssize_t g, const char *d, Py_ssize_t nf) {
+    return S->g_nf.p[g] == nf && group_has_prefix(S, g, d, nf);
 }
 
 /* The id of the group (measurement d[a:a+ml], the line's nf keys), added when new (-1 on error). */
@@ -677,7 +681,7 @@ static PyObject *scanner_scan(PyObject *self, PyObject *arg) {
 
     for (pos = 0; pos < n;) {
         const char *nlp = memchr(d + pos, '\n', (size_t)(n - pos));
-        Py_ssize_t e = nlp ? nlp - d : n, i0 = pos, j, f0 = F_val.n, nf, hid, cand, cnf = 0, g, k;
+        Py_ssize_t e = nlp ? nlp - d : n, i0 = pos, j, f0 = F_val.n, nf, hid, cand, alt, cnf = 0, g, k;
         Py_ssize_t b0 = B_idx.n, q0 = Q_idx.n;
         const int64_t *ckoff = NULL, *cklen = NULL;
         int64_t ts = 0;
@@ -737,6 +741,16 @@ static PyObject *scanner_scan(PyObject *self, PyObject *arg) {
             if (match && k < cnf && k0 + (kl = cklen[k]) < e && d[k0 + kl] == '=' &&
                 bytes_eq(d + k0, S->gb.p + ckoff[k], kl)) {
                 j = k0 + kl; /* the group's key: checked when the group was made */
+            } else if (match && (alt = S->h_rec1.p[hid]) >= 0 && alt != cand && S->g_nf.p[alt] > k &&
+                       k0 + (kl = S->k_len.p[S->g_k0.p[alt] + k]) < e && d[k0 + kl] == '=' &&
+                       bytes_eq(d + k0, S->gb.p + S->k_off.p[S->g_k0.p[alt] + k], kl) &&
+                       group_has_prefix(S, alt, d, k)) {
+                /* the series' other field set (fast and slow tier) from here on */
+                cand = alt;
+                cnf = S->g_nf.p[cand];
+                ckoff = S->k_off.p + S->g_k0.p[cand];
+                cklen = S->k_len.p + S->g_k0.p[cand];
+                j = k0 + kl;
             } else {
                 match = 0;
                 j = key_stop(d, j, e, n);
