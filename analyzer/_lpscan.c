@@ -14,10 +14,12 @@
  *   - the start and end of every other line: parse.py hands those to the reference parser
  *     (gpufleet/lineprotocol.py, InfluxDB 1.x's own rules), which decides and counts.
  *
- * A series writes one or two field sets (fast and slow tier) in one order, so a line's keys are
- * compared with those of its series' last group as they are met (equal bytes followed by "=" are
- * that key, no scan for the byte that ends it), and its numbers first take a fast path for the
- * usual short integers and decimals; whatever the fast paths do not take goes the general way.
+ * A writer sends its series in one order, so the head that followed the previous line's head last
+ * time is compared first, before the table of heads. A series writes one or two field sets (fast
+ * and slow tier) in one order, so a line's keys are compared with those of its series' last group
+ * as they are met (equal bytes followed by "=" are that key, no scan for the byte that ends it),
+ * and where they part, with its other group's; its numbers first take a fast path for the usual
+ * short integers and decimals. Whatever the fast paths do not take goes the general way.
  *
  * The plain form, all as InfluxDB 1.6.7 reads it: no leading whitespace; the head ends at the
  * first space whose previous byte is not a backslash (escapes and quotes in the head are parsed
