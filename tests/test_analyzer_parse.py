@@ -238,6 +238,14 @@ def test_c_tokenizer_on_mutated_lines(seed):
     assert got == ref
     assert p.stats.lines == sum(1 for ln in lines if not skip_line(ln))
     assert p.stats.points == len(got)
+    q = Parser(engine="c")  # the same lines twice, cut into chunks: the scanner's state carried across
+    for _ in range(2):
+        got, i = [], 0
+        while i < len(lines):
+            k = rng.randint(1, 8)
+            got += _as_points(q, q.feed(b"\n".join(lines[i : i + k]) + b"\n"))
+            i += k
+        assert sorted(got, key=repr) == ref
 
 
 def test_key_fingerprint_is_injective_over_the_catalogue():
