@@ -147,6 +147,10 @@ class Stats:
 class Parser:
     """Stateful chunk parser: ``feed(bytes)`` -> {measurement: Rows}; series ids persist."""
 
+    # the C scanner keeps every field-key sequence it meets; past this many it starts afresh (a
+    # producer writing ever new field names costs re-parsed heads, never unbounded memory)
+    max_groups = 65536
+
     def __init__(
         self,
         measurements: set[str] | None = None,
@@ -252,6 +256,8 @@ class Parser:
         self._plans: list[tuple | None] = []  # C group id -> its columns (once a row of it is kept)
 
     def _fast_c(self, data: bytes, pieces: dict[str, list[Rows]]) -> None:
+        if len(self._plans) > self.max_groups:
+            self._reset_c()
         (
             real,
             new_heads,

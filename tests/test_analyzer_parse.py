@@ -473,3 +473,18 @@ def test_state_across_chunks_matches_reference(engine, chunking):
     assert norm(got) == norm(want)
     assert p.stats.bad_lines == refused > 6
     assert p.stats.points == len(want)
+
+
+def test_scanner_starts_afresh_past_its_group_limit():
+    """A producer writing ever new field names: the C scanner's field-key groups stay bounded (it
+    starts afresh), series ids and rows stay as the reference parser reads them."""
+    p = Parser(engine="c")
+    p.max_groups = 8
+    lines = [f"m,host=h{i % 3} f{i}=1i,g=2 {i + 1}" for i in range(60)]
+    got = []
+    for i in range(0, 60, 4):
+        got += typed_points(p, p.feed(("\n".join(lines[i : i + 4]) + "\n").encode()))
+        assert len(p._plans) <= p.max_groups + 4
+    want = [(pt.measurement, pt.tags, pt.time, pt.fields) for pt in map(parse_line, lines)]
+    assert sorted(got, key=repr) == sorted(want, key=repr)
+    assert len(p.series) == 3
