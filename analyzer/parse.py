@@ -9,7 +9,9 @@ InfluxDB 1.x does (tests/test_lineprotocol_influx.py checks it against a real in
 outside the plain form the fast paths handle (escapes in field keys or values, leading or
 repeated whitespace, odd numbers, duplicate keys, no timestamp...) go through the reference
 parser ``gpufleet.lineprotocol`` (InfluxDB's own rules); what that rejects is skipped and
-counted, never raised.
+counted, never raised. The C engine (analyzer/_lpscan.c, a ``Scanner`` per parser) keeps the
+series heads and field-key groups it has met from chunk to chunk: Python parses a head, and plans
+a group's columns, once.
 
 Result: per measurement a :class:`Rows` block (series id, time in ns, numeric columns where
 NaN means absent, string columns, the type of every value) plus the :class:`SeriesIndex`
