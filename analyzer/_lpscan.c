@@ -518,7 +518,8 @@ typedef struct {
     Blob hb, gb;                       /* head bytes; group measurement and key bytes */
     I64 h_off, h_len, h_meas, h_rec0, h_rec1, h_next; /* per head: bytes, measurement length, last 2
                                                       * groups, the head of the line after its last */
-    I64 g_moff, g_mlen, g_k0, g_nf, g_stamp, g_local; /* per group */
+    I64 g_moff, g_mlen, g_k0, g_nf, g_stamp, g_local, g_plan, g_nplan; /* per group (plan: columns wanted) */
+    I64 plan;                          /* the groups' wanted field positions */
     I64 k_off, k_len;                  /* per group key (a group's keys: g_k0 .. g_k0 + g_nf) */
     I64 tk0, tkn;                      /* scratch: the key spans of the line being read */
     I64 loc;                           /* per call: local group -> group id */
@@ -527,7 +528,7 @@ typedef struct {
 
 static void scanner_free(Scanner *s) {
     I64 *arrs[] = {&s->h_off, &s->h_len, &s->h_meas, &s->h_rec0, &s->h_rec1, &s->h_next, &s->g_moff, &s->g_mlen,
-                   &s->g_k0,  &s->g_nf,  &s->g_stamp, &s->g_local, &s->k_off, &s->k_len, &s->tk0,
+                   &s->g_k0,  &s->g_nf,  &s->g_stamp, &s->g_local, &s->g_plan, &s->g_nplan, &s->plan, &s->k_off, &s->k_len, &s->tk0,
                    &s->tkn,   &s->loc};
     size_t i;
     for (i = 0; i < sizeof(arrs) / sizeof(arrs[0]); i++) PyMem_Free(arrs[i]->p);
@@ -617,7 +618,7 @@ static Py_ssize_t group_id(Scanner *S, const char *d, Py_ssize_t a, Py_ssize_t m
     id = S->g_moff.n;
     if (blob_add(&S->gb, d + a, ml, &off) || i64_push(&S->g_moff, off) || i64_push(&S->g_mlen, ml) ||
         i64_push(&S->g_k0, S->k_off.n) || i64_push(&S->g_nf, nf) || i64_push(&S->g_stamp, -1) ||
-        i64_push(&S->g_local, -1))
+        i64_push(&S->g_local, -1) || i64_push(&S->g_plan, -1) || i64_push(&S->g_nplan, 0))
         return -1;
     for (k = 0; k < nf; k++)
         if (blob_add(&S->gb, d + S->tk0.p[k], S->tkn.p[k], &off) || i64_push(&S->k_off, off) ||
@@ -661,7 +662,7 @@ static PyObject *scanner_scan(PyObject *self, PyObject *arg) {
     Vec F_val, F_type, B_idx, B_val, Q_idx, Q_v0, Q_vn, S_start, S_end;
     Vec *all[] = {&F_val, &F_type, &B_idx, &B_val, &Q_idx, &Q_v0, &Q_vn, &S_start, &S_end};
     const int nvec = (int)(sizeof(all) / sizeof(all[0]));
-    PyObject *result = NULL, *cols[6] = {NULL}, *newh = NULL, *newg = NULL, *gid = NULL, *bounds = NULL;
+    PyObject *result = NULL, *cols[6] = {NULL}, *newh = NULL, *newg = NULL, *gid = NULL, *bounds = NULL, *picked = NULL;
     int ok = 0;
 
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
@@ -882,6 +883,44 @@ static PyObject *scanner_scan(PyObject *self, PyObject *arg) {
         PyMem_Free(v);
         if (PyErr_Occurred()) goto done;
     }
+    /* the wanted columns of the groups that have a plan, gathered: (values, types), column-major */
+    if (!(picked = PyList_New(S->loc.n))) goto done;
+    for (i = 0; i < S->loc.n; i++) {
+        Py_ssize_t g = S->loc.p[i], a = ((int64_t *)PyByteArray_AS_STRING(bounds))[i], r, c;
+        Py_ssize_t rows = ((int64_t *)PyByteArray_AS_STRING(bounds))[i + 1] - a, np_ = S->g_nplan.p[g];
+        const int64_t *pos, *f0 = (const int64_t *)PyByteArray_AS_STRING(cols[2]) + a;
+        const double *fv = (const double *)PyByteArray_AS_STRING(F_val.obj);
+        const uint8_t *ft = (const uint8_t *)PyByteArray_AS_STRING(F_type.obj);
+        PyObject *vals, *kinds, *pair;
+        double *ov;
+        uint8_t *ok_;
+        if (S->g_plan.p[g] < 0) {
+            Py_INCREF(Py_None);
+            PyList_SET_ITEM(picked, i, Py_None);
+            continue;
+        }
+        pos = S->plan.p + S->g_plan.p[g];
+        if (!(vals = PyByteArray_FromStringAndSize(NULL, np_ * rows * 8))) goto done;
+        if (!(kinds = PyByteArray_FromStringAndSize(NULL, np_ * rows))) {
+            Py_DECREF(vals);
+            goto done;
+        }
+        ov = (double *)PyByteArray_AS_STRING(vals);
+        ok_ = (uint8_t *)PyByteArray_AS_STRING(kinds);
+        for (r = 0; r < rows; r++)
+            for (c = 0; c < np_; c++) {
+                ov[c * rows + r] = fv[f0[r] + pos[c]];
+                ok_[c * rows + r] = ft[f0[r] + pos[c]];
+            }
+        if (!(pair = PyTuple_Pack(2, vals, kinds))) {
+            Py_DECREF(vals);
+            Py_DECREF(kinds);
+            goto done;
+        }
+        Py_DECREF(vals);
+        Py_DECREF(kinds);
+        PyList_SET_ITEM(picked, i, pair);
+    }
     if (!(newh = bytes_list(&S->hb, S->h_off.p, S->h_len.p, h_start, S->h_off.n))) goto done;
     if (!(newg = PyList_New(S->g_moff.n - g_start))) goto done;
     for (i = g_start; i < S->g_moff.n; i++) {
@@ -889,9 +928,9 @@ static PyObject *scanner_scan(PyObject *self, PyObject *arg) {
         if (!keys) goto done;
         PyList_SET_ITEM(newg, i - g_start, keys);
     }
-    result = Py_BuildValue("(nNNNNNNNNNNNNNNNNNN)", real, newh, newg, gid, bounds, cols[0], cols[2], cols[3], cols[4],
+    result = Py_BuildValue("(nNNNNNNNNNNNNNNNNNNN)", real, newh, newg, gid, bounds, cols[0], cols[2], cols[3], cols[4],
                            cols[5], F_val.obj, F_type.obj, B_idx.obj, B_val.obj, Q_idx.obj, Q_v0.obj, Q_vn.obj,
-                           S_start.obj, S_end.obj);
+                           S_start.obj, S_end.obj, picked);
     ok = 1; /* the objects now belong to the tuple (or, if it failed, are gone with it) */
 done:
     if (!ok) {
@@ -901,17 +940,54 @@ done:
         Py_XDECREF(newg);
         Py_XDECREF(gid);
         Py_XDECREF(bounds);
+        Py_XDECREF(picked);
     }
     PyMem_Free(L);
     PyBuffer_Release(&view);
     return result;
 }
 
+/* columns(group id, positions): the field positions (int64s) to gather for that group's rows,
+ * from the next scan on. */
+static PyObject *scanner_columns(PyObject *self, PyObject *args) {
+    Scanner *S = (Scanner *)self;
+    Py_ssize_t g, i, k;
+    Py_buffer pos;
+    const int64_t *p;
+    if (!PyArg_ParseTuple(args, "ny*", &g, &pos)) return NULL;
+    p = pos.buf;
+    k = pos.len / 8;
+    if (g < 0 || g >= S->g_moff.n || pos.len % 8) {
+        PyBuffer_Release(&pos);
+        PyErr_SetString(PyExc_ValueError, "no such group, or positions not int64");
+        return NULL;
+    }
+    for (i = 0; i < k; i++)
+        if (p[i] < 0 || p[i] >= S->g_nf.p[g]) {
+            PyBuffer_Release(&pos);
+            PyErr_SetString(PyExc_ValueError, "a position beyond the group's fields");
+            return NULL;
+        }
+    S->g_plan.p[g] = S->plan.n;
+    S->g_nplan.p[g] = k;
+    for (i = 0; i < k; i++)
+        if (i64_push(&S->plan, p[i])) {
+            S->g_plan.p[g] = -1;
+            PyBuffer_Release(&pos);
+            return NULL;
+        }
+    PyBuffer_Release(&pos);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef scanner_methods[] = {
+    {"columns", scanner_columns, METH_VARARGS,
+     "columns(group id, int64 positions): gather these fields of the group's rows in later scans"},
     {"scan", scanner_scan, METH_O,
      "scan(data) -> (lines, new heads, new groups' keys, local group -> group id, group bounds, head, "
      "first field, time, line start, line end, field values, field types, big-int field, big-int value, "
-     "string field, string start, string length, other line start, other line end) (see analyzer/parse.py)"},
+     "string field, string start, string length, other line start, other line end, per local group its "
+     "planned columns gathered (values, types) or None) (see analyzer/parse.py)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -280,6 +280,7 @@ class Parser:
             q_vn,
             s0,
             s1,
+            picked,
         ) = self._scanner.scan(data)
         i64 = np.int64
         self.stats.lines += real
@@ -319,8 +320,14 @@ class Parser:
                 continue
             r = Rows(mname, sid[rows], t[rows])
             first = f0[rows]
-            vidx = first + pos[:, None]  # (column, row) -> field
-            kinds, vals = ftype[vidx], fval[vidx]
+            if picked[g] is not None:  # the scanner gathered the planned columns: (column, row)
+                vals = np.frombuffer(picked[g][0], np.float64).reshape(len(pos), b - a)
+                kinds = np.frombuffer(picked[g][1], np.uint8).reshape(len(pos), b - a)
+                if not isinstance(rows, slice):
+                    vals, kinds = vals[:, rows - a], kinds[:, rows - a]
+            else:
+                vidx = first + pos[:, None]  # (column, row) -> field
+                kinds, vals = ftype[vidx], fval[vidx]
             strs = (kinds == STR) if len(q_idx) else None
             has_str = strs.any(axis=1).tolist() if strs is not None else [False] * len(cols)
             for j, name in enumerate(cols):
@@ -328,7 +335,7 @@ class Parser:
                 r.kind[name] = typ
                 if has_str[j]:
                     at = np.flatnonzero(strs[j])
-                    span = np.searchsorted(q_idx, vidx[j, at])
+                    span = np.searchsorted(q_idx, first[at] + pos[j])
                     text = np.full(len(typ), None, dtype=object)
                     spans = zip(q_v0[span].tolist(), q_vn[span].tolist(), strict=True)
                     text[at] = np.array([_unquote(data[x : x + k]) for x, k in spans], dtype=object)
@@ -337,12 +344,13 @@ class Parser:
                         continue
                 r.num[name] = vals[j]
                 if len(b_idx):
-                    big = np.isin(vidx[j], b_idx)
+                    col = first + pos[j]
+                    big = np.isin(col, b_idx)
                     if big.any():
                         iv = np.zeros(len(typ), i64)
                         small = (typ == INT) & ~big
                         iv[small] = vals[j][small]
-                        iv[big] = b_val[np.searchsorted(b_idx, vidx[j][big])]
+                        iv[big] = b_val[np.searchsorted(b_idx, col[big])]
                         r.ints[name] = iv
             self.stats.points += len(r)
             pieces.setdefault(mname, []).append(r)
@@ -368,6 +376,8 @@ class Parser:
         pos = np.array([j for j, _ in cols], np.int64)
         plan = (mname, names, max(map(len, keys)), pos, [n for _, n in cols])
         self._plans[gid] = plan
+        if names is not None:  # later scans gather these columns themselves
+            self._scanner.columns(gid, pos.tobytes())
         return plan
 
     # ------------------------------------------------------------------ fast path

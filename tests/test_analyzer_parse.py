@@ -488,3 +488,19 @@ def test_scanner_starts_afresh_past_its_group_limit():
     want = [(pt.measurement, pt.tags, pt.time, pt.fields) for pt in map(parse_line, lines)]
     assert sorted(got, key=repr) == sorted(want, key=repr)
     assert len(p.series) == 3
+
+
+def test_scanner_gathers_a_groups_planned_columns():
+    """Once told a group's wanted fields, the scanner gathers them itself (column by column);
+    a plan naming no group or a field the group lacks is refused."""
+    sc = parse._lpscan.Scanner()
+    assert sc.scan(b"m f=1,g=2i 1\n")[-1] == [None]
+    with pytest.raises(ValueError):
+        sc.columns(5, np.array([0]).tobytes())
+    with pytest.raises(ValueError):
+        sc.columns(0, np.array([2]).tobytes())
+    sc.columns(0, np.array([1, 0]).tobytes())
+    (vals, kinds), other = sc.scan(b"m f=3,g=4i 2\nn x=1 3\nm f=5,g=6i 4\n")[-1]
+    assert np.frombuffer(vals).tolist() == [4.0, 6.0, 3.0, 5.0]
+    assert list(kinds) == [parse.INT, parse.INT, parse.FLOAT, parse.FLOAT]
+    assert other is None
