@@ -11,6 +11,8 @@
  *     its head id, the index of its first field, its timestamp and where it lies in the chunk;
  *   - for every field: the value as a double (NaN for strings) and a type code; the exact int64
  *     of integers beyond +-2^53 and where string values lie, as short side lists;
+ *   - for every group parse.py has planned (Scanner.columns: the fields it keeps), those fields'
+ *     values and types gathered column by column;
  *   - the start and end of every other line: parse.py hands those to the reference parser
  *     (gpufleet/lineprotocol.py, InfluxDB 1.x's own rules), which decides and counts.
  *
