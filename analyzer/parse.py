@@ -302,6 +302,7 @@ class Parser:
         q_idx, q_v0, q_vn = np.frombuffer(q_idx, i64), np.frombuffer(q_v0, i64), np.frombuffer(q_vn, i64)
         b_idx, b_val = np.frombuffer(b_idx, i64), np.frombuffer(b_val, i64)
         bounds = np.frombuffer(g_bound, i64).tolist()
+        seen: dict[bytes, str] = {}  # string values read in this chunk (a job id repeats)
         for g, gid in enumerate(np.frombuffer(g_id, i64).tolist()):
             a, b = bounds[g], bounds[g + 1]
             rows = slice(a, b)
@@ -338,7 +339,9 @@ class Parser:
                     span = np.searchsorted(q_idx, first[at] + pos[j])
                     text = np.full(len(typ), None, dtype=object)
                     spans = zip(q_v0[span].tolist(), q_vn[span].tolist(), strict=True)
-                    text[at] = np.array([_unquote(data[x : x + k]) for x, k in spans], dtype=object)
+                    raw = [data[x : x + k] for x, k in spans]
+                    got = [seen[v] if v in seen else seen.setdefault(v, _unquote(v)) for v in raw]
+                    text[at] = np.array(got, dtype=object)
                     r.text[name] = text
                     if len(at) == len(typ):
                         continue
