@@ -9,7 +9,9 @@ InfluxDB 1.x does (tests/test_lineprotocol_influx.py checks it against a real in
 outside the plain form the fast paths handle (escapes in field keys or values, leading or
 repeated whitespace, odd numbers, duplicate keys, no timestamp...) go through the reference
 parser ``gpufleet.lineprotocol`` (InfluxDB's own rules); what that rejects is skipped and
-counted, never raised.
+counted, never raised. The C engine (analyzer/_lpscan.c, a ``Scanner`` per parser) keeps the
+series heads and field-key groups it has met from chunk to chunk: Python parses a head, and plans
+a group's columns, once.
 
 Result: per measurement a :class:`Rows` block (series id, time in ns, numeric columns where
 NaN means absent, string columns, the type of every value) plus the :class:`SeriesIndex`
@@ -98,24 +100,27 @@ class Rows:
             return Rows(measurement, np.zeros(0, np.int64), np.zeros(0, np.int64))
         if len(parts) == 1:
             return parts[0]
-        n = [len(p) for p in parts]
         out = Rows(measurement, np.concatenate([p.sid for p in parts]), np.concatenate([p.t for p in parts]))
-        for name in dict.fromkeys(k for p in parts for k in p.num):
-            out.num[name] = np.concatenate(
-                [p.num.get(name, np.full(k, np.nan)) for p, k in zip(parts, n, strict=False)]
-            )
-        for name in dict.fromkeys(k for p in parts for k in p.text):
-            out.text[name] = np.concatenate(
-                [p.text.get(name, np.full(k, None, dtype=object)) for p, k in zip(parts, n, strict=False)]
-            )
-        for name in dict.fromkeys(k for p in parts for k in p.kind):
-            out.kind[name] = np.concatenate(
-                [p.kind.get(name, np.zeros(k, np.uint8)) for p, k in zip(parts, n, strict=False)]
-            )
+        for attr, fill in (("num", np.nan), ("text", None), ("kind", 0)):
+            cols = [getattr(p, attr) for p in parts]
+            for name in dict.fromkeys(k for c in cols for k in c):
+                dtype = next(c[name] for c in cols if name in c).dtype
+                parts_of = zip(cols, parts, strict=True)
+                getattr(out, attr)[name] = np.concatenate(
+                    [c[name] if name in c else np.full(len(r), fill, dtype) for c, r in parts_of]
+                )
         for name in dict.fromkeys(k for p in parts for k in p.ints):
-            out.ints[name] = np.concatenate(
-                [p.ints.get(name, np.zeros(k, np.int64)) for p, k in zip(parts, n, strict=False)]
-            )
+            out.ints[name] = np.concatenate([p.exact_ints(name) for p in parts])
+        return out
+
+    def exact_ints(self, name: str) -> np.ndarray:
+        """The exact int64 of field ``name`` where it is an integer (0 elsewhere)."""
+        if name in self.ints:
+            return self.ints[name]
+        out = np.zeros(len(self), np.int64)
+        if name in self.kind and name in self.num:
+            at = self.kind[name] == INT
+            out[at] = self.num[name][at]  # within +-2**53 here: the float64 is exact
         return out
 
     def take(self, idx) -> Rows:
@@ -144,6 +149,10 @@ class Stats:
 class Parser:
     """Stateful chunk parser: ``feed(bytes)`` -> {measurement: Rows}; series ids persist."""
 
+    # the C scanner keeps every field-key sequence it meets; past this many it starts afresh (a
+    # producer writing ever new field names costs re-parsed heads, never unbounded memory)
+    max_groups = 65536
+
     def __init__(
         self,
         measurements: set[str] | None = None,
@@ -161,8 +170,9 @@ class Parser:
         self.series = SeriesIndex()
         self.stats = Stats()
         self.only = measurements
-        self._heads: dict[bytes, int] = {}  # head bytes -> sid, or -1 for a head to skip
+        self._heads: dict[bytes, int] = {}  # head bytes -> sid, or -1 for a head to skip (numpy engine)
         self._meas_ids: dict[str, int] = {}
+        self._reset_c()
 
     # ------------------------------------------------------------------ public
     def feed(self, data: bytes) -> dict[str, Rows]:
@@ -177,6 +187,7 @@ class Parser:
             raise
         except Exception:  # noqa: BLE001 - never lose a chunk to a fast-path corner case
             pieces = {}
+            self._reset_c()  # the scanner may know heads and groups the glue has not taken
             self._slow(data.split(b"\n"), pieces)
         return {m: Rows.concat(m, p) for m, p in pieces.items()}
 
@@ -222,7 +233,12 @@ class Parser:
                     kind[i] = BOOL if isinstance(v, bool) else INT if isinstance(v, int) else FLOAT
                     num[i] = v
                     if kind[i] == INT and not -_EXACT <= v <= _EXACT:
-                        r.ints.setdefault(k, np.zeros(n, np.int64))[i] = v
+                        r.ints[k] = None  # filled below: every integer of the field, exactly
+                if k in r.ints:
+                    r.ints[k] = exact = np.zeros(n, np.int64)
+                    for i, v in d.items():
+                        if kind[i] == INT:
+                            exact[i] = v
                 r.kind[k] = kind
                 if text is not None:
                     r.text[k] = text
@@ -231,85 +247,141 @@ class Parser:
             pieces.setdefault(m, []).append(r)
 
     # ------------------------------------------------------------------ C tokenizer
+    def _reset_c(self) -> None:
+        """A fresh C scanner: its head and group ids restart (series ids do not: they are the
+        SeriesIndex's)."""
+        self._scanner = _lpscan.Scanner() if _lpscan is not None else None
+        self._hsid = np.zeros(1024, np.int64)  # C head id -> series id (-1 skipped, -2 refused)
+        self._hlen = np.zeros(1024, np.int64)  # C head id -> its length in bytes
+        self._nheads = self._hmax = 0
+        self._gkeys: list[list[bytes]] = []  # C group id -> its field keys
+        self._plans: list[tuple | None] = []  # C group id -> its columns (once a row of it is kept)
+
     def _fast_c(self, data: bytes, pieces: dict[str, list[Rows]]) -> None:
+        if len(self._plans) > self.max_groups:
+            self._reset_c()
         (
             real,
-            bigint,
+            new_heads,
+            new_groups,
+            g_id,
+            g_bound,
             head,
-            group,
             f0,
             t,
             l0,
             l1,
-            h0,
-            hn,
-            g_line,
-            g_nf,
             fval,
-            fival,
             ftype,
-            fk0,
-            fkn,
-            fv0,
-            fvn,
+            b_idx,
+            b_val,
+            q_idx,
+            q_v0,
+            q_vn,
             s0,
             s1,
-        ) = _lpscan.scan(data)
+            picked,
+        ) = self._scanner.scan(data)
         i64 = np.int64
         self.stats.lines += real
+        if new_heads:
+            self._add_heads(new_heads)
+        if new_groups:
+            self._gkeys += new_groups
+            self._plans += [None] * len(new_groups)
         s0, s1 = np.frombuffer(s0, i64), np.frombuffer(s1, i64)
         if len(s0):
             self._slow(_slices(data, s0, s1), pieces, count=False)
-        head, group = np.frombuffer(head, i64), np.frombuffer(group, i64)
+        head = np.frombuffer(head, i64)
         if not len(head):
             return
+        sid = self._hsid[head]
+        self.stats.bad_lines += int(np.count_nonzero(sid == -2))
         f0, t = np.frombuffer(f0, i64), np.frombuffer(t, i64)
-        h0, hn = np.frombuffer(h0, i64).tolist(), np.frombuffer(hn, i64)
-        sids = self._sids([data[a : a + k] for a, k in zip(h0, hn.tolist(), strict=True)])
-        self.stats.bad_lines += int(np.count_nonzero(sids == -2))
-        sid = sids[head]
         fval, ftype = np.frombuffer(fval, np.float64), np.frombuffer(ftype, np.uint8)
-        fival = np.frombuffer(fival, i64) if bigint else None
-        fk0, fkn = np.frombuffer(fk0, i64), np.frombuffer(fkn, i64)
-        fv0, fvn = np.frombuffer(fv0, i64), np.frombuffer(fvn, i64)
-        g_line, g_nf = np.frombuffer(g_line, i64).tolist(), np.frombuffer(g_nf, i64).tolist()
-        order = np.argsort(group, kind="stable")
-        bounds = np.concatenate([[0], np.cumsum(np.bincount(group, minlength=len(g_line)))]).tolist()
-        for g, (line0, nf) in enumerate(zip(g_line, g_nf, strict=True)):
-            rows = order[bounds[g] : bounds[g + 1]]
-            rows = rows[sid[rows] >= 0]
-            if not len(rows):
-                continue
-            k0 = int(f0[line0])
-            spans = zip(fk0[k0 : k0 + nf].tolist(), fkn[k0 : k0 + nf].tolist(), strict=True)
-            keys = [data[a : a + k] for a, k in spans]
-            names = _plain_names(keys, int(hn[head[rows]].max()))
+        q_idx, q_v0, q_vn = np.frombuffer(q_idx, i64), np.frombuffer(q_v0, i64), np.frombuffer(q_vn, i64)
+        b_idx, b_val = np.frombuffer(b_idx, i64), np.frombuffer(b_val, i64)
+        bounds = np.frombuffer(g_bound, i64).tolist()
+        seen: dict[bytes, str] = {}  # string values read in this chunk (a job id repeats)
+        for g, gid in enumerate(np.frombuffer(g_id, i64).tolist()):
+            a, b = bounds[g], bounds[g + 1]
+            rows = slice(a, b)
+            if (sid[rows] < 0).any():
+                rows = np.flatnonzero(sid[rows] >= 0) + a
+                if not len(rows):
+                    continue
+            plan = self._plans[gid] or self._plan(gid, int(sid[rows][0]))
+            mname, names, maxkey, pos, cols = plan
+            if names is not None and self._hmax + 4 + maxkey > 65535:  # the series key's limit
+                hl = self._hlen[head[rows]].max()
+                names = names if hl + 4 + maxkey <= 65535 else None
             if names is None:  # InfluxDB's corner cases (a key twice, "time", not UTF-8): line by line
                 ls, le = np.frombuffer(l0, i64), np.frombuffer(l1, i64)
                 self._slow(_slices(data, ls[rows], le[rows]), pieces, count=False)
                 continue
-            mname = self.series.measurement[int(sid[rows[0]])]
             r = Rows(mname, sid[rows], t[rows])
             first = f0[rows]
-            for j, name in self._columns(mname, names):
-                col = first + j
-                typ = ftype[col]
+            if picked[g] is not None:  # the scanner gathered the planned columns: (column, row)
+                vals = np.frombuffer(picked[g][0], np.float64).reshape(len(pos), b - a)
+                kinds = np.frombuffer(picked[g][1], np.uint8).reshape(len(pos), b - a)
+                if not isinstance(rows, slice):
+                    vals, kinds = vals[:, rows - a], kinds[:, rows - a]
+            else:
+                vidx = first + pos[:, None]  # (column, row) -> field
+                kinds, vals = ftype[vidx], fval[vidx]
+            strs = (kinds == STR) if len(q_idx) else None
+            has_str = strs.any(axis=1).tolist() if strs is not None else [False] * len(cols)
+            for j, name in enumerate(cols):
+                typ = kinds[j]
                 r.kind[name] = typ
-                strs = typ == STR
-                if strs.any():
-                    vals = zip(fv0[col].tolist(), fvn[col].tolist(), strs.tolist(), strict=True)
-                    r.text[name] = np.array(
-                        [_unquote(data[a : a + k]) if q else None for a, k, q in vals], dtype=object
-                    )
-                    if strs.all():
+                if has_str[j]:
+                    at = np.flatnonzero(strs[j])
+                    span = np.searchsorted(q_idx, first[at] + pos[j])
+                    text = np.full(len(typ), None, dtype=object)
+                    spans = zip(q_v0[span].tolist(), q_vn[span].tolist(), strict=True)
+                    raw = [data[x : x + k] for x, k in spans]
+                    got = [seen[v] if v in seen else seen.setdefault(v, _unquote(v)) for v in raw]
+                    text[at] = np.array(got, dtype=object)
+                    r.text[name] = text
+                    if len(at) == len(typ):
                         continue
-                r.num[name] = fval[col]
-                if fival is not None and (typ == INT).any():
-                    iv = fival[col]
-                    if ((iv > _EXACT) | (iv < -_EXACT)).any():
+                r.num[name] = vals[j]
+                if len(b_idx):
+                    col = first + pos[j]
+                    big = np.isin(col, b_idx)
+                    if big.any():
+                        iv = np.zeros(len(typ), i64)
+                        small = (typ == INT) & ~big
+                        iv[small] = vals[j][small]
+                        iv[big] = b_val[np.searchsorted(b_idx, col[big])]
                         r.ints[name] = iv
-            self.stats.points += len(rows)
+            self.stats.points += len(r)
             pieces.setdefault(mname, []).append(r)
+
+    def _add_heads(self, heads: list[bytes]) -> None:
+        """Series ids of the heads the C scanner met for the first time (their ids follow on)."""
+        n, k = self._nheads, len(heads)
+        if n + k > len(self._hsid):
+            grow = np.zeros(max(len(self._hsid), k), np.int64)
+            self._hsid, self._hlen = np.concatenate([self._hsid, grow]), np.concatenate([self._hlen, grow])
+        self._hsid[n : n + k] = [self._head_sid(h) for h in heads]
+        self._hlen[n : n + k] = lens = [len(h) for h in heads]
+        self._nheads += k
+        self._hmax = max(self._hmax, *lens)
+
+    def _plan(self, gid: int, sid: int) -> tuple:
+        """A group's columns: (measurement, field names or None for the reference parser, longest
+        key, positions of the fields to keep, their names)."""
+        keys = self._gkeys[gid]
+        mname = self.series.measurement[sid]
+        names = _plain_names(keys, 0)
+        cols = self._columns(mname, names) if names is not None else []
+        pos = np.array([j for j, _ in cols], np.int64)
+        plan = (mname, names, max(map(len, keys)), pos, [n for _, n in cols])
+        self._plans[gid] = plan
+        if names is not None:  # later scans gather these columns themselves
+            self._scanner.columns(gid, pos.tobytes())
+        return plan
 
     # ------------------------------------------------------------------ fast path
     def _fast(self, data: bytes, pieces: dict[str, list[Rows]]) -> None:
@@ -531,16 +603,19 @@ class Parser:
         return [(j, n) for j, n in enumerate(names) if n != "time" and (wanted is None or n in wanted)]
 
     def _head(self, head: bytes) -> int:
-        """Parse a new series head once; -1 if filtered out, -2 if InfluxDB rejects it."""
-        sid = -1
+        """A new series head's id, parsed once and cached."""
+        sid = self._heads[head] = self._head_sid(head)
+        return sid
+
+    def _head_sid(self, head: bytes) -> int:
+        """Parse a series head: its series id, -1 if filtered out, -2 if InfluxDB rejects it."""
         try:
             meas, tags = parse_head(head)
-            if self.only is None or meas in self.only:
-                sid = self.series.add(meas, tags)
         except ParseError:
-            sid = -2
-        self._heads[head] = sid
-        return sid
+            return -2
+        if self.only is not None and meas not in self.only:
+            return -1
+        return self.series.add(meas, tags)
 
 
 def _plain_names(keys: list[bytes], head_len: int) -> list[str] | None:

@@ -238,6 +238,14 @@ def test_c_tokenizer_on_mutated_lines(seed):
     assert got == ref
     assert p.stats.lines == sum(1 for ln in lines if not skip_line(ln))
     assert p.stats.points == len(got)
+    q = Parser(engine="c")  # the same lines twice, cut into chunks: the scanner's state carried across
+    for _ in range(2):
+        got, i = [], 0
+        while i < len(lines):
+            k = rng.randint(1, 8)
+            got += _as_points(q, q.feed(b"\n".join(lines[i : i + k]) + b"\n"))
+            i += k
+        assert sorted(got, key=repr) == ref
 
 
 def test_key_fingerprint_is_injective_over_the_catalogue():
@@ -409,3 +417,90 @@ def test_degenerate_chunks(engine, lines):
     p, rows = _rows(b"\n".join(lines) + b"\n", engine)
     assert _as_points(p, rows) == sorted((r for r in map(_reference_point, lines) if r is not None), key=repr)
     assert p.stats.lines == sum(1 for ln in lines if not skip_line(ln))
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("chunking", ["one", "per_line", "random"])
+def test_state_across_chunks_matches_reference(engine, chunking):
+    """The C scanner keeps heads and field-key groups from chunk to chunk and first matches a
+    line's keys with its series' last group: keys that are prefixes of each other, field sets
+    changing mid-line, numbers on both sides of the short-number fast path, integers beyond 2**53,
+    strings and booleans, timestamps at and beyond InfluxDB's range, and a refused head written
+    again (counted once per line), read the same
+    however the lines are cut into chunks, and as the reference parser reads them."""
+    rng = random.Random(7)
+    values = ["1", "-0.0", "5.", "0.05", "007i", "-12i", "123456789012345", "1234567890123456", "1.5e3",
+              "9007199254740993i", "-9223372036854775808i", "t", "FALSE", '"s,\\" x"', "1.25", ".5"]
+    sets = [("a", "ab", "abc"), ("ab", "a"), ("a", "ab"), ("abc",), ("a", "ab", "abc", "b")]
+    stamps = ["-9223372036854775806", "9223372036854775806", "9223372036854775807", "-9223372036854775807",
+              "00000000000000000000001", "18446744073709551617", "-0", "1700000000123456789"]
+    lines = []
+    for i in range(300):
+        host = f"h{i % 3}"
+        if i % 50 == 7:
+            lines.append(f"m,{host} a=1 {i + 1}")  # a tag without a value: refused
+            continue
+        keys = sets[rng.randrange(len(sets))]
+        fields = ",".join(f"{k}={values[rng.randrange(len(values))]}" for k in keys)
+        ts = stamps[i // 4 % len(stamps)] if i % 4 == 0 else str(i + 1)
+        lines.append(f"m,host={host} {fields} {ts}")
+    data = [(ln + "\n").encode() for ln in lines]
+    if chunking == "one":
+        chunks = [b"".join(data)]
+    elif chunking == "per_line":
+        chunks = data
+    else:
+        chunks, i = [], 0
+        while i < len(data):
+            k = rng.randrange(1, 40)
+            chunks.append(b"".join(data[i : i + k]))
+            i += k
+    p = Parser(engine=engine)
+    got = []
+    for c in chunks:
+        got += typed_points(p, p.feed(c))
+    want, refused = [], 0
+    for ln in lines:
+        try:
+            pt = parse_line(ln)
+        except ParseError:
+            refused += 1
+            continue
+        want.append((pt.measurement, pt.tags, pt.time, pt.fields))
+    def norm(points):
+        return sorted(repr((m, sorted(tags.items()), t, sorted(f.items()))) for m, tags, t, f in points)
+
+    assert norm(got) == norm(want)
+    assert p.stats.bad_lines == refused > 6
+    assert p.stats.points == len(want)
+
+
+def test_scanner_starts_afresh_past_its_group_limit():
+    """A producer writing ever new field names: the C scanner's field-key groups stay bounded (it
+    starts afresh), series ids and rows stay as the reference parser reads them."""
+    p = Parser(engine="c")
+    p.max_groups = 8
+    lines = [f"m,host=h{i % 3} f{i}=1i,g=2 {i + 1}" for i in range(60)]
+    got = []
+    for i in range(0, 60, 4):
+        got += typed_points(p, p.feed(("\n".join(lines[i : i + 4]) + "\n").encode()))
+        assert len(p._plans) <= p.max_groups + 4
+    want = [(pt.measurement, pt.tags, pt.time, pt.fields) for pt in map(parse_line, lines)]
+    assert sorted(got, key=repr) == sorted(want, key=repr)
+    assert len(p.series) == 3
+
+
+def test_scanner_gathers_a_groups_planned_columns():
+    """Once told a group's wanted fields, the scanner gathers them itself (column by column);
+    a plan naming no group or a field the group lacks is refused."""
+    sc = parse._lpscan.Scanner()
+    assert sc.scan(b"m f=1,g=2i 1\n")[-1] == [None]
+    with pytest.raises(ValueError):
+        sc.columns(5, np.array([0]).tobytes())
+    with pytest.raises(ValueError):
+        sc.columns(0, np.array([2]).tobytes())
+    sc.columns(0, np.array([1, 0]).tobytes())
+    (vals, kinds), other = sc.scan(b"m f=3,g=4i 2\nn x=1 3\nm f=5,g=6i 4\n")[-1]
+    assert np.frombuffer(vals).tolist() == [4.0, 6.0, 3.0, 5.0]
+    assert list(kinds) == [parse.INT, parse.INT, parse.FLOAT, parse.FLOAT]
+    assert other is None
