@@ -58,11 +58,6 @@ def _rates(path: Path) -> dict:
     chunks = list(read_chunks(path))
     read = time.perf_counter() - t
     mb = sum(map(len, chunks)) / 1e6
-    # the straggler detector's scikit-learn import is a once-per-process cost: timed on its own
-    t = time.perf_counter()
-    import sklearn.covariance  # noqa: F401
-
-    sk_import = time.perf_counter() - t
     an = Analyzer()
     numpy_parser = Parser(an.parser.only, an.parser.fields, engine="numpy")
     t = time.perf_counter()
@@ -84,7 +79,6 @@ def _rates(path: Path) -> dict:
         "n": n,
         "mb": mb,
         "read": read,
-        "sk_import": sk_import,
         "engine": an.parser.engine,
         "parse_numpy": parse_numpy,
         "parse": parse,
@@ -144,15 +138,7 @@ def run(quick: bool) -> list[dict]:
                 "value": r["n"] / r["detect"],
                 "unit": "GPU-samples/s",
                 "target": ">= 500,000",
-                "note": "windows, 9 detectors, incident engine; scikit-learn already imported",
-            },
-            {
-                "benchmark": "analyzer",
-                "metric": "scikit-learn import, once per process",
-                "value": r["sk_import"],
-                "unit": "s",
-                "target": "",
-                "note": "sklearn.covariance (the straggler's MinCovDet); inside the end-to-end figure",
+                "note": "windows, every detector, incident engine",
             },
             {
                 "benchmark": "analyzer",

@@ -175,7 +175,6 @@ def bench_paths(quick: bool, tmp: Path) -> list[dict]:
         f"{lines.get('gpu_nvlink', 0):,} NVLink rows)"
     )
     rows = []
-    import sklearn.covariance  # noqa: F401 - a once-per-process import, outside every timing
 
     wall, cpu, rss, err = _measured([*GPUFLEET, "analyze", "--input", str(lp), "--stats"])
     n = _stats(err)["gpu_samples"]
