@@ -336,6 +336,28 @@ class Table:
         key = self.ent.astype(np.float64) * 1e7 + (self.t - t0)  # exact while a window spans < 1e7 s
         return np.searchsorted(key, key - seconds, side="left"), np.arange(len(self.t)) + 1
 
+    def since(self, seconds: float) -> np.ndarray:
+        """Per row: the index of the entity's earliest row at most ``seconds`` before it
+        (``t[i] - t[j] <= seconds``, compared exactly as written)."""
+        return self.cached(("since", seconds), lambda: self._since(seconds))
+
+    def _since(self, seconds: float) -> np.ndarray:
+        n = len(self.t)
+        if not n:
+            return np.zeros(0, np.int64)
+        i = np.arange(n)
+        first = self.entity_start()
+        # the trailing span's start as _span finds it (its key is rounded for far entities), moved
+        # row by row to where the exact difference puts it (no move at all, as a rule)
+        lo = np.clip(self._span(seconds)[0], first, i)
+        t = self.t
+        while True:
+            fwd = t - t[lo] > seconds
+            back = (lo > first) & (t - t[np.maximum(lo - 1, 0)] <= seconds)
+            if not (fwd.any() or back.any()):
+                return lo
+            lo = lo + fwd - back
+
     def rolling_mean(self, v: np.ndarray, seconds: float) -> np.ndarray:
         """Mean of the entity's non-NaN values over the trailing ``seconds`` (inclusive)."""
         ok = ~np.isnan(v)

@@ -474,6 +474,44 @@ def test_group_median_buckets_and_lookup_match_the_sorting_versions():
         assert np.array_equal(_leave_one_out_median(g, x), want)
 
 
+def test_group_median_of_uneven_groups_matches_numpy():
+    from gpufleet.analyzer.detectors.base import group_median
+
+    rng = np.random.default_rng(7)
+    # one wide group among many small ones (no padded layout), and many groups of a few rows
+    for sizes in ([5000] + [1] * 300, [3, 17, 18, 18, 0, 2] * 50):
+        inv = np.repeat(np.arange(len(sizes)), sizes)
+        rng.shuffle(inv)
+        v = rng.normal(0, 1, len(inv)).round(2)
+        v[rng.random(len(v)) < 0.05] = np.nan
+        v[rng.random(len(v)) < 0.01] = np.inf  # not finite: ignored as NaN is
+        med, cnt = group_median(inv, v, len(sizes))
+        for g in range(len(sizes)):
+            x = v[(inv == g) & np.isfinite(v)]
+            assert cnt[g] == len(x)
+            assert (np.isnan(med[g]) and not len(x)) or med[g] == np.median(x)
+
+
+def test_table_since_is_the_exact_trailing_span():
+    from gpufleet.analyzer.frame import Table
+
+    rng = np.random.default_rng(8)
+    for trial in range(20):
+        n = int(rng.integers(1, 400))
+        ent = rng.integers(0, 5, n) + (10**5 if trial % 2 else 0)
+        # far entities (a rounded float key in _span) and steps 30 µs either side of 10 s
+        steps = rng.choice([10**9, 10**10 - 30_000, 10**10, 10**10 + 30_000], n)
+        t_ns = 1_800_000_000 * 10**9 + np.cumsum(steps)
+        tab = Table.build(ent, t_ns, {})
+        for seconds in (0.0, 10.0, 30.0, 60.0):
+            got = tab.since(seconds)
+            for i in range(len(tab)):
+                j = i
+                while j > 0 and tab.ent[j - 1] == tab.ent[i] and tab.t[i] - tab.t[j - 1] <= seconds:
+                    j -= 1
+                assert got[i] == j
+
+
 def test_straggler_fits_its_model_only_once_a_gpu_is_slow():
     from gpufleet.analyzer.detectors.straggler import _min_cov_det
     from sklearn.covariance import MinCovDet

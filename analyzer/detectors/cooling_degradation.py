@@ -637,15 +637,10 @@ def _time_to_throttle(tab, power: np.ndarray, seconds: float, polls: int = 90):
     out = np.full(n, np.nan)
     if not n or not np.isfinite(margin).any():
         return margin, out
-    ent, t = tab.ent, tab.t
-    past_m, past_t, past_p = margin.copy(), t.copy(), power.copy()
-    for k in range(1, min(polls, n - 1) + 1):
-        near = (ent[k:] == ent[:-k]) & (t[k:] - t[:-k] <= seconds)
-        if not near.any():
-            break
-        past_m[k:] = np.where(near, margin[:-k], past_m[k:])
-        past_t[k:] = np.where(near, t[:-k], past_t[k:])
-        past_p[k:] = np.where(near, power[:-k], past_p[k:])
+    t = tab.t
+    # the row the span starts at: the entity's earliest within ``seconds``, at most ``polls`` back
+    j = np.maximum(tab.since(seconds), np.arange(n) - polls)
+    past_m, past_t, past_p = margin[j], t[j], power[j]
     span = t - past_t
     with np.errstate(invalid="ignore", divide="ignore"):
         same_load = np.abs(power - past_p) <= 0.1 * np.maximum(power, past_p)

@@ -187,8 +187,13 @@ def _poll_groups(window: Window, tab) -> tuple[np.ndarray, int]:
     """Group index of each link row: the links of one GPU at one poll (same second)."""
 
     def calc():
+        if not len(tab):
+            return np.zeros(0, np.int64), 0
         gid = window.reg.link_arrays()[0][tab.ent]
-        return dense_inverse(gid * 10**7 + np.round(tab.t).astype(np.int64) % 10**7)
+        sec = np.round(tab.t).astype(np.int64)
+        lo = int(sec.min())
+        # (GPU, second) as one integer over the window's own span: ranked by counting, not sorting
+        return dense_inverse(gid * (int(sec.max()) - lo + 1) + (sec - lo))
 
     return tab.cached("nvlink_poll_groups", calc)
 
