@@ -295,18 +295,27 @@ class Table:
     def run_start(self, cond: np.ndarray) -> np.ndarray:
         """Time the entity's current run of ``cond`` began, per row (NaN where ``cond`` is false)."""
         n = len(cond)
-        if not n:
-            return np.zeros(0)
+        if not cond.any():
+            return np.full(n, np.nan)
         first = self.first_of_entity()
         prev = np.concatenate([[False], cond[:-1]])
         began = cond & (first | ~prev)
         idx = _carry(np.where(began, np.arange(n), 0))
         return np.where(cond, self.t[idx], np.nan)
 
-    def rolling_sum(self, v: np.ndarray, seconds: float) -> np.ndarray:
-        """Sum of the entity's non-NaN values over the trailing ``seconds`` (inclusive)."""
-        lo, hi = self._span(seconds)
-        c = np.concatenate([[0.0], np.cumsum(nan_to_zero(v))])
+    def rolling_sum(self, v: np.ndarray, seconds: float, rows: np.ndarray | None = None) -> np.ndarray:
+        """Sum of the entity's non-NaN values over the trailing ``seconds`` (inclusive); at ``rows``
+        only, where given (the same sums, for a detector that needs a few of them)."""
+        v = nan_to_zero(v)
+        if not v.any():  # nothing to sum (a counter that did not move)
+            return np.zeros(len(v) if rows is None else len(rows))
+        if rows is None:
+            lo, hi = self._span(seconds)
+        else:
+            lo, hi = self._span_at(seconds, rows), rows + 1
+        c = np.empty(len(v) + 1)
+        c[0] = 0.0
+        np.cumsum(v, out=c[1:])
         return c[hi] - c[lo]
 
     def rolling_count(self, mask: np.ndarray, seconds: float) -> np.ndarray:
@@ -332,9 +341,25 @@ class Table:
         return self.cached(("span", seconds), lambda: self._span_uncached(seconds))
 
     def _span_uncached(self, seconds: float):
-        t0 = self.t.min() if len(self.t) else 0.0
-        key = self.ent.astype(np.float64) * 1e7 + (self.t - t0)  # exact while a window spans < 1e7 s
+        key = self._span_key()
         return np.searchsorted(key, key - seconds, side="left"), np.arange(len(self.t)) + 1
+
+    def _span_at(self, seconds: float, rows: np.ndarray) -> np.ndarray:
+        """``_span(seconds)[0][rows]``, searched for those rows only unless already known."""
+        known = self._memo.get(("span", seconds))
+        if known is not None:
+            return known[0][rows]
+        key = self._span_key()
+        return np.searchsorted(key, key[rows] - seconds, side="left")
+
+    def _span_key(self) -> np.ndarray:
+        """(entity, time) as one sorted float per row, for searching trailing spans."""
+
+        def calc():
+            t0 = self.t.min() if len(self.t) else 0.0
+            return self.ent.astype(np.float64) * 1e7 + (self.t - t0)  # exact while a window spans < 1e7 s
+
+        return self.cached(("span_key",), calc)
 
     def since(self, seconds: float) -> np.ndarray:
         """Per row: the index of the entity's earliest row at most ``seconds`` before it

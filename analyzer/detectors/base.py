@@ -242,7 +242,7 @@ class Detector:
         window: Window,
         tab: Table,
         mask: np.ndarray,
-        score: np.ndarray,
+        score: np.ndarray | Callable[[], np.ndarray],
         critical: np.ndarray | bool = False,
         evidence=None,
         ent_is_link: bool = False,
@@ -259,6 +259,8 @@ class Detector:
         hosts = np.array([reg.gpu_node[g] for g in gids.tolist()], np.int64)
         crit = np.broadcast_to(np.asarray(critical), mask.shape)[idx].astype(bool)
         ev = Evidence(evidence, idx.tolist()) if evidence is not None else []
+        if callable(score):  # the scores, computed only when a row hits
+            score = score() if len(idx) else np.zeros(len(mask))
         return Hits(self.kind, hosts, gids, links, tab.t[idx], np.asarray(score, float)[idx], crit, ev)
 
 
