@@ -149,8 +149,7 @@ class CoolingDegradation(Detector):
             c = _common_mode(groups, tab.t, uc - own, np.isfinite(u))
         few = np.isnan(c) & np.isfinite(u)
         if few.any():  # minutes where too few GPUs have a baseline yet: their raw levels
-            minute = np.floor(tab.t / 60.0)
-            idx = np.flatnonzero(np.isin(minute, minute[few]))
+            idx = np.flatnonzero(_same_minute(tab.t, few))
             if np.isfinite(uc[idx]).any():  # (not so in a table's first minute: nothing steady yet)
                 part = {"band": buckets(tab.t[idx], 60.0, band[idx])}
                 c[idx] = np.where(few[idx], _common_mode(part, tab.t[idx], uc[idx], few[idx]), c[idx])
@@ -246,8 +245,8 @@ class CoolingDegradation(Detector):
                 arrs = [np.asarray(samples.pop(e)) for e in ready]
                 g = np.repeat(np.arange(len(ready)), [len(a) for a in arrs])
                 vals = np.concatenate(arrs)
-                med = _exact_group_median(g, vals)
-                mad = _exact_group_median(g, np.abs(vals - med[g]))
+                med = group_median(g, vals, len(ready))[0]
+                mad = group_median(g, np.abs(vals - med[g]), len(ready))[0]
                 for e, m, d in zip(ready, med.tolist(), mad.tolist(), strict=True):
                     offset[e] = m
                     scale[e] = max(1.4826 * d, 0.25)
@@ -650,12 +649,18 @@ def _time_to_throttle(tab, power: np.ndarray, seconds: float, polls: int = 90):
     return margin, out
 
 
-def _exact_group_median(g: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """``np.median`` of each group's values (groups 0..n-1, none empty; finite ``v``), by one sort."""
-    vs = v[np.lexsort((v, g))]
-    cnt = np.bincount(g)
-    start = np.concatenate([[0], np.cumsum(cnt)[:-1]])
-    return (vs[start + (cnt - 1) // 2] + vs[start + cnt // 2]) / 2
+def _same_minute(t: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Rows whose minute (``floor(t / 60)``) holds a row with ``mask`` set."""
+    minute = np.floor(t / 60.0)
+    if not mask.any():
+        return np.zeros(len(t), bool)
+    lo, hi = minute.min(), minute.max()
+    if hi - lo > 4 * len(t) + 4096:
+        return np.isin(minute, minute[mask])
+    k = (minute - lo).astype(np.int64)
+    flag = np.zeros(int(hi - lo) + 1, bool)
+    flag[k[mask]] = True
+    return flag[k]
 
 
 def _leave_one_out_median(group: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -693,7 +698,7 @@ def _common_mode(groups: dict, t: np.ndarray, x: np.ndarray, need: np.ndarray) -
     med, cnt = group_median(inv, x, ng)
     out = np.where(cnt[inv] >= 8, med[inv], np.nan)
     few = np.isnan(out) & need
-    if few.any() and np.isfinite(x[np.isin(np.floor(t / 60.0), np.floor(t[few] / 60.0))]).any():
+    if few.any() and np.isfinite(x[_same_minute(t, few)]).any():
         if "all" not in groups:
             groups["all"] = buckets(t, 60.0)
         inv_all, ng_all = groups["all"]
