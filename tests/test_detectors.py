@@ -512,6 +512,26 @@ def test_table_since_is_the_exact_trailing_span():
                 assert got[i] == j
 
 
+def test_pcie_slow_counter_delta_is_the_forward_filled_difference():
+    from gpufleet.analyzer.detectors.pcie_degradation import _slow_delta
+    from gpufleet.analyzer.frame import Table
+
+    rng = np.random.default_rng(9)
+    for _ in range(20):
+        n = int(rng.integers(1, 300))
+        ent = rng.integers(0, 6, n)
+        t_ns = np.cumsum(rng.integers(1, 20, n)) * 10**9
+        v = np.cumsum(rng.integers(0, 3, n)).astype(float)
+        v[rng.random(n) < 0.1] = 0.0  # resets
+        v[rng.random(n) < 0.6] = np.nan  # a slow-tier field: absent from most rows
+        tab = Table.build(ent, t_ns, {"c": v})
+        ff = tab.ffill("c")
+        want = ff - tab.prev(ff)
+        want[~(want > 0)] = 0.0
+        assert np.array_equal(_slow_delta(tab, "c"), want)
+        assert np.array_equal(_slow_delta(tab, "absent"), np.zeros(len(tab)))
+
+
 def test_straggler_fits_its_model_only_once_a_gpu_is_slow():
     from gpufleet.analyzer.detectors.straggler import _min_cov_det
     from sklearn.covariance import MinCovDet
