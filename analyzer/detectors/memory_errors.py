@@ -112,7 +112,7 @@ class MemoryErrors(Detector):
                 "new_dbe": int(dbe[i]),
             }
 
-        parts = [self._gpu_hits(window, tab, hit, self.score(window), crit, ev)]
+        parts = [self._gpu_hits(window, tab, hit, lambda: self.score(window), crit, ev)]
         parts.append(self._xid_hits(window))
         parts.append(self._canary_hits(window))
         return concat(self.kind, parts)

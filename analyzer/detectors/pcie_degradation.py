@@ -159,7 +159,8 @@ class PcieDegradation(Detector):
         tab = window.gpu
         new = tab.in_window()
         held = self._hold(window, tab, hit & new, new & full_speed, [("gpu", tab.ent, hit & new)])
-        return concat(self.kind, [self._gpu_hits(window, tab, hit, self.score(window), False, ev), held])
+        hits = self._gpu_hits(window, tab, hit, lambda: self.score(window), False, ev)
+        return concat(self.kind, [hits, held])
 
 
 def _i(x):
