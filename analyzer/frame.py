@@ -225,24 +225,34 @@ class Table:
             ("entity_start",), lambda: _carry(np.where(self.first_of_entity(), np.arange(len(self)), 0))
         )
 
+    def _first_rows(self) -> np.ndarray:
+        """Indices of each entity's first row."""
+        return self.cached(("first_rows",), lambda: np.flatnonzero(self.first_of_entity()))
+
     def prev(self, v: np.ndarray) -> np.ndarray:
         out = np.empty(len(v), dtype=float)
         if len(v):
-            out[0] = np.nan
             out[1:] = v[:-1]
-            out[self.first_of_entity()] = np.nan
+            out[self._first_rows()] = np.nan
+        return out
+
+    def _step(self, v: np.ndarray) -> np.ndarray:
+        """``v - prev(v)``: the change since the entity's previous row (NaN at its first row)."""
+        out = np.empty(len(v), dtype=float)
+        if len(v):
+            np.subtract(v[1:], v[:-1], out=out[1:])
+            out[self._first_rows()] = np.nan
         return out
 
     def dt(self) -> np.ndarray:
-        return self.cached(("dt",), lambda: self.t - self.prev(self.t))
+        return self.cached(("dt",), lambda: self._step(self.t))
 
     def delta(self, name: str) -> np.ndarray:
         """Counter increase since the entity's previous row; NaN at resets, rollovers and gaps."""
         return self.cached(("delta", name), lambda: self._delta(name))
 
     def _delta(self, name: str) -> np.ndarray:
-        v = self.col(name)
-        d = v - self.prev(v)
+        d = self._step(self.col(name))
         d[d < 0] = np.nan
         return d
 
@@ -399,10 +409,16 @@ def nan_to_zero(v: np.ndarray) -> np.ndarray:
     v = np.asarray(v)
     if v.dtype.kind != "f":
         return np.array(v, copy=True)
-    big = np.finfo(v.dtype).max
+    big = _FLOAT_MAX.get(v.dtype)
+    if big is None:
+        big = _FLOAT_MAX[v.dtype] = v.dtype.type(np.finfo(v.dtype).max)
     out = np.where(np.isnan(v), v.dtype.type(0), v)
-    np.clip(out, -big, big, out=out)
+    np.minimum(out, big, out=out)  # np.clip(out, -big, big), without its Python wrapper
+    np.maximum(out, -big, out=out)
     return out
+
+
+_FLOAT_MAX: dict = {}  # float dtype -> its largest finite value
 
 
 def _carry(idx: np.ndarray) -> np.ndarray:
