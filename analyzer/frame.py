@@ -251,6 +251,10 @@ class Table:
         """Counter increase since the entity's previous row; NaN at resets, rollovers and gaps."""
         return self.cached(("delta", name), lambda: self._delta(name))
 
+    def increase(self, name: str) -> np.ndarray:
+        """:meth:`delta` with 0 where it is unknown (NaN): a counter's new events per row."""
+        return self.cached(("increase", name), lambda: nan_to_zero(self.delta(name)))
+
     def _delta(self, name: str) -> np.ndarray:
         d = self._step(self.col(name))
         d[d < 0] = np.nan

@@ -249,6 +249,8 @@ class Detector:
     ) -> Hits:
         mask = mask & tab.in_window()
         idx = np.flatnonzero(mask)
+        if not len(idx):
+            return Hits.none(self.kind)
         reg = window.reg
         if ent_is_link:
             link_gpu, link_no = reg.link_arrays()
@@ -260,7 +262,7 @@ class Detector:
         crit = np.broadcast_to(np.asarray(critical), mask.shape)[idx].astype(bool)
         ev = Evidence(evidence, idx.tolist()) if evidence is not None else []
         if callable(score):  # the scores, computed only when a row hits
-            score = score() if len(idx) else np.zeros(len(mask))
+            score = score()
         return Hits(self.kind, hosts, gids, links, tab.t[idx], np.asarray(score, float)[idx], crit, ev)
 
 

@@ -115,9 +115,9 @@ class NvlinkDegradation(Detector):
 
     def score(self, window: Window) -> np.ndarray:
         tab = window.nvlink
-        crc = nz(self._crc_rate(tab)) / self._threshold()
-        rep = nz(tab.delta("replay_errors_total")) / max(self.replay_count_min, 1)
-        rep = rep + nz(tab.delta("recovery_errors_total"))
+        crc = _crc(tab) / self._threshold()
+        rep = tab.increase("replay_errors_total") / max(self.replay_count_min, 1)
+        rep = rep + tab.increase("recovery_errors_total")
         down = (tab.col("up") == 0).astype(float)
         slow = self._slow(window)[3].astype(float)
         return np.fmax(np.fmax(np.fmax(crc, rep), slow), 10 * down)
@@ -125,9 +125,9 @@ class NvlinkDegradation(Detector):
     def detect(self, window: Window) -> Hits:
         tab = window.nvlink
         thr = self._threshold()
-        crc = nz(self._crc_rate(tab))
-        rep = nz(tab.delta("replay_errors_total"))
-        rec = nz(tab.delta("recovery_errors_total"))
+        crc = _crc(tab)
+        rep = tab.increase("replay_errors_total")
+        rec = tab.increase("recovery_errors_total")
         up = tab.col("up")
         down = up == 0
         # a link down on a GPU whose other links are down too is the GPU, not the link
@@ -230,8 +230,13 @@ def _crc_errors(tab) -> np.ndarray:
     """New CRC errors (flit and data) since the link's previous row, 0 where unknown."""
     return tab.cached(
         "nvlink_crc_errors",
-        lambda: nz(tab.delta("crc_flit_errors_total")) + nz(tab.delta("crc_data_errors_total")),
+        lambda: tab.increase("crc_flit_errors_total") + tab.increase("crc_data_errors_total"),
     )
+
+
+def _crc(tab) -> np.ndarray:
+    """CRC errors per second since the link's previous row, 0 where unknown."""
+    return tab.cached("nvlink_crc", lambda: nz(NvlinkDegradation._crc_rate(tab)))
 
 
 def _crc_rate(tab) -> np.ndarray:
