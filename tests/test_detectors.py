@@ -532,6 +532,19 @@ def test_pcie_slow_counter_delta_is_the_forward_filled_difference():
         assert np.array_equal(_slow_delta(tab, "absent"), np.zeros(len(tab)))
 
 
+def test_nvlink_fleet_rate_quantile_matches_numpy():
+    from gpufleet.analyzer.detectors.nvlink_degradation import _p90
+
+    rng = np.random.default_rng(10)
+    for _ in range(500):
+        n = int(rng.integers(21, 120))
+        r = np.zeros(n)
+        k = min(n, int(rng.integers(0, n // 4 + 2)))  # a few links erring, up to a quarter
+        r[rng.choice(n, k, replace=False)] = rng.exponential(1.0, k)
+        want = float(np.quantile(r, 0.9))
+        assert _p90(r) == want and np.signbit(_p90(r)) == np.signbit(want)
+
+
 def test_straggler_fits_its_model_only_once_a_gpu_is_slow():
     from gpufleet.analyzer.detectors.straggler import _min_cov_det
     from sklearn.covariance import MinCovDet

@@ -25,6 +25,8 @@ a whole GPU going quiet moves the median with it.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from gpufleet.analyzer.detectors.base import Detector, Hits, concat, dense_inverse, group_median, nz
 from gpufleet.analyzer.frame import Window
@@ -75,7 +77,7 @@ class NvlinkDegradation(Detector):
         r = self._crc_rate(window.nvlink)
         r = r[np.isfinite(r)]
         if len(r) > 20:
-            p90 = float(np.quantile(r, 0.9))  # a few bad links cannot raise the fleet's own rate
+            p90 = _p90(r)  # a few bad links cannot raise the fleet's own rate
             prev = getattr(self, "fleet_crc_rate_", None)
             self.fleet_crc_rate_ = p90 if prev is None else 0.9 * prev + 0.1 * p90
         else:
@@ -195,6 +197,14 @@ class NvlinkDegradation(Detector):
         clean = (up == 1) & (dcrc == 0) & (rep == 0) & (rec == 0)
         held = self._hold(window, tab, hit & new, new & clean, [("link", tab.ent, hit & new)])
         return concat(self.kind, [hits, held])
+
+
+def _p90(r: np.ndarray) -> float:
+    """``np.quantile(r, 0.9)`` of finite rates; 0 at once where over a tenth of the rows are zero
+    and none negative (healthy links: most rows take no error)."""
+    if not (r < 0).any() and math.ceil(0.9 * (len(r) - 1)) < len(r) - np.count_nonzero(r):
+        return 0.0
+    return float(np.quantile(r, 0.9))
 
 
 def _poll_groups(window: Window, tab) -> tuple[np.ndarray, int]:
