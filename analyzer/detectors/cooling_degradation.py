@@ -158,7 +158,11 @@ class CoolingDegradation(Detector):
     def _reference(self, tab, power) -> tuple[np.ndarray, np.ndarray]:
         """Per row: the GPU's learned offset and the bar its excess must pass. At low power the
         low-power baseline with the lower bar, at load the high-power one, where the GPU has them;
-        otherwise the baseline over all steady load."""
+        otherwise the baseline over all steady load. Once per window unless fit() froze a baseline
+        in between."""
+        return self._cached("reference", lambda: self._reference_uncached(tab, power))
+
+    def _reference_uncached(self, tab, power) -> tuple[np.ndarray, np.ndarray]:
 
         def learned(name):
             return lookup(getattr(self, name, {}), tab.ent)
@@ -250,6 +254,7 @@ class CoolingDegradation(Detector):
                 for e, m, d in zip(ready, med.tolist(), mad.tolist(), strict=True):
                     offset[e] = m
                     scale[e] = max(1.4826 * d, 0.25)
+                getattr(self, "_memo_keep", {}).pop("reference", None)  # the baselines moved
         return self
 
     def _fit_slope(self, window: Window) -> float:
