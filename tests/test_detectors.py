@@ -545,6 +545,25 @@ def test_nvlink_fleet_rate_quantile_matches_numpy():
         assert _p90(r) == want and np.signbit(_p90(r)) == np.signbit(want)
 
 
+def test_cooling_recent_max_is_the_trailing_maximum():
+    from gpufleet.analyzer.detectors.cooling_degradation import _recent_max
+    from gpufleet.analyzer.frame import Table
+
+    rng = np.random.default_rng(11)
+    for _ in range(30):
+        n = int(rng.integers(1, 200))
+        tab = Table.build(rng.integers(0, 4, n), np.cumsum(rng.integers(1, 25, n)) * 10**9, {})
+        v = rng.normal(300, 100, len(tab)).round()
+        v[rng.random(len(v)) < 0.1] = np.nan
+        rows = np.flatnonzero(rng.random(len(v)) < 0.3)
+        got = _recent_max(tab, v, 60.0, rows)
+        for j, i in enumerate(rows.tolist()):
+            back = range(max(i - 8, 0), i + 1)  # up to 8 rows back, of its entity, within 60 s
+            span = [v[k] for k in back if tab.ent[k] == tab.ent[i] and tab.t[i] - tab.t[k] <= 60]
+            want = np.nan if np.isnan(span).all() else np.nanmax(span)
+            assert got[j] == want or (np.isnan(got[j]) and np.isnan(want))
+
+
 def test_straggler_fits_its_model_only_once_a_gpu_is_slow():
     from gpufleet.analyzer.detectors.straggler import _min_cov_det
     from sklearn.covariance import MinCovDet

@@ -133,7 +133,11 @@ class CoolingDegradation(Detector):
         dev = np.where(np.isfinite(inlet) & np.isfinite(ref), inlet - ref, 0.0)
         # within a minute of a power drop the model takes the minute's highest power: a lower bound
         # of the excess (a GPU whose power fell as it got hotter, e.g. throttling, still shows)
-        p_eff = power if settled.all() else np.where(settled, power, _recent_max(tab, power, 60.0))
+        p_eff = power
+        if not settled.all():
+            p_eff = power.copy()
+            rows = np.flatnonzero(~settled)
+            p_eff[rows] = _recent_max(tab, power, 60.0, rows)
         u = temp - dev - slope * p_eff
         u = np.where(valid, u, np.nan)
         # the common mode per minute and power band (idle vs loaded GPUs move differently), taken
@@ -616,15 +620,17 @@ class CoolingDegradation(Detector):
         )
 
 
-def _recent_max(tab, v: np.ndarray, seconds: float, polls: int = 8) -> np.ndarray:
-    """Per row: the largest of the entity's values over the trailing ``seconds`` (up to ``polls`` rows)."""
-    out = v.copy()
-    ent, t = tab.ent, tab.t
+def _recent_max(tab, v: np.ndarray, seconds: float, rows: np.ndarray, polls: int = 8) -> np.ndarray:
+    """At ``rows``: the largest of the entity's values over the trailing ``seconds`` (up to ``polls``
+    rows back)."""
+    out = v[rows]
+    ent, t = tab.ent[rows], tab.t[rows]
     for k in range(1, min(polls, len(v) - 1) + 1):
-        near = (ent[k:] == ent[:-k]) & (t[k:] - t[:-k] <= seconds)
-        if not near.any():
+        back = np.maximum(rows - k, 0)
+        near = (rows >= k) & (tab.ent[back] == ent) & (t - tab.t[back] <= seconds)
+        if not near.any():  # (nor any further back: the rows are in time order per entity)
             break
-        out[k:] = np.where(near, np.fmax(out[k:], v[:-k]), out[k:])
+        out = np.where(near, np.fmax(out, v[back]), out)
     return out
 
 
