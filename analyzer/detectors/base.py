@@ -195,21 +195,26 @@ class Detector:
             # cleared: judged without a hit, continuously, for clear_seconds (this window's rows
             # continue the run the previous windows left in the latch)
             quiet = judged & ~hot
-            for k in np.unique(keys[new & np.isin(keys, list(latch))]).tolist():
-                own = np.flatnonzero(new & (keys == k))
-                own = own[np.argsort(tab.t[own], kind="stable")]
-                q, t = quiet[own], tab.t[own]
-                broken = np.flatnonzero(~q)
-                start = latch[k]
-                if len(broken):
-                    after = np.flatnonzero(q[broken[-1] + 1 :])
-                    start = float(t[broken[-1] + 1 + after[0]]) if len(after) else None
-                elif start is None:
-                    start = float(t[0])
-                if start is not None and float(t[-1]) - start >= self.clear_seconds:
-                    del latch[k]
-                else:
-                    latch[k] = start
+            sel = np.flatnonzero(new & np.isin(keys, list(latch)))
+            if len(sel):
+                # the latched keys' rows, per key in time order (row order breaking ties)
+                order = np.lexsort((tab.t[sel], keys[sel]))
+                ks, ts, q = keys[sel][order], tab.t[sel][order], quiet[sel][order]
+                first = np.flatnonzero(np.concatenate([[True], ks[1:] != ks[:-1]]))
+                last = np.append(first[1:], len(ks)) - 1
+                # per key: its last row that was not quiet (-1: none); every row after it is quiet
+                broken = np.maximum.reduceat(np.where(q, -1, np.arange(len(ks))), first)
+                for k, b, f, e in zip(ks[first].tolist(), broken.tolist(), first.tolist(), last.tolist(),
+                                      strict=True):
+                    start = latch[k]
+                    if b >= 0:
+                        start = float(ts[b + 1]) if b < e else None
+                    elif start is None:
+                        start = float(ts[f])
+                    if start is not None and float(ts[e]) - start >= self.clear_seconds:
+                        del latch[k]
+                    else:
+                        latch[k] = start
             idx = np.flatnonzero(new & ~judged & ~hot & np.isin(keys, list(latch)))
             if not len(idx):
                 continue
