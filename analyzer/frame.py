@@ -253,7 +253,13 @@ class Table:
 
     def increase(self, name: str) -> np.ndarray:
         """:meth:`delta` with 0 where it is unknown (NaN): a counter's new events per row."""
-        return self.cached(("increase", name), lambda: nan_to_zero(self.delta(name)))
+        return self.cached(("increase", name), lambda: self._increase(name))
+
+    def _increase(self, name: str) -> np.ndarray:
+        d = self._step(self.col(name))
+        d[~(d >= 0)] = 0.0  # unknown (NaN), resets and rollovers (negative)
+        np.minimum(d, np.finfo(d.dtype).max, out=d)  # as nan_to_zero takes +inf
+        return d
 
     def _delta(self, name: str) -> np.ndarray:
         d = self._step(self.col(name))
@@ -320,7 +326,8 @@ class Table:
     def rolling_sum(self, v: np.ndarray, seconds: float, rows: np.ndarray | None = None) -> np.ndarray:
         """Sum of the entity's non-NaN values over the trailing ``seconds`` (inclusive); at ``rows``
         only, where given (the same sums, for a detector that needs a few of them)."""
-        v = nan_to_zero(v)
+        if not np.isfinite(v).all():
+            v = nan_to_zero(v)
         if not v.any():  # nothing to sum (a counter that did not move)
             return np.zeros(len(v) if rows is None else len(rows))
         if rows is None:

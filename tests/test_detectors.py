@@ -564,6 +564,22 @@ def test_cooling_recent_max_is_the_trailing_maximum():
             assert got[j] == want or (np.isnan(got[j]) and np.isnan(want))
 
 
+def test_table_increase_is_the_delta_with_unknowns_zero():
+    from gpufleet.analyzer.frame import Table, nan_to_zero
+
+    rng = np.random.default_rng(12)
+    for _ in range(100):
+        n = int(rng.integers(1, 60))
+        v = np.cumsum(rng.integers(0, 5, n)).astype(float)
+        v[rng.random(n) < 0.1] = 0.0  # resets
+        v[rng.random(n) < 0.15] = np.nan
+        v[rng.random(n) < 0.03] = np.inf
+        tab = Table.build(rng.integers(0, 3, n), np.cumsum(rng.integers(1, 9, n)) * 10**9, {"c": v})
+        with np.errstate(invalid="ignore"):
+            got, want = tab.increase("c"), nan_to_zero(tab.delta("c"))
+        assert np.array_equal(got, want) and not got.flags.writeable
+
+
 def test_straggler_fits_its_model_only_once_a_gpu_is_slow():
     from gpufleet.analyzer.detectors.straggler import _min_cov_det
     from sklearn.covariance import MinCovDet
