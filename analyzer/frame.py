@@ -300,7 +300,14 @@ class Table:
         has = np.flatnonzero(v != None)  # noqa: E711
         codes = np.full(len(v), -1, np.int64)
         seen: dict = {}
-        codes[has] = [seen.setdefault(x, len(seen)) for x in v[has].tolist()]
+        # numbered in order of first appearance, one look-up per run of equal values (a GPU's job
+        # id holds for many rows)
+        vals = v[has]
+        run = np.ones(len(vals), bool)
+        run[1:] = vals[1:] != vals[:-1]
+        first = np.flatnonzero(run)
+        run_codes = np.array([seen.setdefault(x, len(seen)) for x in vals[first].tolist()], np.int64)
+        codes[has] = np.repeat(run_codes, np.diff(np.append(first, len(vals))))
         idx = self._ffill_index(codes >= 0)
         return np.where(idx >= 0, codes[np.maximum(idx, 0)], -1)
 

@@ -580,6 +580,25 @@ def test_table_increase_is_the_delta_with_unknowns_zero():
         assert np.array_equal(got, want) and not got.flags.writeable
 
 
+def test_table_ffill_codes_number_strings_by_first_appearance():
+    from gpufleet.analyzer.frame import Table
+
+    rng = np.random.default_rng(13)
+    words = np.array(["a", "b", "job-7", "x", None], dtype=object)
+    for _ in range(100):
+        n = int(rng.integers(0, 80))
+        tab = Table.build(rng.integers(0, 3, n), np.cumsum(rng.integers(1, 9, n)) * 10**9, {},
+                          {"job": words[rng.integers(0, 5, n)]})
+        got, v = tab.ffill_codes("job"), tab.text["job"]
+        order = list(dict.fromkeys(x for x in v.tolist() if x is not None))
+        for i in range(n):
+            j = i  # the entity's latest row with a value, at or before i
+            while j >= 0 and tab.ent[j] == tab.ent[i] and v[j] is None:
+                j -= 1
+            ok = j >= 0 and tab.ent[j] == tab.ent[i]
+            assert got[i] == (order.index(v[j]) if ok else -1)
+
+
 def test_straggler_fits_its_model_only_once_a_gpu_is_slow():
     from gpufleet.analyzer.detectors.straggler import _min_cov_det
     from sklearn.covariance import MinCovDet
