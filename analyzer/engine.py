@@ -72,6 +72,7 @@ class Engine:
         # absent); a late stream's incident must not be resolved by other streams' progress
         self.progress: dict[str, float] = {}
         self.pending: dict[tuple, list] = {}
+        self._pending_first: dict[tuple, float] = {}  # per key: its earliest queued hit's time
         self._reg: Registry | None = None
         self._racks: list[str] = []
 
@@ -113,6 +114,8 @@ class Engine:
             self.pending.setdefault(key, []).extend(
                 (ti, score, crit, ev[i] if i in keep else {}, b, sus) for ti, score, crit, i, b, sus in items
             )
+            first = min(x[0] for x in items)
+            self._pending_first[key] = min(self._pending_first.get(key, first), first)
 
     def _run(self, key: tuple, items: list) -> None:
         kind = key[0]
@@ -289,12 +292,16 @@ class Engine:
         self.watermark = max(self.watermark, watermark)
         # wider scopes first (rack, node, then GPU), so a node incident is there to absorb its GPUs
         for key in sorted(self.pending, key=lambda k: (k[1] != -1, k[2] != -1)):
+            if self._pending_first[key] > self.watermark:
+                continue  # none of its hits is due yet
             items = self.pending[key]
             ready = [x for x in items if x[0] <= self.watermark]
             if len(ready) == len(items):
                 del self.pending[key]
+                del self._pending_first[key]
             else:
                 self.pending[key] = [x for x in items if x[0] > self.watermark]
+                self._pending_first[key] = min(x[0] for x in self.pending[key])
             if ready:
                 self._run(key, ready)
         for st in self.states.values():

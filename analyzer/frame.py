@@ -225,24 +225,44 @@ class Table:
             ("entity_start",), lambda: _carry(np.where(self.first_of_entity(), np.arange(len(self)), 0))
         )
 
+    def _first_rows(self) -> np.ndarray:
+        """Indices of each entity's first row."""
+        return self.cached(("first_rows",), lambda: np.flatnonzero(self.first_of_entity()))
+
     def prev(self, v: np.ndarray) -> np.ndarray:
         out = np.empty(len(v), dtype=float)
         if len(v):
-            out[0] = np.nan
             out[1:] = v[:-1]
-            out[self.first_of_entity()] = np.nan
+            out[self._first_rows()] = np.nan
+        return out
+
+    def _step(self, v: np.ndarray) -> np.ndarray:
+        """``v - prev(v)``: the change since the entity's previous row (NaN at its first row)."""
+        out = np.empty(len(v), dtype=float)
+        if len(v):
+            np.subtract(v[1:], v[:-1], out=out[1:])
+            out[self._first_rows()] = np.nan
         return out
 
     def dt(self) -> np.ndarray:
-        return self.cached(("dt",), lambda: self.t - self.prev(self.t))
+        return self.cached(("dt",), lambda: self._step(self.t))
 
     def delta(self, name: str) -> np.ndarray:
         """Counter increase since the entity's previous row; NaN at resets, rollovers and gaps."""
         return self.cached(("delta", name), lambda: self._delta(name))
 
+    def increase(self, name: str) -> np.ndarray:
+        """:meth:`delta` with 0 where it is unknown (NaN): a counter's new events per row."""
+        return self.cached(("increase", name), lambda: self._increase(name))
+
+    def _increase(self, name: str) -> np.ndarray:
+        d = self._step(self.col(name))
+        d[~(d >= 0)] = 0.0  # unknown (NaN), resets and rollovers (negative)
+        np.minimum(d, np.finfo(d.dtype).max, out=d)  # as nan_to_zero takes +inf
+        return d
+
     def _delta(self, name: str) -> np.ndarray:
-        v = self.col(name)
-        d = v - self.prev(v)
+        d = self._step(self.col(name))
         d[d < 0] = np.nan
         return d
 
@@ -280,7 +300,14 @@ class Table:
         has = np.flatnonzero(v != None)  # noqa: E711
         codes = np.full(len(v), -1, np.int64)
         seen: dict = {}
-        codes[has] = [seen.setdefault(x, len(seen)) for x in v[has].tolist()]
+        # numbered in order of first appearance, one look-up per run of equal values (a GPU's job
+        # id holds for many rows)
+        vals = v[has]
+        run = np.ones(len(vals), bool)
+        run[1:] = vals[1:] != vals[:-1]
+        first = np.flatnonzero(run)
+        run_codes = np.array([seen.setdefault(x, len(seen)) for x in vals[first].tolist()], np.int64)
+        codes[has] = np.repeat(run_codes, np.diff(np.append(first, len(vals))))
         idx = self._ffill_index(codes >= 0)
         return np.where(idx >= 0, codes[np.maximum(idx, 0)], -1)
 
@@ -295,18 +322,28 @@ class Table:
     def run_start(self, cond: np.ndarray) -> np.ndarray:
         """Time the entity's current run of ``cond`` began, per row (NaN where ``cond`` is false)."""
         n = len(cond)
-        if not n:
-            return np.zeros(0)
+        if not cond.any():
+            return np.full(n, np.nan)
         first = self.first_of_entity()
         prev = np.concatenate([[False], cond[:-1]])
         began = cond & (first | ~prev)
         idx = _carry(np.where(began, np.arange(n), 0))
         return np.where(cond, self.t[idx], np.nan)
 
-    def rolling_sum(self, v: np.ndarray, seconds: float) -> np.ndarray:
-        """Sum of the entity's non-NaN values over the trailing ``seconds`` (inclusive)."""
-        lo, hi = self._span(seconds)
-        c = np.concatenate([[0.0], np.cumsum(nan_to_zero(v))])
+    def rolling_sum(self, v: np.ndarray, seconds: float, rows: np.ndarray | None = None) -> np.ndarray:
+        """Sum of the entity's non-NaN values over the trailing ``seconds`` (inclusive); at ``rows``
+        only, where given (the same sums, for a detector that needs a few of them)."""
+        if not np.isfinite(v).all():
+            v = nan_to_zero(v)
+        if not v.any():  # nothing to sum (a counter that did not move)
+            return np.zeros(len(v) if rows is None else len(rows))
+        if rows is None:
+            lo, hi = self._span(seconds)
+        else:
+            lo, hi = self._span_at(seconds, rows), rows + 1
+        c = np.empty(len(v) + 1)
+        c[0] = 0.0
+        np.cumsum(v, out=c[1:])
         return c[hi] - c[lo]
 
     def rolling_count(self, mask: np.ndarray, seconds: float) -> np.ndarray:
@@ -332,9 +369,47 @@ class Table:
         return self.cached(("span", seconds), lambda: self._span_uncached(seconds))
 
     def _span_uncached(self, seconds: float):
-        t0 = self.t.min() if len(self.t) else 0.0
-        key = self.ent.astype(np.float64) * 1e7 + (self.t - t0)  # exact while a window spans < 1e7 s
+        key = self._span_key()
         return np.searchsorted(key, key - seconds, side="left"), np.arange(len(self.t)) + 1
+
+    def _span_at(self, seconds: float, rows: np.ndarray) -> np.ndarray:
+        """``_span(seconds)[0][rows]``, searched for those rows only unless already known."""
+        known = self._memo.get(("span", seconds))
+        if known is not None:
+            return known[0][rows]
+        key = self._span_key()
+        return np.searchsorted(key, key[rows] - seconds, side="left")
+
+    def _span_key(self) -> np.ndarray:
+        """(entity, time) as one sorted float per row, for searching trailing spans."""
+
+        def calc():
+            t0 = self.t.min() if len(self.t) else 0.0
+            return self.ent.astype(np.float64) * 1e7 + (self.t - t0)  # exact while a window spans < 1e7 s
+
+        return self.cached(("span_key",), calc)
+
+    def since(self, seconds: float) -> np.ndarray:
+        """Per row: the index of the entity's earliest row at most ``seconds`` before it
+        (``t[i] - t[j] <= seconds``, compared exactly as written)."""
+        return self.cached(("since", seconds), lambda: self._since(seconds))
+
+    def _since(self, seconds: float) -> np.ndarray:
+        n = len(self.t)
+        if not n:
+            return np.zeros(0, np.int64)
+        i = np.arange(n)
+        first = self.entity_start()
+        # the trailing span's start as _span finds it (its key is rounded for far entities), moved
+        # row by row to where the exact difference puts it (no move at all, as a rule)
+        lo = np.clip(self._span(seconds)[0], first, i)
+        t = self.t
+        while True:
+            fwd = t - t[lo] > seconds
+            back = (lo > first) & (t - t[np.maximum(lo - 1, 0)] <= seconds)
+            if not (fwd.any() or back.any()):
+                return lo
+            lo = lo + fwd - back
 
     def rolling_mean(self, v: np.ndarray, seconds: float) -> np.ndarray:
         """Mean of the entity's non-NaN values over the trailing ``seconds`` (inclusive)."""
@@ -352,10 +427,16 @@ def nan_to_zero(v: np.ndarray) -> np.ndarray:
     v = np.asarray(v)
     if v.dtype.kind != "f":
         return np.array(v, copy=True)
-    big = np.finfo(v.dtype).max
+    big = _FLOAT_MAX.get(v.dtype)
+    if big is None:
+        big = _FLOAT_MAX[v.dtype] = v.dtype.type(np.finfo(v.dtype).max)
     out = np.where(np.isnan(v), v.dtype.type(0), v)
-    np.clip(out, -big, big, out=out)
+    np.minimum(out, big, out=out)  # np.clip(out, -big, big), without its Python wrapper
+    np.maximum(out, -big, out=out)
     return out
+
+
+_FLOAT_MAX: dict = {}  # float dtype -> its largest finite value
 
 
 def _carry(idx: np.ndarray) -> np.ndarray:

@@ -418,13 +418,14 @@ def _concat(parts: list[_Block]) -> _Block | None:
         return None
     if len(parts) == 1:
         return parts[0]
-    n = [len(p.t) for p in parts]
-    cols = {}
-    for k in dict.fromkeys(k for p in parts for k in p.cols):
-        cols[k] = np.concatenate([p.cols.get(k, np.full(m, np.nan)) for p, m in zip(parts, n, strict=True)])
-    text = {}
-    for k in dict.fromkeys(k for p in parts for k in p.text):
-        text[k] = np.concatenate(
-            [p.text.get(k, np.full(m, None, dtype=object)) for p, m in zip(parts, n, strict=True)]
+    cols = {
+        k: np.concatenate([p.cols[k] if k in p.cols else np.full(len(p.t), np.nan) for p in parts])
+        for k in dict.fromkeys(k for p in parts for k in p.cols)
+    }
+    text = {
+        k: np.concatenate(
+            [p.text[k] if k in p.text else np.full(len(p.t), None, dtype=object) for p in parts]
         )
+        for k in dict.fromkeys(k for p in parts for k in p.text)
+    }
     return _Block(np.concatenate([p.ent for p in parts]), np.concatenate([p.t for p in parts]), cols, text)

@@ -509,6 +509,131 @@ def test_straggler_chi_square_is_scipys():
         _chi2_ppf(1.0, 3)
 
 
+def test_group_median_of_uneven_groups_matches_numpy():
+    from gpufleet.analyzer.detectors.base import group_median
+
+    rng = np.random.default_rng(7)
+    # one wide group among many small ones (no padded layout), and many groups of a few rows
+    for sizes in ([5000] + [1] * 300, [3, 17, 18, 18, 0, 2] * 50):
+        inv = np.repeat(np.arange(len(sizes)), sizes)
+        rng.shuffle(inv)
+        v = rng.normal(0, 1, len(inv)).round(2)
+        v[rng.random(len(v)) < 0.05] = np.nan
+        v[rng.random(len(v)) < 0.01] = np.inf  # not finite: ignored as NaN is
+        med, cnt = group_median(inv, v, len(sizes))
+        for g in range(len(sizes)):
+            x = v[(inv == g) & np.isfinite(v)]
+            assert cnt[g] == len(x)
+            assert (np.isnan(med[g]) and not len(x)) or med[g] == np.median(x)
+
+
+def test_table_since_is_the_exact_trailing_span():
+    from gpufleet.analyzer.frame import Table
+
+    rng = np.random.default_rng(8)
+    for trial in range(20):
+        n = int(rng.integers(1, 400))
+        ent = rng.integers(0, 5, n) + (10**5 if trial % 2 else 0)
+        # far entities (a rounded float key in _span) and steps 30 µs either side of 10 s
+        steps = rng.choice([10**9, 10**10 - 30_000, 10**10, 10**10 + 30_000], n)
+        t_ns = 1_800_000_000 * 10**9 + np.cumsum(steps)
+        tab = Table.build(ent, t_ns, {})
+        for seconds in (0.0, 10.0, 30.0, 60.0):
+            got = tab.since(seconds)
+            for i in range(len(tab)):
+                j = i
+                while j > 0 and tab.ent[j - 1] == tab.ent[i] and tab.t[i] - tab.t[j - 1] <= seconds:
+                    j -= 1
+                assert got[i] == j
+
+
+def test_pcie_slow_counter_delta_is_the_forward_filled_difference():
+    from gpufleet.analyzer.detectors.pcie_degradation import _slow_delta
+    from gpufleet.analyzer.frame import Table
+
+    rng = np.random.default_rng(9)
+    for _ in range(20):
+        n = int(rng.integers(1, 300))
+        ent = rng.integers(0, 6, n)
+        t_ns = np.cumsum(rng.integers(1, 20, n)) * 10**9
+        v = np.cumsum(rng.integers(0, 3, n)).astype(float)
+        v[rng.random(n) < 0.1] = 0.0  # resets
+        v[rng.random(n) < 0.6] = np.nan  # a slow-tier field: absent from most rows
+        tab = Table.build(ent, t_ns, {"c": v})
+        ff = tab.ffill("c")
+        want = ff - tab.prev(ff)
+        want[~(want > 0)] = 0.0
+        assert np.array_equal(_slow_delta(tab, "c"), want)
+        assert np.array_equal(_slow_delta(tab, "absent"), np.zeros(len(tab)))
+
+
+def test_nvlink_fleet_rate_quantile_matches_numpy():
+    from gpufleet.analyzer.detectors.nvlink_degradation import _p90
+
+    rng = np.random.default_rng(10)
+    for _ in range(500):
+        n = int(rng.integers(21, 120))
+        r = np.zeros(n)
+        k = min(n, int(rng.integers(0, n // 4 + 2)))  # a few links erring, up to a quarter
+        r[rng.choice(n, k, replace=False)] = rng.exponential(1.0, k)
+        want = float(np.quantile(r, 0.9))
+        assert _p90(r) == want and np.signbit(_p90(r)) == np.signbit(want)
+
+
+def test_cooling_recent_max_is_the_trailing_maximum():
+    from gpufleet.analyzer.detectors.cooling_degradation import _recent_max
+    from gpufleet.analyzer.frame import Table
+
+    rng = np.random.default_rng(11)
+    for _ in range(30):
+        n = int(rng.integers(1, 200))
+        tab = Table.build(rng.integers(0, 4, n), np.cumsum(rng.integers(1, 25, n)) * 10**9, {})
+        v = rng.normal(300, 100, len(tab)).round()
+        v[rng.random(len(v)) < 0.1] = np.nan
+        rows = np.flatnonzero(rng.random(len(v)) < 0.3)
+        got = _recent_max(tab, v, 60.0, rows)
+        for j, i in enumerate(rows.tolist()):
+            back = range(max(i - 8, 0), i + 1)  # up to 8 rows back, of its entity, within 60 s
+            span = [v[k] for k in back if tab.ent[k] == tab.ent[i] and tab.t[i] - tab.t[k] <= 60]
+            want = np.nan if np.isnan(span).all() else np.nanmax(span)
+            assert got[j] == want or (np.isnan(got[j]) and np.isnan(want))
+
+
+def test_table_increase_is_the_delta_with_unknowns_zero():
+    from gpufleet.analyzer.frame import Table, nan_to_zero
+
+    rng = np.random.default_rng(12)
+    for _ in range(100):
+        n = int(rng.integers(1, 60))
+        v = np.cumsum(rng.integers(0, 5, n)).astype(float)
+        v[rng.random(n) < 0.1] = 0.0  # resets
+        v[rng.random(n) < 0.15] = np.nan
+        v[rng.random(n) < 0.03] = np.inf
+        tab = Table.build(rng.integers(0, 3, n), np.cumsum(rng.integers(1, 9, n)) * 10**9, {"c": v})
+        with np.errstate(invalid="ignore"):
+            got, want = tab.increase("c"), nan_to_zero(tab.delta("c"))
+        assert np.array_equal(got, want) and not got.flags.writeable
+
+
+def test_table_ffill_codes_number_strings_by_first_appearance():
+    from gpufleet.analyzer.frame import Table
+
+    rng = np.random.default_rng(13)
+    words = np.array(["a", "b", "job-7", "x", None], dtype=object)
+    for _ in range(100):
+        n = int(rng.integers(0, 80))
+        tab = Table.build(rng.integers(0, 3, n), np.cumsum(rng.integers(1, 9, n)) * 10**9, {},
+                          {"job": words[rng.integers(0, 5, n)]})
+        got, v = tab.ffill_codes("job"), tab.text["job"]
+        order = list(dict.fromkeys(x for x in v.tolist() if x is not None))
+        for i in range(n):
+            j = i  # the entity's latest row with a value, at or before i
+            while j >= 0 and tab.ent[j] == tab.ent[i] and v[j] is None:
+                j -= 1
+            ok = j >= 0 and tab.ent[j] == tab.ent[i]
+            assert got[i] == (order.index(v[j]) if ok else -1)
+
+
 def test_straggler_fits_its_model_only_once_a_gpu_is_slow():
     healthy = analyse(fleet(steps=200))
     st = next(d for d in healthy.detectors if d.kind == "straggler")

@@ -195,21 +195,26 @@ class Detector:
             # cleared: judged without a hit, continuously, for clear_seconds (this window's rows
             # continue the run the previous windows left in the latch)
             quiet = judged & ~hot
-            for k in np.unique(keys[new & np.isin(keys, list(latch))]).tolist():
-                own = np.flatnonzero(new & (keys == k))
-                own = own[np.argsort(tab.t[own], kind="stable")]
-                q, t = quiet[own], tab.t[own]
-                broken = np.flatnonzero(~q)
-                start = latch[k]
-                if len(broken):
-                    after = np.flatnonzero(q[broken[-1] + 1 :])
-                    start = float(t[broken[-1] + 1 + after[0]]) if len(after) else None
-                elif start is None:
-                    start = float(t[0])
-                if start is not None and float(t[-1]) - start >= self.clear_seconds:
-                    del latch[k]
-                else:
-                    latch[k] = start
+            sel = np.flatnonzero(new & np.isin(keys, list(latch)))
+            if len(sel):
+                # the latched keys' rows, per key in time order (row order breaking ties)
+                order = np.lexsort((tab.t[sel], keys[sel]))
+                ks, ts, q = keys[sel][order], tab.t[sel][order], quiet[sel][order]
+                first = np.flatnonzero(np.concatenate([[True], ks[1:] != ks[:-1]]))
+                last = np.append(first[1:], len(ks)) - 1
+                # per key: its last row that was not quiet (-1: none); every row after it is quiet
+                broken = np.maximum.reduceat(np.where(q, -1, np.arange(len(ks))), first)
+                for k, b, f, e in zip(ks[first].tolist(), broken.tolist(), first.tolist(), last.tolist(),
+                                      strict=True):
+                    start = latch[k]
+                    if b >= 0:
+                        start = float(ts[b + 1]) if b < e else None
+                    elif start is None:
+                        start = float(ts[f])
+                    if start is not None and float(ts[e]) - start >= self.clear_seconds:
+                        del latch[k]
+                    else:
+                        latch[k] = start
             idx = np.flatnonzero(new & ~judged & ~hot & np.isin(keys, list(latch)))
             if not len(idx):
                 continue
@@ -242,13 +247,15 @@ class Detector:
         window: Window,
         tab: Table,
         mask: np.ndarray,
-        score: np.ndarray,
+        score: np.ndarray | Callable[[], np.ndarray],
         critical: np.ndarray | bool = False,
         evidence=None,
         ent_is_link: bool = False,
     ) -> Hits:
         mask = mask & tab.in_window()
         idx = np.flatnonzero(mask)
+        if not len(idx):
+            return Hits.none(self.kind)
         reg = window.reg
         if ent_is_link:
             link_gpu, link_no = reg.link_arrays()
@@ -259,6 +266,8 @@ class Detector:
         hosts = np.array([reg.gpu_node[g] for g in gids.tolist()], np.int64)
         crit = np.broadcast_to(np.asarray(critical), mask.shape)[idx].astype(bool)
         ev = Evidence(evidence, idx.tolist()) if evidence is not None else []
+        if callable(score):  # the scores, computed only when a row hits
+            score = score()
         return Hits(self.kind, hosts, gids, links, tab.t[idx], np.asarray(score, float)[idx], crit, ev)
 
 
@@ -312,6 +321,23 @@ def group_median(inv: np.ndarray, v: np.ndarray, n_groups: int) -> tuple[np.ndar
     med = np.full(n_groups, np.nan)
     if not len(v):
         return med, cnt
+    has = cnt > 0
+    width = int(cnt.max())
+    if n_groups * width <= 4 * len(v) + 4096:
+        # groups of similar size (a GPU's links at one poll, the GPUs of one minute): one row per
+        # group, padded with +inf, each row sorted on its own (short sorts instead of one long one)
+        order = np.argsort(inv.astype(np.uint16) if n_groups <= 2**16 else inv, kind="stable")
+        g = inv[order]
+        start = np.cumsum(cnt) - cnt
+        rows = np.full(n_groups * width, np.inf)
+        rows[np.arange(len(g)) + (g * width - start[g])] = v[order]
+        rows = rows.reshape(n_groups, width)
+        rows.sort(axis=1)
+        c = cnt[has]
+        rows = rows[has]
+        r = np.arange(len(c))
+        med[has] = (rows[r, (c - 1) // 2] + rows[r, c // 2]) / 2
+        return med, cnt
     lo_v, hi_v = float(v.min()), float(v.max())
     span = hi_v - lo_v
     if span > 0 and n_groups < 2**40:
@@ -321,7 +347,6 @@ def group_median(inv: np.ndarray, v: np.ndarray, n_groups: int) -> tuple[np.ndar
         order = np.argsort(inv, kind="stable")
     vs = v[order]
     start = np.concatenate([[0], np.cumsum(cnt)[:-1]])
-    has = cnt > 0
     lo = start[has] + (cnt[has] - 1) // 2
     hi = start[has] + cnt[has] // 2
     med[has] = (vs[lo] + vs[hi]) / 2
@@ -350,8 +375,10 @@ def dense_inverse(key: np.ndarray) -> tuple[np.ndarray, int]:
     k = key - lo
     present = np.zeros(hi - lo + 1, bool)
     present[k] = True
-    rank = np.cumsum(present) - 1
-    return rank[k], int(rank[-1]) + 1
+    # counted in 32 bits where they suffice (a bool cumsum into 64 bits is several times slower)
+    rank = np.cumsum(present, dtype=np.int32 if len(present) < 2**31 else np.int64)
+    rank -= 1
+    return rank[k].astype(np.int64), int(rank[-1]) + 1
 
 
 def buckets(t: np.ndarray, seconds: float, extra: np.ndarray | None = None):

@@ -133,7 +133,11 @@ class CoolingDegradation(Detector):
         dev = np.where(np.isfinite(inlet) & np.isfinite(ref), inlet - ref, 0.0)
         # within a minute of a power drop the model takes the minute's highest power: a lower bound
         # of the excess (a GPU whose power fell as it got hotter, e.g. throttling, still shows)
-        p_eff = power if settled.all() else np.where(settled, power, _recent_max(tab, power, 60.0))
+        p_eff = power
+        if not settled.all():
+            p_eff = power.copy()
+            rows = np.flatnonzero(~settled)
+            p_eff[rows] = _recent_max(tab, power, 60.0, rows)
         u = temp - dev - slope * p_eff
         u = np.where(valid, u, np.nan)
         # the common mode per minute and power band (idle vs loaded GPUs move differently), taken
@@ -149,8 +153,7 @@ class CoolingDegradation(Detector):
             c = _common_mode(groups, tab.t, uc - own, np.isfinite(u))
         few = np.isnan(c) & np.isfinite(u)
         if few.any():  # minutes where too few GPUs have a baseline yet: their raw levels
-            minute = np.floor(tab.t / 60.0)
-            idx = np.flatnonzero(np.isin(minute, minute[few]))
+            idx = np.flatnonzero(_same_minute(tab.t, few))
             if np.isfinite(uc[idx]).any():  # (not so in a table's first minute: nothing steady yet)
                 part = {"band": buckets(tab.t[idx], 60.0, band[idx])}
                 c[idx] = np.where(few[idx], _common_mode(part, tab.t[idx], uc[idx], few[idx]), c[idx])
@@ -159,7 +162,11 @@ class CoolingDegradation(Detector):
     def _reference(self, tab, power) -> tuple[np.ndarray, np.ndarray]:
         """Per row: the GPU's learned offset and the bar its excess must pass. At low power the
         low-power baseline with the lower bar, at load the high-power one, where the GPU has them;
-        otherwise the baseline over all steady load."""
+        otherwise the baseline over all steady load. Once per window unless fit() froze a baseline
+        in between."""
+        return self._cached("reference", lambda: self._reference_uncached(tab, power))
+
+    def _reference_uncached(self, tab, power) -> tuple[np.ndarray, np.ndarray]:
 
         def learned(name):
             return lookup(getattr(self, name, {}), tab.ent)
@@ -246,11 +253,12 @@ class CoolingDegradation(Detector):
                 arrs = [np.asarray(samples.pop(e)) for e in ready]
                 g = np.repeat(np.arange(len(ready)), [len(a) for a in arrs])
                 vals = np.concatenate(arrs)
-                med = _exact_group_median(g, vals)
-                mad = _exact_group_median(g, np.abs(vals - med[g]))
+                med = group_median(g, vals, len(ready))[0]
+                mad = group_median(g, np.abs(vals - med[g]), len(ready))[0]
                 for e, m, d in zip(ready, med.tolist(), mad.tolist(), strict=True):
                     offset[e] = m
                     scale[e] = max(1.4826 * d, 0.25)
+                getattr(self, "_memo_keep", {}).pop("reference", None)  # the baselines moved
         return self
 
     def _fit_slope(self, window: Window) -> float:
@@ -612,15 +620,17 @@ class CoolingDegradation(Detector):
         )
 
 
-def _recent_max(tab, v: np.ndarray, seconds: float, polls: int = 8) -> np.ndarray:
-    """Per row: the largest of the entity's values over the trailing ``seconds`` (up to ``polls`` rows)."""
-    out = v.copy()
-    ent, t = tab.ent, tab.t
+def _recent_max(tab, v: np.ndarray, seconds: float, rows: np.ndarray, polls: int = 8) -> np.ndarray:
+    """At ``rows``: the largest of the entity's values over the trailing ``seconds`` (up to ``polls``
+    rows back)."""
+    out = v[rows]
+    ent, t = tab.ent[rows], tab.t[rows]
     for k in range(1, min(polls, len(v) - 1) + 1):
-        near = (ent[k:] == ent[:-k]) & (t[k:] - t[:-k] <= seconds)
-        if not near.any():
+        back = np.maximum(rows - k, 0)
+        near = (rows >= k) & (tab.ent[back] == ent) & (t - tab.t[back] <= seconds)
+        if not near.any():  # (nor any further back: the rows are in time order per entity)
             break
-        out[k:] = np.where(near, np.fmax(out[k:], v[:-k]), out[k:])
+        out = np.where(near, np.fmax(out, v[back]), out)
     return out
 
 
@@ -637,15 +647,10 @@ def _time_to_throttle(tab, power: np.ndarray, seconds: float, polls: int = 90):
     out = np.full(n, np.nan)
     if not n or not np.isfinite(margin).any():
         return margin, out
-    ent, t = tab.ent, tab.t
-    past_m, past_t, past_p = margin.copy(), t.copy(), power.copy()
-    for k in range(1, min(polls, n - 1) + 1):
-        near = (ent[k:] == ent[:-k]) & (t[k:] - t[:-k] <= seconds)
-        if not near.any():
-            break
-        past_m[k:] = np.where(near, margin[:-k], past_m[k:])
-        past_t[k:] = np.where(near, t[:-k], past_t[k:])
-        past_p[k:] = np.where(near, power[:-k], past_p[k:])
+    t = tab.t
+    # the row the span starts at: the entity's earliest within ``seconds``, at most ``polls`` back
+    j = np.maximum(tab.since(seconds), np.arange(n) - polls)
+    past_m, past_t, past_p = margin[j], t[j], power[j]
     span = t - past_t
     with np.errstate(invalid="ignore", divide="ignore"):
         same_load = np.abs(power - past_p) <= 0.1 * np.maximum(power, past_p)
@@ -655,12 +660,18 @@ def _time_to_throttle(tab, power: np.ndarray, seconds: float, polls: int = 90):
     return margin, out
 
 
-def _exact_group_median(g: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """``np.median`` of each group's values (groups 0..n-1, none empty; finite ``v``), by one sort."""
-    vs = v[np.lexsort((v, g))]
-    cnt = np.bincount(g)
-    start = np.concatenate([[0], np.cumsum(cnt)[:-1]])
-    return (vs[start + (cnt - 1) // 2] + vs[start + cnt // 2]) / 2
+def _same_minute(t: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Rows whose minute (``floor(t / 60)``) holds a row with ``mask`` set."""
+    minute = np.floor(t / 60.0)
+    if not mask.any():
+        return np.zeros(len(t), bool)
+    lo, hi = minute.min(), minute.max()
+    if hi - lo > 4 * len(t) + 4096:
+        return np.isin(minute, minute[mask])
+    k = (minute - lo).astype(np.int64)
+    flag = np.zeros(int(hi - lo) + 1, bool)
+    flag[k[mask]] = True
+    return flag[k]
 
 
 def _leave_one_out_median(group: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -698,7 +709,7 @@ def _common_mode(groups: dict, t: np.ndarray, x: np.ndarray, need: np.ndarray) -
     med, cnt = group_median(inv, x, ng)
     out = np.where(cnt[inv] >= 8, med[inv], np.nan)
     few = np.isnan(out) & need
-    if few.any() and np.isfinite(x[np.isin(np.floor(t / 60.0), np.floor(t[few] / 60.0))]).any():
+    if few.any() and np.isfinite(x[_same_minute(t, few)]).any():
         if "all" not in groups:
             groups["all"] = buckets(t, 60.0)
         inv_all, ng_all = groups["all"]

@@ -65,7 +65,7 @@ class MemoryErrors(Detector):
     def _rates(self, tab):
         """Single-bit errors per second over the trailing two minutes; 0 unless at least
         ``sbe_count_min`` arrived in them (a lone background SBE is not a storm)."""
-        d = nz(tab.delta("ecc_corrected_volatile_total"))
+        d = tab.increase("ecc_corrected_volatile_total")
         count = tab.rolling_sum(d, 120.0)
         return np.where(count >= self.sbe_count_min, count / 120.0, 0.0)
 
@@ -76,7 +76,7 @@ class MemoryErrors(Detector):
         tab = window.gpu
         thr = max(self.sbe_rate_min, self.sbe_fleet_factor * getattr(self, "fleet_sbe_rate_", 0.0))
         rate = nz(self._rates(tab))
-        dbe = nz(tab.delta("ecc_uncorrected_volatile_total"))
+        dbe = tab.increase("ecc_uncorrected_volatile_total")
         pend = nz(tab.col("remapped_rows_pending"))
         fail = nz(tab.col("remapped_rows_failure"))
         rpend = nz(tab.col("retired_pages_pending"))
@@ -112,7 +112,7 @@ class MemoryErrors(Detector):
                 "new_dbe": int(dbe[i]),
             }
 
-        parts = [self._gpu_hits(window, tab, hit, self.score(window), crit, ev)]
+        parts = [self._gpu_hits(window, tab, hit, lambda: self.score(window), crit, ev)]
         parts.append(self._xid_hits(window))
         parts.append(self._canary_hits(window))
         return concat(self.kind, parts)

@@ -25,6 +25,8 @@ a whole GPU going quiet moves the median with it.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from gpufleet.analyzer.detectors.base import Detector, Hits, concat, dense_inverse, group_median, nz
 from gpufleet.analyzer.frame import Window
@@ -75,7 +77,7 @@ class NvlinkDegradation(Detector):
         r = self._crc_rate(window.nvlink)
         r = r[np.isfinite(r)]
         if len(r) > 20:
-            p90 = float(np.quantile(r, 0.9))  # a few bad links cannot raise the fleet's own rate
+            p90 = _p90(r)  # a few bad links cannot raise the fleet's own rate
             prev = getattr(self, "fleet_crc_rate_", None)
             self.fleet_crc_rate_ = p90 if prev is None else 0.9 * prev + 0.1 * p90
         else:
@@ -98,23 +100,26 @@ class NvlinkDegradation(Detector):
         with np.errstate(invalid="ignore", divide="ignore"):
             tput = (tab.delta("tx_data_bytes_total") + tab.delta("rx_data_bytes_total")) / tab.dt()
         inv, n = _poll_groups(window, tab)
-        med, cnt = group_median(inv, tput, n)
-        med, cnt = med[inv], cnt[inv]
+        ok = np.isfinite(tput)
+        cnt = np.bincount(inv[ok], minlength=n)
+        # the median lies at or below the busiest link: it is taken only at polls where a link is
+        # below throughput_ratio x the busiest one while that one is busy (a handful, as a rule)
+        top = np.full(n, -np.inf)
+        np.maximum.at(top, inv[ok], tput[ok])
         with np.errstate(invalid="ignore"):
-            slow = (
-                (cnt >= self.min_links)
-                & (med >= self.busy_bytes_per_s)
-                & (tput < self.throughput_ratio * med)
-                & (tab.col("up") == 1)
-            )
+            maybe = ((cnt >= self.min_links) & (top >= self.busy_bytes_per_s))[inv] & (tab.col("up") == 1)
+            if self.throughput_ratio >= 0:
+                maybe &= tput < self.throughput_ratio * top[inv]
+            med = _siblings_median(window, tab, tput, np.flatnonzero(maybe))
+            slow = maybe & (med >= self.busy_bytes_per_s) & (tput < self.throughput_ratio * med)
         run = np.nan_to_num(tab.t - tab.run_start(slow), nan=-1.0)
         return tput, med, slow, slow & (run >= self.slow_seconds)
 
     def score(self, window: Window) -> np.ndarray:
         tab = window.nvlink
-        crc = nz(self._crc_rate(tab)) / self._threshold()
-        rep = nz(tab.delta("replay_errors_total")) / max(self.replay_count_min, 1)
-        rep = rep + nz(tab.delta("recovery_errors_total"))
+        crc = _crc(tab) / self._threshold()
+        rep = tab.increase("replay_errors_total") / max(self.replay_count_min, 1)
+        rep = rep + tab.increase("recovery_errors_total")
         down = (tab.col("up") == 0).astype(float)
         slow = self._slow(window)[3].astype(float)
         return np.fmax(np.fmax(np.fmax(crc, rep), slow), 10 * down)
@@ -122,9 +127,9 @@ class NvlinkDegradation(Detector):
     def detect(self, window: Window) -> Hits:
         tab = window.nvlink
         thr = self._threshold()
-        crc = nz(self._crc_rate(tab))
-        rep = nz(tab.delta("replay_errors_total"))
-        rec = nz(tab.delta("recovery_errors_total"))
+        crc = _crc(tab)
+        rep = tab.increase("replay_errors_total")
+        rec = tab.increase("recovery_errors_total")
         up = tab.col("up")
         down = up == 0
         # a link down on a GPU whose other links are down too is the GPU, not the link
@@ -134,18 +139,30 @@ class NvlinkDegradation(Detector):
             ndown = np.bincount(inv, weights=down.astype(float), minlength=n)
             down &= ndown[inv] < np.maximum(cnt[inv] / 2, 1.5)
         # slow growth: a link collecting CRC errors while the fleet's links collect none (or far fewer)
-        dcrc = nz(tab.delta("crc_flit_errors_total")) + nz(tab.delta("crc_data_errors_total"))
-        count = tab.rolling_sum(dcrc, self.crc_span_seconds)
+        dcrc = _crc_errors(tab)
+        tput, med, slow, slow_long = self._slow(window)
+        # the sums over the span matter only at rows that took an error, are down, or slow for long
+        # enough (every row that can hit): taken there only (NaN elsewhere)
+        rows = np.flatnonzero((crc > thr) | (dcrc > 0) | (rep > 0) | (rec > 0) | down | slow_long)
+
+        def span_sum(v):
+            out = np.full(len(tab), np.nan)
+            out[rows] = tab.rolling_sum(v, self.crc_span_seconds, rows)
+            return out
+
+        count = span_sum(dcrc)
         fleet = self.crc_fleet_factor * getattr(self, "fleet_crc_rate_", 0.0) * self.crc_span_seconds
         growing = (count >= max(self.crc_count_min, fleet)) & (dcrc > 0)
-        replays = tab.rolling_sum(rep, self.crc_span_seconds)
+        replays = span_sum(rep)
         replaying = (replays >= self.replay_count_min) & (rep > 0)
         # a link far below its busy siblings for slow_seconds that took an error within the span
-        tput, med, slow, slow_long = self._slow(window)
-        erred = tab.rolling_sum(dcrc + rep + rec, self.crc_span_seconds) > 0
+        new = tab.in_window()
+        erred = span_sum(dcrc + rep + rec) > 0
         slow_hit = slow_long & erred
         hit = (crc > thr) | replaying | (rec > 0) | down | growing | slow_hit
         crit = down | (rec > 0)
+        if (hit & new).any():  # the siblings' median of every hit row, for its evidence
+            med = _siblings_median(window, tab, tput, np.flatnonzero(hit & new), med)
         # the hit is when the rate crossed its bar: dating it back to the span's first error would
         # date it to a healthy link's background error from before the fault, as often as not
         t_hit = tab.t
@@ -174,8 +191,7 @@ class NvlinkDegradation(Detector):
                 "siblings_median_bytes_per_s": None if not np.isfinite(med[i]) else round(float(med[i])),
             }
 
-        hits = self._gpu_hits(window, tab, hit, self.score(window), crit, ev, ent_is_link=True)
-        new = tab.in_window()
+        hits = self._gpu_hits(window, tab, hit, lambda: self.score(window), crit, ev, ent_is_link=True)
         hits.t = t_hit[np.flatnonzero(hit & new)]
         # judged healthy: up, and no new error of any kind since the previous row
         clean = (up == 1) & (dcrc == 0) & (rep == 0) & (rec == 0)
@@ -183,17 +199,56 @@ class NvlinkDegradation(Detector):
         return concat(self.kind, [hits, held])
 
 
+def _p90(r: np.ndarray) -> float:
+    """``np.quantile(r, 0.9)`` of finite rates; 0 at once where over a tenth of the rows are zero
+    and none negative (healthy links: most rows take no error)."""
+    if not (r < 0).any() and math.ceil(0.9 * (len(r) - 1)) < len(r) - np.count_nonzero(r):
+        return 0.0
+    return float(np.quantile(r, 0.9))
+
+
 def _poll_groups(window: Window, tab) -> tuple[np.ndarray, int]:
     """Group index of each link row: the links of one GPU at one poll (same second)."""
 
     def calc():
+        if not len(tab):
+            return np.zeros(0, np.int64), 0
         gid = window.reg.link_arrays()[0][tab.ent]
-        return dense_inverse(gid * 10**7 + np.round(tab.t).astype(np.int64) % 10**7)
+        sec = np.round(tab.t).astype(np.int64)
+        lo = int(sec.min())
+        # (GPU, second) as one integer over the window's own span: ranked by counting, not sorting
+        return dense_inverse(gid * (int(sec.max()) - lo + 1) + (sec - lo))
 
     return tab.cached("nvlink_poll_groups", calc)
 
 
+def _siblings_median(window: Window, tab, tput: np.ndarray, rows: np.ndarray, out=None) -> np.ndarray:
+    """Per link row: the median throughput of its GPU's links at its poll, for the polls of ``rows``
+    (``out``'s values, or NaN, elsewhere)."""
+    out = np.full(len(tab), np.nan) if out is None else out.copy()
+    if len(rows):
+        inv, n = _poll_groups(window, tab)
+        want = np.zeros(n, bool)
+        want[inv[rows]] = True
+        sel = np.flatnonzero(want[inv])
+        g, k = dense_inverse(inv[sel])
+        out[sel] = group_median(g, tput[sel], k)[0][g]
+    return out
+
+
+def _crc_errors(tab) -> np.ndarray:
+    """New CRC errors (flit and data) since the link's previous row, 0 where unknown."""
+    return tab.cached(
+        "nvlink_crc_errors",
+        lambda: tab.increase("crc_flit_errors_total") + tab.increase("crc_data_errors_total"),
+    )
+
+
+def _crc(tab) -> np.ndarray:
+    """CRC errors per second since the link's previous row, 0 where unknown."""
+    return tab.cached("nvlink_crc", lambda: nz(NvlinkDegradation._crc_rate(tab)))
+
+
 def _crc_rate(tab) -> np.ndarray:
-    d = nz(tab.delta("crc_flit_errors_total")) + nz(tab.delta("crc_data_errors_total"))
     with np.errstate(invalid="ignore", divide="ignore"):
-        return d / tab.dt()
+        return _crc_errors(tab) / tab.dt()

@@ -159,7 +159,8 @@ class PcieDegradation(Detector):
         tab = window.gpu
         new = tab.in_window()
         held = self._hold(window, tab, hit & new, new & full_speed, [("gpu", tab.ent, hit & new)])
-        return concat(self.kind, [self._gpu_hits(window, tab, hit, self.score(window), False, ev), held])
+        hits = self._gpu_hits(window, tab, hit, lambda: self.score(window), False, ev)
+        return concat(self.kind, [hits, held])
 
 
 def _i(x):
@@ -171,9 +172,16 @@ def _slow_delta(tab, name: str) -> np.ndarray:
     where the GPU does not report it): the counter forward-filled, then differenced."""
 
     def calc():
-        v = tab.ffill(name)
-        d = v - tab.prev(v)
-        d[~(d > 0)] = 0.0  # NaN (absent, first row), resets (negative) and no change
+        # the forward-filled counter changes only at rows that carry it: differenced over those
+        d = np.zeros(len(tab))
+        v = tab.cols.get(name)
+        if v is None:
+            return d
+        at = np.flatnonzero(~np.isnan(v))
+        if len(at) > 1:
+            step = v[at[1:]] - v[at[:-1]]
+            step[tab.ent[at[1:]] != tab.ent[at[:-1]]] = np.nan  # the entity's first reading
+            d[at[1:]] = np.where(step > 0, step, 0.0)  # NaN, resets (negative) and no change: 0
         return d
 
     return tab.cached(("slow_delta", name), calc)

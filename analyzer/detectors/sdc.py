@@ -98,4 +98,4 @@ class SilentDataCorruption(Detector):
                 e["cause"] = REFERENCE_ONLY
             return e
 
-        return self._gpu_hits(window, tab, own | ref_only, self.score(window), confirmed, ev)
+        return self._gpu_hits(window, tab, own | ref_only, lambda: self.score(window), confirmed, ev)
