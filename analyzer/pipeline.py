@@ -159,11 +159,9 @@ class Analyzer:
             ent = self.reg.entity(r, series, MEASUREMENTS[m])
             cols, text = dict(r.num), dict(r.text)
             if m == "gpu_event":
-                text["type"] = np.array(
-                    [self._sid_extra.get(s, {}).get("type") for s in r.sid.tolist()], dtype=object
-                )
+                text["type"] = self._per_series(r.sid, lambda x: x.get("type"), object)
             if m == "bmc_sensor":
-                fan = np.array([self._sid_extra.get(s, {}).get("sensor") == "fan" for s in r.sid.tolist()])
+                fan = self._per_series(r.sid, lambda x: x.get("sensor") == "fan", bool)
                 value = cols.get("value", np.full(len(r), np.nan))
                 if fan.any():
                     state = cols.get("state_code", np.full(len(r), np.nan))
@@ -186,6 +184,11 @@ class Analyzer:
                 self.gpu_samples += len(r)
             self.stream_wm[m] = max(self.stream_wm.get(m, -(2**62)), int(r.t.max()))
         self._cut(final=False)
+
+    def _per_series(self, sids: np.ndarray, fn, dtype) -> np.ndarray:
+        """Per row: ``fn`` of its series' extra labels (``_sid_extra``), called once per series."""
+        u, inv = np.unique(sids, return_inverse=True)
+        return np.array([fn(self._sid_extra.get(s, {})) for s in u.tolist()], dtype=dtype)[inv]
 
     def _keep(self, r: Rows, series, m: str):
         """Row mask for this shard and measurement (None: keep all)."""
