@@ -361,7 +361,10 @@ class Analyzer:
             self.last_seen = np.concatenate([self.last_seen, np.full(n_gpu - len(self.last_seen), -np.inf)])
         if m == "gpu":
             if len(tab):
-                np.maximum.at(self.last_seen, tab.ent, tab.t)
+                # rows in (entity, time) order: an entity's last row is its latest
+                last = np.flatnonzero(np.append(tab.ent[1:] != tab.ent[:-1], True))
+                g = tab.ent[last]
+                self.last_seen[g] = np.maximum(self.last_seen[g], tab.t[last])
                 job = tab.text.get("job_id")
                 new = tab.in_window()
                 self.jobs.add(tab.ent[new], tab.t[new], job[new] if job is not None else None)
