@@ -166,23 +166,21 @@ class Analyzer:
                 if fan.any():
                     state = cols.get("state_code", np.full(len(r), np.nan))
                     t = r.t.astype(np.int64)
-                    self.buffer["bmc_fan"].append(
-                        _Block(ent[fan], t[fan], {"fan_rpm": value[fan], "fan_state": state[fan]}, {})
-                    )
-                    self.stream_wm["bmc_fan"] = max(
-                        self.stream_wm.get("bmc_fan", -(2**62)), int(t[fan].max())
-                    )
+                    fb = _Block(ent[fan], t[fan], {"fan_rpm": value[fan], "fan_state": state[fan]}, {})
+                    self.buffer["bmc_fan"].append(fb)
+                    self.stream_wm["bmc_fan"] = max(self.stream_wm.get("bmc_fan", -(2**62)), fb.tmax)
                     if fan.all():
                         continue
                     ent, r = ent[~fan], r.take(~fan)
                     value = value[~fan]
                 cols = {"inlet": value}
                 text = {}
-            self.buffer[m].append(_Block(ent, r.t.astype(np.int64), cols, text))
+            blk = _Block(ent, r.t.astype(np.int64), cols, text)
+            self.buffer[m].append(blk)
             self.rows += len(r)
             if m == "gpu":
                 self.gpu_samples += len(r)
-            self.stream_wm[m] = max(self.stream_wm.get(m, -(2**62)), int(r.t.max()))
+            self.stream_wm[m] = max(self.stream_wm.get(m, -(2**62)), blk.tmax)
         self._cut(final=False)
 
     def _per_series(self, sids: np.ndarray, fn, dtype) -> np.ndarray:
