@@ -168,7 +168,7 @@ class Table:
             order = np.argsort(ent.astype(np.uint16) if small else ent, kind="stable")
         else:
             order = np.lexsort((np.arange(n), t_ns, ent))
-        ent, t_ns = ent[order], t_ns[order]
+        ent, t_ns = ent.take(order), t_ns.take(order)
         keep = np.ones(len(ent), bool)
         if len(ent) > 1:
             keep[:-1] = (ent[1:] != ent[:-1]) | (t_ns[1:] != t_ns[:-1])  # last copy wins

@@ -407,12 +407,16 @@ def _sub(b: _Block, mask) -> _Block:
     if len(idx) == len(mask):
         return b
     if len(idx) and idx[-1] - idx[0] + 1 == len(idx):  # one run of rows: views, not copies
-        mask = slice(int(idx[0]), int(idx[-1]) + 1)
+        s = slice(int(idx[0]), int(idx[-1]) + 1)
+        return _Block(
+            b.ent[s], b.t[s], {k: v[s] for k, v in b.cols.items()}, {k: v[s] for k, v in b.text.items()}
+        )
+    # the rows' indices found once, then each column taken by them (not a mask scan per column)
     return _Block(
-        b.ent[mask],
-        b.t[mask],
-        {k: v[mask] for k, v in b.cols.items()},
-        {k: v[mask] for k, v in b.text.items()},
+        b.ent.take(idx),
+        b.t.take(idx),
+        {k: v.take(idx) for k, v in b.cols.items()},
+        {k: v.take(idx) for k, v in b.text.items()},
     )
 
 
