@@ -14,6 +14,7 @@ next data. A stray point at timestamp 1 costs a few windows, never the 56 years 
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 import zlib
@@ -71,12 +72,15 @@ class _Block:
     t: np.ndarray  # ns
     cols: dict
     text: dict
-    tmin: int = 0  # earliest and latest t (set by __post_init__)
-    tmax: int = -1
 
-    def __post_init__(self):
-        if len(self.t):
-            self.tmin, self.tmax = int(self.t.min()), int(self.t.max())
+    # earliest and latest t, found when first asked (a window's joined rows never are)
+    @functools.cached_property
+    def tmin(self) -> int:
+        return int(self.t.min()) if len(self.t) else 0
+
+    @functools.cached_property
+    def tmax(self) -> int:
+        return int(self.t.max()) if len(self.t) else -1
 
 
 def shard_of(host: str, n: int) -> int:
