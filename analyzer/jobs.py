@@ -40,12 +40,12 @@ class JobLog:
         cut[1:] = (e[1:] != e[:-1]) | (j[1:] != j[:-1])
         starts = np.flatnonzero(cut)
         ends = np.append(starts[1:], len(e)) - 1
-        for s, x in zip(starts.tolist(), ends.tolist(), strict=True):
-            jobs = self.spans.setdefault(int(e[s]), {})
-            span = jobs.get(j[s])
-            lo, hi = float(tt[s]), float(tt[x])
+        gids, ids = e[starts].tolist(), j[starts].tolist()
+        for g, job_id, lo, hi in zip(gids, ids, tt[starts].tolist(), tt[ends].tolist(), strict=True):
+            jobs = self.spans.setdefault(g, {})
+            span = jobs.get(job_id)
             if span is None:
-                jobs[str(j[s])] = [lo, hi]
+                jobs[str(job_id)] = [lo, hi]
                 if len(jobs) > self.per_gpu:
                     del jobs[min(jobs, key=lambda k: jobs[k][1])]
             else:

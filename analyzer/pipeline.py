@@ -14,6 +14,7 @@ next data. A stray point at timestamp 1 costs a few windows, never the 56 years 
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 import zlib
@@ -71,12 +72,15 @@ class _Block:
     t: np.ndarray  # ns
     cols: dict
     text: dict
-    tmin: int = 0  # earliest and latest t (set by __post_init__)
-    tmax: int = -1
 
-    def __post_init__(self):
-        if len(self.t):
-            self.tmin, self.tmax = int(self.t.min()), int(self.t.max())
+    # earliest and latest t, found when first asked (a window's joined rows never are)
+    @functools.cached_property
+    def tmin(self) -> int:
+        return int(self.t.min()) if len(self.t) else 0
+
+    @functools.cached_property
+    def tmax(self) -> int:
+        return int(self.t.max()) if len(self.t) else -1
 
 
 def shard_of(host: str, n: int) -> int:
@@ -159,33 +163,34 @@ class Analyzer:
             ent = self.reg.entity(r, series, MEASUREMENTS[m])
             cols, text = dict(r.num), dict(r.text)
             if m == "gpu_event":
-                text["type"] = np.array(
-                    [self._sid_extra.get(s, {}).get("type") for s in r.sid.tolist()], dtype=object
-                )
+                text["type"] = self._per_series(r.sid, lambda x: x.get("type"), object)
             if m == "bmc_sensor":
-                fan = np.array([self._sid_extra.get(s, {}).get("sensor") == "fan" for s in r.sid.tolist()])
+                fan = self._per_series(r.sid, lambda x: x.get("sensor") == "fan", bool)
                 value = cols.get("value", np.full(len(r), np.nan))
                 if fan.any():
                     state = cols.get("state_code", np.full(len(r), np.nan))
                     t = r.t.astype(np.int64)
-                    self.buffer["bmc_fan"].append(
-                        _Block(ent[fan], t[fan], {"fan_rpm": value[fan], "fan_state": state[fan]}, {})
-                    )
-                    self.stream_wm["bmc_fan"] = max(
-                        self.stream_wm.get("bmc_fan", -(2**62)), int(t[fan].max())
-                    )
+                    fb = _Block(ent[fan], t[fan], {"fan_rpm": value[fan], "fan_state": state[fan]}, {})
+                    self.buffer["bmc_fan"].append(fb)
+                    self.stream_wm["bmc_fan"] = max(self.stream_wm.get("bmc_fan", -(2**62)), fb.tmax)
                     if fan.all():
                         continue
                     ent, r = ent[~fan], r.take(~fan)
                     value = value[~fan]
                 cols = {"inlet": value}
                 text = {}
-            self.buffer[m].append(_Block(ent, r.t.astype(np.int64), cols, text))
+            blk = _Block(ent, r.t.astype(np.int64), cols, text)
+            self.buffer[m].append(blk)
             self.rows += len(r)
             if m == "gpu":
                 self.gpu_samples += len(r)
-            self.stream_wm[m] = max(self.stream_wm.get(m, -(2**62)), int(r.t.max()))
+            self.stream_wm[m] = max(self.stream_wm.get(m, -(2**62)), blk.tmax)
         self._cut(final=False)
+
+    def _per_series(self, sids: np.ndarray, fn, dtype) -> np.ndarray:
+        """Per row: ``fn`` of its series' extra labels (``_sid_extra``), called once per series."""
+        u, inv = np.unique(sids, return_inverse=True)
+        return np.array([fn(self._sid_extra.get(s, {})) for s in u.tolist()], dtype=dtype)[inv]
 
     def _keep(self, r: Rows, series, m: str):
         """Row mask for this shard and measurement (None: keep all)."""
@@ -358,7 +363,10 @@ class Analyzer:
             self.last_seen = np.concatenate([self.last_seen, np.full(n_gpu - len(self.last_seen), -np.inf)])
         if m == "gpu":
             if len(tab):
-                np.maximum.at(self.last_seen, tab.ent, tab.t)
+                # rows in (entity, time) order: an entity's last row is its latest
+                last = np.flatnonzero(np.append(tab.ent[1:] != tab.ent[:-1], True))
+                g = tab.ent[last]
+                self.last_seen[g] = np.maximum(self.last_seen[g], tab.t[last])
                 job = tab.text.get("job_id")
                 new = tab.in_window()
                 self.jobs.add(tab.ent[new], tab.t[new], job[new] if job is not None else None)
@@ -403,12 +411,16 @@ def _sub(b: _Block, mask) -> _Block:
     if len(idx) == len(mask):
         return b
     if len(idx) and idx[-1] - idx[0] + 1 == len(idx):  # one run of rows: views, not copies
-        mask = slice(int(idx[0]), int(idx[-1]) + 1)
+        s = slice(int(idx[0]), int(idx[-1]) + 1)
+        return _Block(
+            b.ent[s], b.t[s], {k: v[s] for k, v in b.cols.items()}, {k: v[s] for k, v in b.text.items()}
+        )
+    # the rows' indices found once, then each column taken by them (not a mask scan per column)
     return _Block(
-        b.ent[mask],
-        b.t[mask],
-        {k: v[mask] for k, v in b.cols.items()},
-        {k: v[mask] for k, v in b.text.items()},
+        b.ent.take(idx),
+        b.t.take(idx),
+        {k: v.take(idx) for k, v in b.cols.items()},
+        {k: v.take(idx) for k, v in b.text.items()},
     )
 
 
