@@ -188,14 +188,17 @@ class Detector:
         parts = []
         for scope, keys, rows in scopes:
             latch = self.__dict__.setdefault(f"latch_{scope}_", {})  # key -> start of its quiet run
-            for k in np.unique(keys[rows]).tolist():
-                latch[k] = None
+            if rows.any():
+                for k in np.unique(keys[rows]).tolist():
+                    latch[k] = None
             if not latch:
                 continue
             # cleared: judged without a hit, continuously, for clear_seconds (this window's rows
             # continue the run the previous windows left in the latch)
             quiet = judged & ~hot
-            sel = np.flatnonzero(new & np.isin(keys, list(latch)))
+            latched = _member(keys, latch)
+            n_latched = len(latch)
+            sel = np.flatnonzero(new & latched)
             if len(sel):
                 # the latched keys' rows, per key in time order (row order breaking ties)
                 order = np.lexsort((tab.t[sel], keys[sel]))
@@ -215,7 +218,9 @@ class Detector:
                         del latch[k]
                     else:
                         latch[k] = start
-            idx = np.flatnonzero(new & ~judged & ~hot & np.isin(keys, list(latch)))
+            if len(latch) < n_latched:  # keys cleared above
+                latched = _member(keys, latch)
+            idx = np.flatnonzero(new & ~judged & ~hot & latched)
             if not len(idx):
                 continue
             grp = keys[idx] * 10**7 + np.floor(tab.t[idx] / 60).astype(np.int64)
@@ -269,6 +274,20 @@ class Detector:
         if callable(score):  # the scores, computed only when a row hits
             score = score()
         return Hits(self.kind, hosts, gids, links, tab.t[idx], np.asarray(score, float)[idx], crit, ev)
+
+
+def _member(keys: np.ndarray, keyset) -> np.ndarray:
+    """``np.isin(keys, list(keyset))`` for integer keys: a table look-up where the keys are small
+    and non-negative (entity, link and host ids)."""
+    if not len(keys) or not keyset:
+        return np.zeros(len(keys), bool)
+    want = np.fromiter(keyset, np.int64, len(keyset))
+    hi = int(keys.max())
+    if int(keys.min()) < 0 or hi > 4 * len(keys) + 4096:
+        return np.isin(keys, want)
+    table = np.zeros(hi + 1, bool)
+    table[want[(want >= 0) & (want <= hi)]] = True
+    return table[keys]
 
 
 def share(tab: Table, counter: str) -> np.ndarray:

@@ -284,14 +284,14 @@ class CoolingDegradation(Detector):
     def _excess_uncached(self, window: Window):
         tab = window.gpu
         v, steady, throttled, temp, power = self._features(window)
-        off = getattr(self, "offset_", {})
-        a = lookup(off, tab.ent)
-        fleet_a = np.median(list(off.values())) if len(off) >= 4 else np.nan
-        # (a GPU whose learned offset is itself far off the fleet's was hot from the start)
         base, thr = self._reference(tab, power)
         r = tab.rolling_mean(v - base, self.smooth_seconds)
         from_fleet = np.full(len(v), np.nan)
         if self.fleet_spread_celsius > 0:
+            # (a GPU whose learned offset is itself far off the fleet's was hot from the start)
+            off = getattr(self, "offset_", {})
+            a = lookup(off, tab.ent)
+            fleet_a = np.median(list(off.values())) if len(off) >= 4 else np.nan
             from_fleet = tab.rolling_mean(v - fleet_a, self.smooth_seconds) - self.fleet_spread_celsius
             from_fleet[~np.isfinite(a)] = np.nan  # only for GPUs with a baseline of their own to compare
         self._base = base
@@ -348,9 +348,12 @@ class CoolingDegradation(Detector):
         step = self._step_onset(tab, raw, thr)
         began = np.where(np.isfinite(step), step, began)
         self._began = np.where(hot & np.isfinite(began), began, tab.t)
-        self._margin, self._to_throttle = _time_to_throttle(tab, power, self.margin_trend_seconds)
         new = tab.in_window()
         hot &= new
+        # (the evidence of hot rows reads it: found there only)
+        self._margin, self._to_throttle = _time_to_throttle(
+            tab, power, self.margin_trend_seconds, np.flatnonzero(hot)
+        )
         inlet_hits = self._inlet_hits(window)
         node = window.node_of[tab.ent] if len(tab) else np.zeros(0, np.int64)
         # rows where failed cooling would show plainly: steady load, modelled, not throttling
@@ -453,7 +456,8 @@ class CoolingDegradation(Detector):
         j = np.searchsorted(key, q, side="right") - 1
         ok = (j >= 0) & (h[np.maximum(j, 0)] == node) & (tab.t - t[np.maximum(j, 0)] <= 300.0)
         rpm[ok], state[ok] = v[j[ok]], s[j[ok]]
-        fleet = float(np.nanmedian(v)) if np.isfinite(v).any() else np.nan
+        known = v[~np.isnan(v)]
+        fleet = float(np.median(known)) if np.isfinite(known).any() else np.nan  # (np.nanmedian's)
         with np.errstate(invalid="ignore"):
             bad = (state >= 2) | (rpm < self.fan_drop_share * fleet)
         return rpm, state, bad & ok
@@ -638,25 +642,25 @@ def _r(x):
     return None if not np.isfinite(x) else round(float(x), 2)
 
 
-def _time_to_throttle(tab, power: np.ndarray, seconds: float, polls: int = 90):
-    """Per row: the thermal margin (°C, carried forward) and the seconds left before it reaches 0
-    at its fall over the trailing ``seconds`` (inf: not falling; NaN: no margin, or no span of at
-    least half of ``seconds`` at the same power, within 10 %)."""
+def _time_to_throttle(tab, power: np.ndarray, seconds: float, rows: np.ndarray, polls: int = 90):
+    """Per row: the thermal margin (°C, carried forward) and, at ``rows`` (NaN elsewhere), the
+    seconds left before it reaches 0 at its fall over the trailing ``seconds`` (inf: not falling;
+    NaN: no margin, or no span of at least half of ``seconds`` at the same power, within 10 %)."""
     margin = tab.ffill("temperature_margin_celsius")
     n = len(margin)
     out = np.full(n, np.nan)
-    if not n or not np.isfinite(margin).any():
+    if not len(rows) or not np.isfinite(margin).any():
         return margin, out
-    t = tab.t
+    t, m, p = tab.t[rows], margin[rows], power[rows]
     # the row the span starts at: the entity's earliest within ``seconds``, at most ``polls`` back
-    j = np.maximum(tab.since(seconds), np.arange(n) - polls)
-    past_m, past_t, past_p = margin[j], t[j], power[j]
+    j = np.maximum(tab.since_at(seconds, rows), rows - polls)
+    past_m, past_t, past_p = margin[j], tab.t[j], power[j]
     span = t - past_t
     with np.errstate(invalid="ignore", divide="ignore"):
-        same_load = np.abs(power - past_p) <= 0.1 * np.maximum(power, past_p)
-        rate = (margin - past_m) / span  # °C/s; negative while the margin shrinks
-        ok = np.isfinite(margin) & np.isfinite(past_m) & (span >= seconds / 2) & same_load
-        out = np.where(ok, np.where(rate < 0, np.maximum(margin, 0.0) / -rate, np.inf), np.nan)
+        same_load = np.abs(p - past_p) <= 0.1 * np.maximum(p, past_p)
+        rate = (m - past_m) / span  # °C/s; negative while the margin shrinks
+        ok = np.isfinite(m) & np.isfinite(past_m) & (span >= seconds / 2) & same_load
+        out[rows] = np.where(ok, np.where(rate < 0, np.maximum(m, 0.0) / -rate, np.inf), np.nan)
     return margin, out
 
 

@@ -112,16 +112,23 @@ class NvlinkDegradation(Detector):
                 maybe &= tput < self.throughput_ratio * top[inv]
             med = _siblings_median(window, tab, tput, np.flatnonzero(maybe))
             slow = maybe & (med >= self.busy_bytes_per_s) & (tput < self.throughput_ratio * med)
+        if not slow.any():
+            return tput, med, slow, slow
         run = np.nan_to_num(tab.t - tab.run_start(slow), nan=-1.0)
         return tput, med, slow, slow & (run >= self.slow_seconds)
 
-    def score(self, window: Window) -> np.ndarray:
+    def score(self, window: Window, rows: np.ndarray | None = None) -> np.ndarray:
+        """Per link row (at ``rows`` only, where given)."""
         tab = window.nvlink
-        crc = _crc(tab) / self._threshold()
-        rep = tab.increase("replay_errors_total") / max(self.replay_count_min, 1)
-        rep = rep + tab.increase("recovery_errors_total")
-        down = (tab.col("up") == 0).astype(float)
-        slow = self._slow(window)[3].astype(float)
+
+        def at(v):
+            return v if rows is None else v[rows]
+
+        crc = at(_crc(tab)) / self._threshold()
+        rep = at(tab.increase("replay_errors_total")) / max(self.replay_count_min, 1)
+        rep = rep + at(tab.increase("recovery_errors_total"))
+        down = (at(tab.col("up")) == 0).astype(float)
+        slow = at(self._slow(window)[3]).astype(float)
         return np.fmax(np.fmax(np.fmax(crc, rep), slow), 10 * down)
 
     def detect(self, window: Window) -> Hits:
@@ -156,8 +163,9 @@ class NvlinkDegradation(Detector):
         replays = span_sum(rep)
         replaying = (replays >= self.replay_count_min) & (rep > 0)
         # a link far below its busy siblings for slow_seconds that took an error within the span
+        # (the counts are >= 0: an error of any kind within it makes one of the sums positive)
         new = tab.in_window()
-        erred = span_sum(dcrc + rep + rec) > 0
+        erred = (count > 0) | (replays > 0) | (span_sum(rec) > 0)
         slow_hit = slow_long & erred
         hit = (crc > thr) | replaying | (rec > 0) | down | growing | slow_hit
         crit = down | (rec > 0)
@@ -191,8 +199,15 @@ class NvlinkDegradation(Detector):
                 "siblings_median_bytes_per_s": None if not np.isfinite(med[i]) else round(float(med[i])),
             }
 
-        hits = self._gpu_hits(window, tab, hit, lambda: self.score(window), crit, ev, ent_is_link=True)
-        hits.t = t_hit[np.flatnonzero(hit & new)]
+        at = np.flatnonzero(hit & new)
+
+        def score():  # at the hit rows only (the others are not read)
+            out = np.zeros(len(tab))
+            out[at] = self.score(window, at)
+            return out
+
+        hits = self._gpu_hits(window, tab, hit, score, crit, ev, ent_is_link=True)
+        hits.t = t_hit[at]
         # judged healthy: up, and no new error of any kind since the previous row
         clean = (up == 1) & (dcrc == 0) & (rep == 0) & (rec == 0)
         held = self._hold(window, tab, hit & new, new & clean, [("link", tab.ent, hit & new)])
