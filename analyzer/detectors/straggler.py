@@ -291,7 +291,10 @@ def _c_steps(X, h, n_iter, location=None, covariance=None, support=None, dists=F
 def _estimate(X: np.ndarray, support: np.ndarray):
     """Location, covariance and log-determinant (-inf where not positive) of rows ``support[k]``
     of ``X[k]``, for every k at once."""
-    Xs = np.take_along_axis(X, support[:, None, :], axis=2)
+    # np.take_along_axis(X, support[:, None, :], axis=2) as one gather by flat position
+    T, p, n = len(support), X.shape[1], X.shape[2]
+    row = np.arange(p) * n if len(X) == 1 else (np.arange(T)[:, None] * p + np.arange(p)) * n
+    Xs = np.take(X, row[..., None] + support[:, None, :])
     loc = Xs.mean(axis=2)
     c = Xs - loc[:, :, None]
     cov = np.matmul(c, c.transpose(0, 2, 1)) / Xs.shape[2]
