@@ -301,6 +301,22 @@ def nz(v: np.ndarray) -> np.ndarray:
     return nan_to_zero(v)
 
 
+def nz_gt(v: np.ndarray, c) -> np.ndarray:
+    """``nz(v) > c`` without the copy: the same where ``c >= 0`` (NaN, as 0, is not above it;
+    ±inf compare as the largest floats do)."""
+    if (np.asarray(c) >= 0).all():
+        return v > c
+    return nz(v) > c
+
+
+def nz_ge(v: np.ndarray, c) -> np.ndarray:
+    """``nz(v) >= c`` without the copy: the same where ``0 < c < inf``."""
+    c_ = np.asarray(c)
+    if ((c_ > 0) & (c_ < np.inf)).all():
+        return v >= c
+    return nz(v) >= c
+
+
 def concat(kind: str, parts: list[Hits]) -> Hits:
     parts = [p for p in parts if len(p)]
     if not parts:
