@@ -321,14 +321,16 @@ class Table:
 
     def run_start(self, cond: np.ndarray) -> np.ndarray:
         """Time the entity's current run of ``cond`` began, per row (NaN where ``cond`` is false)."""
-        n = len(cond)
-        if not cond.any():
-            return np.full(n, np.nan)
-        first = self.first_of_entity()
-        prev = np.concatenate([[False], cond[:-1]])
-        began = cond & (first | ~prev)
-        idx = _carry(np.where(began, np.arange(n), 0))
-        return np.where(cond, self.t[idx], np.nan)
+        out = np.full(len(cond), np.nan)
+        rows = np.flatnonzero(cond)
+        if not len(rows):
+            return out
+        # found over the rows with ``cond`` only: a run's rows are consecutive, so its first row is
+        # the latest row at or before each that follows a row without it (or starts the entity)
+        began = self.first_of_entity()[rows] | ~cond[np.maximum(rows - 1, 0)]
+        idx = _carry(np.where(began, rows, 0))
+        out[rows] = self.t[idx]
+        return out
 
     def rolling_sum(self, v: np.ndarray, seconds: float, rows: np.ndarray | None = None) -> np.ndarray:
         """Sum of the entity's non-NaN values over the trailing ``seconds`` (inclusive); at ``rows``

@@ -200,9 +200,11 @@ class Detector:
             n_latched = len(latch)
             sel = np.flatnonzero(new & latched)
             if len(sel):
-                # the latched keys' rows, per key in time order (row order breaking ties)
-                order = np.lexsort((tab.t[sel], keys[sel]))
-                ks, ts, q = keys[sel][order], tab.t[sel][order], quiet[sel][order]
+                # the latched keys' rows, per key in time order (row order breaking ties): the
+                # table's own order where the keys are its entities
+                if keys is not tab.ent:
+                    sel = sel[np.lexsort((tab.t[sel], keys[sel]))]
+                ks, ts, q = keys[sel], tab.t[sel], quiet[sel]
                 first = np.flatnonzero(np.concatenate([[True], ks[1:] != ks[:-1]]))
                 last = np.append(first[1:], len(ks)) - 1
                 # per key: its last row that was not quiet (-1: none); every row after it is quiet

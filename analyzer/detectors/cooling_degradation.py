@@ -178,14 +178,16 @@ class CoolingDegradation(Detector):
         a_lo, a_hi = learned("offset_lo_"), learned("offset_hi_")
         lo = low & np.isfinite(a_lo) & np.isfinite(a)  # the lower bar once the GPU has a full baseline
         hi = ~low & np.isfinite(a_hi)
-        base = np.select([lo, hi], [a_lo, a_hi], a)
-        thr = np.select(
-            [lo, hi],
-            [
-                np.fmax(self.low_excess_celsius, self.sigma * learned("scale_lo_")),
+        # (np.select's choice, as nested np.where: the first condition that holds wins)
+        base = np.where(lo, a_lo, np.where(hi, a_hi, a))
+        thr = np.where(
+            lo,
+            np.fmax(self.low_excess_celsius, self.sigma * learned("scale_lo_")),
+            np.where(
+                hi,
                 np.fmax(self.excess_celsius, self.sigma * learned("scale_hi_")),
-            ],
-            np.fmax(self.excess_celsius, self.sigma * learned("scale_")),
+                np.fmax(self.excess_celsius, self.sigma * learned("scale_")),
+            ),
         )
         return base, thr
 
@@ -198,7 +200,8 @@ class CoolingDegradation(Detector):
         bmc = window.bmc
         if len(bmc) and "inlet" in bmc.cols:
             v = bmc.cols["inlet"]
-            for h in np.unique(bmc.ent).tolist():
+            # the hosts (the table is in host order: each one's first row)
+            for h in bmc.ent[bmc.first_of_entity()].tolist():
                 if h not in self.inlet_ref_:
                     x = v[(bmc.ent == h) & np.isfinite(v)]
                     if len(x) >= 10:

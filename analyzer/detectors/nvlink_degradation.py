@@ -112,10 +112,11 @@ class NvlinkDegradation(Detector):
                 maybe &= tput < self.throughput_ratio * top[inv]
             med = _siblings_median(window, tab, tput, np.flatnonzero(maybe))
             slow = maybe & (med >= self.busy_bytes_per_s) & (tput < self.throughput_ratio * med)
-        if not slow.any():
-            return tput, med, slow, slow
-        run = np.nan_to_num(tab.t - tab.run_start(slow), nan=-1.0)
-        return tput, med, slow, slow & (run >= self.slow_seconds)
+        rows = np.flatnonzero(slow)
+        slow_long = np.zeros(len(slow), bool)
+        if len(rows):
+            slow_long[rows] = tab.t[rows] - tab.run_start(slow)[rows] >= self.slow_seconds
+        return tput, med, slow, slow_long
 
     def score(self, window: Window, rows: np.ndarray | None = None) -> np.ndarray:
         """Per link row (at ``rows`` only, where given)."""

@@ -189,6 +189,8 @@ def _slow_delta(tab, name: str) -> np.ndarray:
 
 def _run_seconds(tab, cond: np.ndarray) -> np.ndarray:
     """Seconds the condition has held continuously on the entity up to each row (0 where false)."""
-    if not cond.any():
-        return np.zeros(len(cond))
-    return np.nan_to_num(tab.t - tab.run_start(cond), nan=0.0)
+    out = np.zeros(len(cond))
+    rows = np.flatnonzero(cond)
+    if len(rows):
+        out[rows] = tab.t[rows] - tab.run_start(cond)[rows]
+    return out
