@@ -370,10 +370,9 @@ def group_median(inv: np.ndarray, v: np.ndarray, n_groups: int) -> tuple[np.ndar
         rows[np.arange(len(g)) + (g * width - start[g])] = v[order]
         rows = rows.reshape(n_groups, width)
         rows.sort(axis=1)
-        c = cnt[has]
-        rows = rows[has]
-        r = np.arange(len(c))
-        med[has] = (rows[r, (c - 1) // 2] + rows[r, c // 2]) / 2
+        r = np.flatnonzero(has)
+        c = cnt[r]
+        med[r] = (rows[r, (c - 1) // 2] + rows[r, c // 2]) / 2
         return med, cnt
     lo_v, hi_v = float(v.min()), float(v.max())
     span = hi_v - lo_v

@@ -224,7 +224,8 @@ def _p90(r: np.ndarray) -> float:
 
 
 def _poll_groups(window: Window, tab) -> tuple[np.ndarray, int]:
-    """Group index of each link row: the links of one GPU at one poll (same second)."""
+    """Group index of each link row: the links of one GPU at one poll (same second); groups may be
+    empty (the number of groups is an upper bound)."""
 
     def calc():
         if not len(tab):
@@ -232,8 +233,13 @@ def _poll_groups(window: Window, tab) -> tuple[np.ndarray, int]:
         gid = window.reg.link_arrays()[0][tab.ent]
         sec = np.round(tab.t).astype(np.int64)
         lo = int(sec.min())
-        # (GPU, second) as one integer over the window's own span: ranked by counting, not sorting
-        return dense_inverse(gid * (int(sec.max()) - lo + 1) + (sec - lo))
+        # (GPU, second) as one integer over the window's own span: that integer itself where its
+        # range is small (a GPU's polls: a few empty groups between them), else ranked by counting
+        key = gid * (int(sec.max()) - lo + 1) + (sec - lo)
+        k0, k1 = int(key.min()), int(key.max())
+        if k1 - k0 <= 4 * len(key) + 4096:
+            return key - k0, k1 - k0 + 1
+        return dense_inverse(key)
 
     return tab.cached("nvlink_poll_groups", calc)
 
