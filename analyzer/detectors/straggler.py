@@ -305,7 +305,13 @@ def _estimate(X: np.ndarray, support: np.ndarray):
 def _distance(X: np.ndarray, location: np.ndarray, precision: np.ndarray) -> np.ndarray:
     """Squared Mahalanobis distance of every row of ``X[k]`` from estimate k."""
     c = X - location[:, :, None]
-    return (np.matmul(precision, c) * c).sum(axis=1)
+    m = np.matmul(precision, c)
+    m *= c
+    # (m.sum(axis=1): the features added in order, without a strided reduction)
+    out = m[:, 0] + m[:, 1] if m.shape[1] > 1 else m[:, 0].copy()
+    for j in range(2, m.shape[1]):
+        out += m[:, j]
+    return out
 
 
 def _pinvh(a: np.ndarray) -> np.ndarray:
