@@ -29,6 +29,8 @@ about to slow down); otherwise the incident stays a warning. Both go in the evid
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from gpufleet.analyzer.detectors.base import (
     Detector,
@@ -645,7 +647,8 @@ def _recent_max(tab, v: np.ndarray, seconds: float, rows: np.ndarray, polls: int
 
 
 def _r(x):
-    return None if not np.isfinite(x) else round(float(x), 2)
+    x = float(x)
+    return round(x, 2) if math.isfinite(x) else None
 
 
 def _time_to_throttle(tab, power: np.ndarray, seconds: float, rows: np.ndarray, polls: int = 90):

@@ -17,6 +17,8 @@ against what healthy GPUs accumulate (docs/analyzer.md cites the recordings): th
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from gpufleet.analyzer.detectors.base import Detector, Hits, concat, lookup, nz, nz_ge
 from gpufleet.analyzer.frame import Window
@@ -164,7 +166,8 @@ class PcieDegradation(Detector):
 
 
 def _i(x):
-    return None if not np.isfinite(x) else int(x)
+    x = float(x)
+    return int(x) if math.isfinite(x) else None
 
 
 def _slow_delta(tab, name: str) -> np.ndarray:

@@ -11,6 +11,8 @@ heat) until it has worked ``clear_seconds`` at full load without throttling, at 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from gpufleet.analyzer.detectors.base import Detector, Hits, concat, nz, nz_ge, nz_gt, share
 from gpufleet.analyzer.frame import Window
@@ -103,4 +105,7 @@ class ThermalThrottle(Detector):
 
 
 def _f(x):
-    return None if x is None or not np.isfinite(x) else round(float(x), 2)
+    if x is None:
+        return None
+    x = float(x)
+    return round(x, 2) if math.isfinite(x) else None
