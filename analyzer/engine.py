@@ -83,16 +83,16 @@ class Engine:
             return
         self._reg, self._racks = reg, rack_names
         n = len(hits)
-        racks = hits.rack.tolist() if hits.rack is not None else [-1] * n
+        racks = np.asarray(hits.rack, np.int64).tolist() if hits.rack is not None else [-1] * n
         t = np.asarray(hits.t, float)
         # min(began, t) as Python's min takes it
         began = np.where(t < hits.began, t, hits.began).tolist() if hits.began is not None else t.tolist()
         ev = hits.evidence
         sustain = hits.sustain.tolist() if hits.sustain is not None else [False] * n
         cols = zip(
-            hits.host.tolist(),
-            hits.gpu.tolist(),
-            hits.link.tolist(),
+            np.asarray(hits.host, np.int64).tolist(),  # (Python ints: the incident keys)
+            np.asarray(hits.gpu, np.int64).tolist(),
+            np.asarray(hits.link, np.int64).tolist(),
             racks,
             t.tolist(),
             np.asarray(hits.score, float).tolist(),
@@ -103,9 +103,9 @@ class Engine:
             strict=True,
         )
         batch: dict[tuple, list] = {}
+        kind = hits.kind
         for host, gpu, link, rack, ti, score, crit, i, b, sus in cols:
-            key = (hits.kind, int(host), int(gpu), int(link), int(rack))
-            batch.setdefault(key, []).append((ti, score, crit, i, b, sus))
+            batch.setdefault((kind, host, gpu, link, rack), []).append((ti, score, crit, i, b, sus))
         gap = float(self.params.get(hits.kind, {}).get("gap_seconds", 60.0))
         for key, items in batch.items():
             keep = _evidence_candidates(items, gap) if ev else set()

@@ -322,14 +322,16 @@ class Table:
 
     def run_start(self, cond: np.ndarray) -> np.ndarray:
         """Time the entity's current run of ``cond`` began, per row (NaN where ``cond`` is false)."""
-        n = len(cond)
-        if not cond.any():
-            return np.full(n, np.nan)
-        first = self.first_of_entity()
-        prev = np.concatenate([[False], cond[:-1]])
-        began = cond & (first | ~prev)
-        idx = _carry(np.where(began, np.arange(n), 0))
-        return np.where(cond, self.t[idx], np.nan)
+        out = np.full(len(cond), np.nan)
+        rows = np.flatnonzero(cond)
+        if not len(rows):
+            return out
+        # found over the rows with ``cond`` only: a run's rows are consecutive, so its first row is
+        # the latest row at or before each that follows a row without it (or starts the entity)
+        began = self.first_of_entity()[rows] | ~cond[np.maximum(rows - 1, 0)]
+        idx = _carry(np.where(began, rows, 0))
+        out[rows] = self.t[idx]
+        return out
 
     def rolling_sum(self, v: np.ndarray, seconds: float, rows: np.ndarray | None = None) -> np.ndarray:
         """Sum of the entity's non-NaN values over the trailing ``seconds`` (inclusive); at ``rows``
@@ -342,6 +344,13 @@ class Table:
             lo, hi = self._span(seconds)
         else:
             lo, hi = self._span_at(seconds, rows), rows + 1
+            # prefix sums over the nonzero values only (a counter's increases: mostly 0), found by
+            # position: the same sums as over every row (adding 0 changes no partial sum)
+            at = np.flatnonzero(v)
+            c = np.empty(len(at) + 1)
+            c[0] = 0.0
+            np.cumsum(v[at], out=c[1:])
+            return c[np.searchsorted(at, hi)] - c[np.searchsorted(at, lo)]
         c = np.empty(len(v) + 1)
         c[0] = 0.0
         np.cumsum(v, out=c[1:])
@@ -395,19 +404,29 @@ class Table:
         (``t[i] - t[j] <= seconds``, compared exactly as written)."""
         return self.cached(("since", seconds), lambda: self._since(seconds))
 
-    def _since(self, seconds: float) -> np.ndarray:
-        n = len(self.t)
+    def since_at(self, seconds: float, rows: np.ndarray) -> np.ndarray:
+        """``since(seconds)[rows]``, found for those rows only unless already known."""
+        known = self._memo.get(("since", seconds))
+        if known is not None:
+            return known[rows]
+        return self._since(seconds, rows)
+
+    def _since(self, seconds: float, rows: np.ndarray | None = None) -> np.ndarray:
+        n = len(self.t) if rows is None else len(rows)
         if not n:
             return np.zeros(0, np.int64)
-        i = np.arange(n)
-        first = self.entity_start()
+        if rows is None:
+            i, first, lo = np.arange(n), self.entity_start(), self._span(seconds)[0]
+        else:
+            i, first, lo = rows, self.entity_start()[rows], self._span_at(seconds, rows)
         # the trailing span's start as _span finds it (its key is rounded for far entities), moved
         # row by row to where the exact difference puts it (no move at all, as a rule)
-        lo = np.clip(self._span(seconds)[0], first, i)
+        lo = np.clip(lo, first, i)
         t = self.t
+        ti = t[i]
         while True:
-            fwd = t - t[lo] > seconds
-            back = (lo > first) & (t - t[np.maximum(lo - 1, 0)] <= seconds)
+            fwd = ti - t[lo] > seconds
+            back = (lo > first) & (ti - t[np.maximum(lo - 1, 0)] <= seconds)
             if not (fwd.any() or back.any()):
                 return lo
             lo = lo + fwd - back

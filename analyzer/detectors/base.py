@@ -188,18 +188,23 @@ class Detector:
         parts = []
         for scope, keys, rows in scopes:
             latch = self.__dict__.setdefault(f"latch_{scope}_", {})  # key -> start of its quiet run
-            for k in np.unique(keys[rows]).tolist():
-                latch[k] = None
+            if rows.any():
+                for k in np.unique(keys[rows]).tolist():
+                    latch[k] = None
             if not latch:
                 continue
             # cleared: judged without a hit, continuously, for clear_seconds (this window's rows
             # continue the run the previous windows left in the latch)
             quiet = judged & ~hot
-            sel = np.flatnonzero(new & np.isin(keys, list(latch)))
+            latched = _member(keys, latch)
+            n_latched = len(latch)
+            sel = np.flatnonzero(new & latched)
             if len(sel):
-                # the latched keys' rows, per key in time order (row order breaking ties)
-                order = np.lexsort((tab.t[sel], keys[sel]))
-                ks, ts, q = keys[sel][order], tab.t[sel][order], quiet[sel][order]
+                # the latched keys' rows, per key in time order (row order breaking ties): the
+                # table's own order where the keys are its entities
+                if keys is not tab.ent:
+                    sel = sel[np.lexsort((tab.t[sel], keys[sel]))]
+                ks, ts, q = keys[sel], tab.t[sel], quiet[sel]
                 first = np.flatnonzero(np.concatenate([[True], ks[1:] != ks[:-1]]))
                 last = np.append(first[1:], len(ks)) - 1
                 # per key: its last row that was not quiet (-1: none); every row after it is quiet
@@ -215,7 +220,9 @@ class Detector:
                         del latch[k]
                     else:
                         latch[k] = start
-            idx = np.flatnonzero(new & ~judged & ~hot & np.isin(keys, list(latch)))
+            if len(latch) < n_latched:  # keys cleared above
+                latched = _member(keys, latch)
+            idx = np.flatnonzero(new & ~judged & ~hot & latched)
             if not len(idx):
                 continue
             grp = keys[idx] * 10**7 + np.floor(tab.t[idx] / 60).astype(np.int64)
@@ -271,6 +278,20 @@ class Detector:
         return Hits(self.kind, hosts, gids, links, tab.t[idx], np.asarray(score, float)[idx], crit, ev)
 
 
+def _member(keys: np.ndarray, keyset) -> np.ndarray:
+    """``np.isin(keys, list(keyset))`` for integer keys: a table look-up where the keys are small
+    and non-negative (entity, link and host ids)."""
+    if not len(keys) or not keyset:
+        return np.zeros(len(keys), bool)
+    want = np.fromiter(keyset, np.int64, len(keyset))
+    hi = int(keys.max())
+    if int(keys.min()) < 0 or hi > 4 * len(keys) + 4096:
+        return np.isin(keys, want)
+    table = np.zeros(hi + 1, bool)
+    table[want[(want >= 0) & (want <= hi)]] = True
+    return table[keys]
+
+
 def share(tab: Table, counter: str) -> np.ndarray:
     """Share of the time between polls a nanosecond counter accumulated (0..1, NaN unknown)."""
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -280,6 +301,22 @@ def share(tab: Table, counter: str) -> np.ndarray:
 def nz(v: np.ndarray) -> np.ndarray:
     """NaN -> 0 for flags and counts (``np.nan_to_num``; a new array)."""
     return nan_to_zero(v)
+
+
+def nz_gt(v: np.ndarray, c) -> np.ndarray:
+    """``nz(v) > c`` without the copy: the same where ``c >= 0`` (NaN, as 0, is not above it;
+    ±inf compare as the largest floats do)."""
+    if (np.asarray(c) >= 0).all():
+        return v > c
+    return nz(v) > c
+
+
+def nz_ge(v: np.ndarray, c) -> np.ndarray:
+    """``nz(v) >= c`` without the copy: the same where ``0 < c < inf``."""
+    c_ = np.asarray(c)
+    if ((c_ > 0) & (c_ < np.inf)).all():
+        return v >= c
+    return nz(v) >= c
 
 
 def concat(kind: str, parts: list[Hits]) -> Hits:
@@ -333,10 +370,9 @@ def group_median(inv: np.ndarray, v: np.ndarray, n_groups: int) -> tuple[np.ndar
         rows[np.arange(len(g)) + (g * width - start[g])] = v[order]
         rows = rows.reshape(n_groups, width)
         rows.sort(axis=1)
-        c = cnt[has]
-        rows = rows[has]
-        r = np.arange(len(c))
-        med[has] = (rows[r, (c - 1) // 2] + rows[r, c // 2]) / 2
+        r = np.flatnonzero(has)
+        c = cnt[r]
+        med[r] = (rows[r, (c - 1) // 2] + rows[r, c // 2]) / 2
         return med, cnt
     lo_v, hi_v = float(v.min()), float(v.max())
     span = hi_v - lo_v

@@ -29,6 +29,8 @@ about to slow down); otherwise the incident stays a warning. Both go in the evid
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from gpufleet.analyzer.detectors.base import (
     Detector,
@@ -40,6 +42,8 @@ from gpufleet.analyzer.detectors.base import (
     group_median,
     lookup,
     nz,
+    nz_ge,
+    nz_gt,
 )
 from gpufleet.analyzer.detectors.thermal_throttle import thermal_bits
 from gpufleet.analyzer.frame import Window
@@ -145,7 +149,7 @@ class CoolingDegradation(Detector):
         # band changes from minute to minute (a node going idle joins the idle band) and their raw
         # levels differ by their offsets, which would move a median of raw levels
         uc = np.where(throttled | ~steady, np.nan, u)
-        band = (nz(power) >= self.low_power_watts).astype(np.int64)
+        band = nz_ge(power, self.low_power_watts).astype(np.int64)
         groups = {"band": buckets(tab.t, 60.0, band)}
         own = self._reference(tab, power)[0]
         c = np.full(len(u), np.nan)
@@ -176,14 +180,16 @@ class CoolingDegradation(Detector):
         a_lo, a_hi = learned("offset_lo_"), learned("offset_hi_")
         lo = low & np.isfinite(a_lo) & np.isfinite(a)  # the lower bar once the GPU has a full baseline
         hi = ~low & np.isfinite(a_hi)
-        base = np.select([lo, hi], [a_lo, a_hi], a)
-        thr = np.select(
-            [lo, hi],
-            [
-                np.fmax(self.low_excess_celsius, self.sigma * learned("scale_lo_")),
+        # (np.select's choice, as nested np.where: the first condition that holds wins)
+        base = np.where(lo, a_lo, np.where(hi, a_hi, a))
+        thr = np.where(
+            lo,
+            np.fmax(self.low_excess_celsius, self.sigma * learned("scale_lo_")),
+            np.where(
+                hi,
                 np.fmax(self.excess_celsius, self.sigma * learned("scale_hi_")),
-            ],
-            np.fmax(self.excess_celsius, self.sigma * learned("scale_")),
+                np.fmax(self.excess_celsius, self.sigma * learned("scale_")),
+            ),
         )
         return base, thr
 
@@ -196,7 +202,8 @@ class CoolingDegradation(Detector):
         bmc = window.bmc
         if len(bmc) and "inlet" in bmc.cols:
             v = bmc.cols["inlet"]
-            for h in np.unique(bmc.ent).tolist():
+            # the hosts (the table is in host order: each one's first row)
+            for h in bmc.ent[bmc.first_of_entity()].tolist():
                 if h not in self.inlet_ref_:
                     x = v[(bmc.ent == h) & np.isfinite(v)]
                     if len(x) >= 10:
@@ -245,8 +252,9 @@ class CoolingDegradation(Detector):
                 order = np.argsort(ents, kind="stable")
                 ents, vals = ents[order], vals[order]
                 u, first = np.unique(ents, return_index=True)
-                for e, part in zip(u.tolist(), np.split(vals, first[1:]), strict=True):
-                    samples.setdefault(e, []).extend(part.tolist())
+                vals, bounds = vals.tolist(), first.tolist() + [len(ents)]
+                for e, a, b in zip(u.tolist(), bounds[:-1], bounds[1:], strict=True):
+                    samples.setdefault(e, []).extend(vals[a:b])
             # freeze a GPU's baseline once it has seen enough steady samples: median and MAD
             ready = [e for e, s in samples.items() if len(s) >= need]
             if ready:
@@ -284,14 +292,14 @@ class CoolingDegradation(Detector):
     def _excess_uncached(self, window: Window):
         tab = window.gpu
         v, steady, throttled, temp, power = self._features(window)
-        off = getattr(self, "offset_", {})
-        a = lookup(off, tab.ent)
-        fleet_a = np.median(list(off.values())) if len(off) >= 4 else np.nan
-        # (a GPU whose learned offset is itself far off the fleet's was hot from the start)
         base, thr = self._reference(tab, power)
         r = tab.rolling_mean(v - base, self.smooth_seconds)
         from_fleet = np.full(len(v), np.nan)
         if self.fleet_spread_celsius > 0:
+            # (a GPU whose learned offset is itself far off the fleet's was hot from the start)
+            off = getattr(self, "offset_", {})
+            a = lookup(off, tab.ent)
+            fleet_a = np.median(list(off.values())) if len(off) >= 4 else np.nan
             from_fleet = tab.rolling_mean(v - fleet_a, self.smooth_seconds) - self.fleet_spread_celsius
             from_fleet[~np.isfinite(a)] = np.nan  # only for GPUs with a baseline of their own to compare
         self._base = base
@@ -305,13 +313,13 @@ class CoolingDegradation(Detector):
         out = np.full(n, np.nan)
         if not n:
             return out
-        high = nz(raw) > thr / 2
+        high = nz_gt(raw, thr / 2)
         first = tab.first_of_entity()
         prev_high = np.concatenate([[False], high[:-1]])
         opened = high & ~first & ~prev_high
         prev_raw = tab.prev(raw)
         # the run opened at a jump: from a measured normal poll straight past the full bar
-        jump = opened & (nz(raw) > thr) & np.isfinite(prev_raw) & (prev_raw < thr / 2)
+        jump = opened & nz_gt(raw, thr) & np.isfinite(prev_raw) & (prev_raw < thr / 2)
         pt = tab.prev(tab.t)
         idx = np.where(opened | (high & first), np.arange(n), 0)
         np.maximum.accumulate(idx, out=idx)
@@ -329,18 +337,18 @@ class CoolingDegradation(Detector):
         slow = tab.ffill("temperature_slowdown_celsius")
         slow = np.where(np.isfinite(slow), slow, 89.0)
         below = ~throttled & (temp < slow - self.throttle_margin_celsius)
-        hot = ((nz(r) > thr) | (nz(from_fleet) > 0)) & np.isfinite(v)
+        hot = (nz_gt(r, thr) | nz_gt(from_fleet, 0)) & np.isfinite(v)
         # a node whose BMC reports its fans failing (RPM well below the fleet's, or the sensor's
         # state critical): its GPUs warmer than their own baselines by fan_excess_celsius together
         # are a node cooling fault even at idle, where a fan failure warms a GPU by only a few °C.
         # Rows that pass only by this bar count towards the node, never towards a GPU incident.
         fan_rpm, fan_state, fan_bad = self._fan(window)
-        by_fan = fan_bad & (nz(r) > self.fan_excess_celsius) & np.isfinite(v) & ~hot
+        by_fan = fan_bad & nz_gt(r, self.fan_excess_celsius) & np.isfinite(v) & ~hot
         hot |= by_fan
         sc = self.score(window)
         # the drift began where the excess last rose above half the bar and stayed there
         # (at most 3/4 of a smoothing span back: about what the smoothing delays a sudden step by)
-        began = np.fmax(tab.run_start(nz(r) > thr / 2), tab.t - 0.75 * self.smooth_seconds)
+        began = np.fmax(tab.run_start(nz_gt(r, thr / 2)), tab.t - 0.75 * self.smooth_seconds)
         # a step (the raw excess jumped from below half the bar to above it between two polls): the
         # fault began after the last normal poll, and that is the best onset the data can give (the
         # smoothed excess may have wandered above half the bar earlier: noise, not the fault)
@@ -348,13 +356,16 @@ class CoolingDegradation(Detector):
         step = self._step_onset(tab, raw, thr)
         began = np.where(np.isfinite(step), step, began)
         self._began = np.where(hot & np.isfinite(began), began, tab.t)
-        self._margin, self._to_throttle = _time_to_throttle(tab, power, self.margin_trend_seconds)
         new = tab.in_window()
         hot &= new
+        # (the evidence of hot rows reads it: found there only)
+        self._margin, self._to_throttle = _time_to_throttle(
+            tab, power, self.margin_trend_seconds, np.flatnonzero(hot)
+        )
         inlet_hits = self._inlet_hits(window)
         node = window.node_of[tab.ent] if len(tab) else np.zeros(0, np.int64)
         # rows where failed cooling would show plainly: steady load, modelled, not throttling
-        judged = new & steady & np.isfinite(v) & ~throttled & (nz(power) >= self.low_power_watts)
+        judged = new & steady & np.isfinite(v) & ~throttled & nz_ge(power, self.low_power_watts)
         if not hot.any():
             held = self._hold(window, tab, hot, judged, [("gpu", tab.ent, hot), ("node", node, hot)])
             return concat(self.kind, [inlet_hits, held])
@@ -453,7 +464,8 @@ class CoolingDegradation(Detector):
         j = np.searchsorted(key, q, side="right") - 1
         ok = (j >= 0) & (h[np.maximum(j, 0)] == node) & (tab.t - t[np.maximum(j, 0)] <= 300.0)
         rpm[ok], state[ok] = v[j[ok]], s[j[ok]]
-        fleet = float(np.nanmedian(v)) if np.isfinite(v).any() else np.nan
+        known = v[~np.isnan(v)]
+        fleet = float(np.median(known)) if np.isfinite(known).any() else np.nan  # (np.nanmedian's)
         with np.errstate(invalid="ignore"):
             bad = (state >= 2) | (rpm < self.fan_drop_share * fleet)
         return rpm, state, bad & ok
@@ -635,28 +647,29 @@ def _recent_max(tab, v: np.ndarray, seconds: float, rows: np.ndarray, polls: int
 
 
 def _r(x):
-    return None if not np.isfinite(x) else round(float(x), 2)
+    x = float(x)
+    return round(x, 2) if math.isfinite(x) else None
 
 
-def _time_to_throttle(tab, power: np.ndarray, seconds: float, polls: int = 90):
-    """Per row: the thermal margin (°C, carried forward) and the seconds left before it reaches 0
-    at its fall over the trailing ``seconds`` (inf: not falling; NaN: no margin, or no span of at
-    least half of ``seconds`` at the same power, within 10 %)."""
+def _time_to_throttle(tab, power: np.ndarray, seconds: float, rows: np.ndarray, polls: int = 90):
+    """Per row: the thermal margin (°C, carried forward) and, at ``rows`` (NaN elsewhere), the
+    seconds left before it reaches 0 at its fall over the trailing ``seconds`` (inf: not falling;
+    NaN: no margin, or no span of at least half of ``seconds`` at the same power, within 10 %)."""
     margin = tab.ffill("temperature_margin_celsius")
     n = len(margin)
     out = np.full(n, np.nan)
-    if not n or not np.isfinite(margin).any():
+    if not len(rows) or not np.isfinite(margin).any():
         return margin, out
-    t = tab.t
+    t, m, p = tab.t[rows], margin[rows], power[rows]
     # the row the span starts at: the entity's earliest within ``seconds``, at most ``polls`` back
-    j = np.maximum(tab.since(seconds), np.arange(n) - polls)
-    past_m, past_t, past_p = margin[j], t[j], power[j]
+    j = np.maximum(tab.since_at(seconds, rows), rows - polls)
+    past_m, past_t, past_p = margin[j], tab.t[j], power[j]
     span = t - past_t
     with np.errstate(invalid="ignore", divide="ignore"):
-        same_load = np.abs(power - past_p) <= 0.1 * np.maximum(power, past_p)
-        rate = (margin - past_m) / span  # °C/s; negative while the margin shrinks
-        ok = np.isfinite(margin) & np.isfinite(past_m) & (span >= seconds / 2) & same_load
-        out = np.where(ok, np.where(rate < 0, np.maximum(margin, 0.0) / -rate, np.inf), np.nan)
+        same_load = np.abs(p - past_p) <= 0.1 * np.maximum(p, past_p)
+        rate = (m - past_m) / span  # °C/s; negative while the margin shrinks
+        ok = np.isfinite(m) & np.isfinite(past_m) & (span >= seconds / 2) & same_load
+        out[rows] = np.where(ok, np.where(rate < 0, np.maximum(m, 0.0) / -rate, np.inf), np.nan)
     return margin, out
 
 

@@ -112,16 +112,24 @@ class NvlinkDegradation(Detector):
                 maybe &= tput < self.throughput_ratio * top[inv]
             med = _siblings_median(window, tab, tput, np.flatnonzero(maybe))
             slow = maybe & (med >= self.busy_bytes_per_s) & (tput < self.throughput_ratio * med)
-        run = np.nan_to_num(tab.t - tab.run_start(slow), nan=-1.0)
-        return tput, med, slow, slow & (run >= self.slow_seconds)
+        rows = np.flatnonzero(slow)
+        slow_long = np.zeros(len(slow), bool)
+        if len(rows):
+            slow_long[rows] = tab.t[rows] - tab.run_start(slow)[rows] >= self.slow_seconds
+        return tput, med, slow, slow_long
 
-    def score(self, window: Window) -> np.ndarray:
+    def score(self, window: Window, rows: np.ndarray | None = None) -> np.ndarray:
+        """Per link row (at ``rows`` only, where given)."""
         tab = window.nvlink
-        crc = _crc(tab) / self._threshold()
-        rep = tab.increase("replay_errors_total") / max(self.replay_count_min, 1)
-        rep = rep + tab.increase("recovery_errors_total")
-        down = (tab.col("up") == 0).astype(float)
-        slow = self._slow(window)[3].astype(float)
+
+        def at(v):
+            return v if rows is None else v[rows]
+
+        crc = at(_crc(tab)) / self._threshold()
+        rep = at(tab.increase("replay_errors_total")) / max(self.replay_count_min, 1)
+        rep = rep + at(tab.increase("recovery_errors_total"))
+        down = (at(tab.col("up")) == 0).astype(float)
+        slow = at(self._slow(window)[3]).astype(float)
         return np.fmax(np.fmax(np.fmax(crc, rep), slow), 10 * down)
 
     def detect(self, window: Window) -> Hits:
@@ -156,8 +164,9 @@ class NvlinkDegradation(Detector):
         replays = span_sum(rep)
         replaying = (replays >= self.replay_count_min) & (rep > 0)
         # a link far below its busy siblings for slow_seconds that took an error within the span
+        # (the counts are >= 0: an error of any kind within it makes one of the sums positive)
         new = tab.in_window()
-        erred = span_sum(dcrc + rep + rec) > 0
+        erred = (count > 0) | (replays > 0) | (span_sum(rec) > 0)
         slow_hit = slow_long & erred
         hit = (crc > thr) | replaying | (rec > 0) | down | growing | slow_hit
         crit = down | (rec > 0)
@@ -191,8 +200,15 @@ class NvlinkDegradation(Detector):
                 "siblings_median_bytes_per_s": None if not np.isfinite(med[i]) else round(float(med[i])),
             }
 
-        hits = self._gpu_hits(window, tab, hit, lambda: self.score(window), crit, ev, ent_is_link=True)
-        hits.t = t_hit[np.flatnonzero(hit & new)]
+        at = np.flatnonzero(hit & new)
+
+        def score():  # at the hit rows only (the others are not read)
+            out = np.zeros(len(tab))
+            out[at] = self.score(window, at)
+            return out
+
+        hits = self._gpu_hits(window, tab, hit, score, crit, ev, ent_is_link=True)
+        hits.t = t_hit[at]
         # judged healthy: up, and no new error of any kind since the previous row
         clean = (up == 1) & (dcrc == 0) & (rep == 0) & (rec == 0)
         held = self._hold(window, tab, hit & new, new & clean, [("link", tab.ent, hit & new)])
@@ -208,7 +224,8 @@ def _p90(r: np.ndarray) -> float:
 
 
 def _poll_groups(window: Window, tab) -> tuple[np.ndarray, int]:
-    """Group index of each link row: the links of one GPU at one poll (same second)."""
+    """Group index of each link row: the links of one GPU at one poll (same second); groups may be
+    empty (the number of groups is an upper bound)."""
 
     def calc():
         if not len(tab):
@@ -216,8 +233,13 @@ def _poll_groups(window: Window, tab) -> tuple[np.ndarray, int]:
         gid = window.reg.link_arrays()[0][tab.ent]
         sec = np.round(tab.t).astype(np.int64)
         lo = int(sec.min())
-        # (GPU, second) as one integer over the window's own span: ranked by counting, not sorting
-        return dense_inverse(gid * (int(sec.max()) - lo + 1) + (sec - lo))
+        # (GPU, second) as one integer over the window's own span: that integer itself where its
+        # range is small (a GPU's polls: a few empty groups between them), else ranked by counting
+        key = gid * (int(sec.max()) - lo + 1) + (sec - lo)
+        k0, k1 = int(key.min()), int(key.max())
+        if k1 - k0 <= 4 * len(key) + 4096:
+            return key - k0, k1 - k0 + 1
+        return dense_inverse(key)
 
     return tab.cached("nvlink_poll_groups", calc)
 

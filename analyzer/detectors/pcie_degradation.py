@@ -17,8 +17,10 @@ against what healthy GPUs accumulate (docs/analyzer.md cites the recordings): th
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
-from gpufleet.analyzer.detectors.base import Detector, Hits, concat, lookup, nz
+from gpufleet.analyzer.detectors.base import Detector, Hits, concat, lookup, nz, nz_ge
 from gpufleet.analyzer.frame import Window
 
 # PCIe link-layer error counters summed into one link error rate (slow tier; absent where the GPU
@@ -103,8 +105,8 @@ class PcieDegradation(Detector):
         allowance = np.where(allowance > 0, allowance, self.replay_allowance_per_s)
         with np.errstate(invalid="ignore", divide="ignore"):
             rate = tab.rolling_mean(tab.delta("pcie_replay_total") / tab.dt(), 60.0)
-        load = (nz(tab.col("utilization_gpu_ratio")) >= self.load_utilization) | (
-            nz(tab.col("power_watts")) >= self.load_power_watts
+        load = nz_ge(tab.col("utilization_gpu_ratio"), self.load_utilization) | nz_ge(
+            tab.col("power_watts"), self.load_power_watts
         )
         # the generation may drop at idle (link power management), the width does not: a link trained
         # to fewer lanes than the GPU has is a fault at any load (an idle GPU's x8 link included)
@@ -164,7 +166,8 @@ class PcieDegradation(Detector):
 
 
 def _i(x):
-    return None if not np.isfinite(x) else int(x)
+    x = float(x)
+    return int(x) if math.isfinite(x) else None
 
 
 def _slow_delta(tab, name: str) -> np.ndarray:
@@ -189,4 +192,8 @@ def _slow_delta(tab, name: str) -> np.ndarray:
 
 def _run_seconds(tab, cond: np.ndarray) -> np.ndarray:
     """Seconds the condition has held continuously on the entity up to each row (0 where false)."""
-    return np.nan_to_num(tab.t - tab.run_start(cond), nan=0.0)
+    out = np.zeros(len(cond))
+    rows = np.flatnonzero(cond)
+    if len(rows):
+        out[rows] = tab.t[rows] - tab.run_start(cond)[rows]
+    return out

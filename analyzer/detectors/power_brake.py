@@ -18,6 +18,7 @@ from gpufleet.analyzer.detectors.base import (
     concat,
     node_together,
     nz,
+    nz_gt,
     per_key_minute,
     share,
 )
@@ -59,7 +60,7 @@ class PowerBrake(Detector):
         ok = np.isfinite(reasons) & (reasons >= 0) & (reasons < 2**63)
         bits = np.zeros(len(tab))
         bits[ok] = (reasons[ok].astype(np.int64) & HW_POWER_BRAKE) != 0
-        return np.fmax(nz(tab.col("clock_event_hw_power_brake")) > 0, bits).astype(float)
+        return np.fmax(nz_gt(tab.col("clock_event_hw_power_brake"), 0), bits).astype(float)
 
     def score(self, window: Window) -> np.ndarray:
         tab = window.gpu

@@ -28,7 +28,7 @@ import math
 import warnings
 
 import numpy as np
-from gpufleet.analyzer.detectors.base import Detector, Hits, buckets, concat, group_median, nz
+from gpufleet.analyzer.detectors.base import Detector, Hits, buckets, concat, group_median, nz_gt
 from gpufleet.analyzer.detectors.thermal_throttle import thermal_bits
 from gpufleet.analyzer.frame import Window
 
@@ -152,7 +152,7 @@ class Straggler(Detector):
         reasons = tab.col("clock_event_reasons")
         r = np.where(np.isfinite(reasons) & (reasons >= 0), reasons, 0).astype(np.int64)
         explained = (
-            ((r & EXPLAINED) != 0) | (thermal_bits(tab) > 0) | (nz(tab.col("clock_event_hw_power_brake")) > 0)
+            ((r & EXPLAINED) != 0) | (thermal_bits(tab) > 0) | nz_gt(tab.col("clock_event_hw_power_brake"), 0)
         )
         busy, _, _ = self._peers(window)
         clock, peers = self._feature(window, "clock_sm_mhz")
@@ -169,7 +169,7 @@ class Straggler(Detector):
         with np.errstate(invalid="ignore"):
             not_same_work = (sm > -np.log(self.peer_activity_min)) | (sm < np.log(self.waiting_activity))
         candidate = valid & slow & ~explained & ~not_same_work
-        hit = candidate & (nz(sc) > self.distance)
+        hit = candidate & nz_gt(sc, self.distance)
 
         def ev(i):
             out = {
@@ -291,7 +291,10 @@ def _c_steps(X, h, n_iter, location=None, covariance=None, support=None, dists=F
 def _estimate(X: np.ndarray, support: np.ndarray):
     """Location, covariance and log-determinant (-inf where not positive) of rows ``support[k]``
     of ``X[k]``, for every k at once."""
-    Xs = np.take_along_axis(X, support[:, None, :], axis=2)
+    # np.take_along_axis(X, support[:, None, :], axis=2) as one gather by flat position
+    T, p, n = len(support), X.shape[1], X.shape[2]
+    row = np.arange(p) * n if len(X) == 1 else (np.arange(T)[:, None] * p + np.arange(p)) * n
+    Xs = np.take(X, row[..., None] + support[:, None, :])
     loc = Xs.mean(axis=2)
     c = Xs - loc[:, :, None]
     cov = np.matmul(c, c.transpose(0, 2, 1)) / Xs.shape[2]
@@ -302,7 +305,13 @@ def _estimate(X: np.ndarray, support: np.ndarray):
 def _distance(X: np.ndarray, location: np.ndarray, precision: np.ndarray) -> np.ndarray:
     """Squared Mahalanobis distance of every row of ``X[k]`` from estimate k."""
     c = X - location[:, :, None]
-    return (np.matmul(precision, c) * c).sum(axis=1)
+    m = np.matmul(precision, c)
+    m *= c
+    # (m.sum(axis=1): the features added in order, without a strided reduction)
+    out = m[:, 0] + m[:, 1] if m.shape[1] > 1 else m[:, 0].copy()
+    for j in range(2, m.shape[1]):
+        out += m[:, j]
+    return out
 
 
 def _pinvh(a: np.ndarray) -> np.ndarray:

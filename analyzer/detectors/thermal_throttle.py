@@ -11,8 +11,10 @@ heat) until it has worked ``clear_seconds`` at full load without throttling, at 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
-from gpufleet.analyzer.detectors.base import Detector, Hits, concat, nz, share
+from gpufleet.analyzer.detectors.base import Detector, Hits, concat, nz, nz_ge, nz_gt, share
 from gpufleet.analyzer.frame import Window
 
 SW_THERMAL, HW_THERMAL = 0x20, 0x40
@@ -30,7 +32,7 @@ def _thermal_bits(tab) -> np.ndarray:
     bits = np.zeros(len(tab), float)
     r = reasons[ok].astype(np.int64)
     bits[ok] = ((r & (SW_THERMAL | HW_THERMAL)) != 0).astype(float)
-    return np.fmax(nz(flags) > 0, bits).astype(float)
+    return np.fmax(nz_gt(flags, 0), bits).astype(float)
 
 
 class ThermalThrottle(Detector):
@@ -92,8 +94,8 @@ class ThermalThrottle(Detector):
         limit = tab.ffill("power_limit_watts")
         busy = np.where(
             np.isfinite(limit),
-            nz(tab.col("power_watts")) >= self.load_share * limit,
-            nz(tab.col("utilization_gpu_ratio")) >= self.busy_utilization,
+            nz_ge(tab.col("power_watts"), self.load_share * limit),
+            nz_ge(tab.col("utilization_gpu_ratio"), self.busy_utilization),
         )
         # ... and with headroom: a GPU at its slowdown temperature that happens not to throttle this
         # minute is no evidence that the problem is gone
@@ -103,4 +105,7 @@ class ThermalThrottle(Detector):
 
 
 def _f(x):
-    return None if x is None or not np.isfinite(x) else round(float(x), 2)
+    if x is None:
+        return None
+    x = float(x)
+    return round(x, 2) if math.isfinite(x) else None
