@@ -411,3 +411,23 @@ def test_nvlink_rows_on_their_own_cadence():
         clock.t += 10
     c.close()
     assert seen == [36, 0, 0, 36, 0, 0, 36]
+
+
+def test_a_counter_answered_as_a_double_is_absent_not_misread(monkeypatch, caplog):
+    """nvidia-ml-py 12.575.51 and 13.580.65 number the clock-event reasons 251-253; the real H100
+    (driver 580.159, recorded) answers 251 as a double (power smoothing enabled: 0.0) and the
+    reasons at 269-271. An id whose answer's type contradicts the catalogue is left out."""
+    from gpufleet.agent.collectors import gpu as gpumod
+
+    sw = next(k for k, v in gpumod.FIELD_IDS.items() if v == "throttle_sw_thermal_ns_total")
+    ids = {k: v for k, v in gpumod.FIELD_IDS.items() if k != sw}
+    monkeypatch.setattr(gpumod, "FIELD_IDS", {**ids, 251: "throttle_sw_thermal_ns_total"})
+    c = GpuCollector(RecordedBackend(REC / "h100" / "nvml_dump.json"), clock=Clock())
+    with caplog.at_level("WARNING", logger="gpufleet.agent"):
+        first = gpu_rows(c.collect())[0].fields
+        second = gpu_rows(c.collect())[0].fields
+    for f in (first, second):
+        assert "throttle_sw_thermal_ns_total" not in f
+        assert f["throttle_hw_thermal_ns_total"] == 0  # the neighbours, answered as counters, stay
+    assert caplog.text.count("does not match this driver") == 1
+    c.close()

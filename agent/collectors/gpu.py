@@ -558,8 +558,18 @@ class GpuCollector:
         keep = []
         for fid, ret, value in field_values(vals):
             if ret == E.NVML_SUCCESS:
-                keep.append(fid)
                 name = names.get(fid)
+                if name and isinstance(value, float) and self._conv[name][1] is int:
+                    # a counter answered as a double: this id means something else to this driver
+                    # (nvidia-ml-py 12.575/13.580.65 number the clock-event reasons 251-253, which
+                    # an r580 driver answers as power-smoothing settings): absent, never misread
+                    key = f"field {fid}"
+                    if key not in g.logged:
+                        g.logged.add(key)
+                        log.warning("gpu %d: %s (%s) answered a double where a counter was expected: "
+                                    "the field id does not match this driver; left out", g.index, key, name)
+                    continue
+                keep.append(fid)
                 if name:
                     self._put(f, name, value)
             elif ret in ABSENT:
