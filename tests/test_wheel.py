@@ -88,7 +88,7 @@ def test_wheel_declares_extras_and_entry_point(wheel):
     analyzer = extra_requirements(meta, "analyzer")
     assert not agent & set(HEAVY), f"gpufleet[agent] declares {agent & set(HEAVY)}"
     assert {"opentelemetry-sdk", "nvidia-ml-py", "psutil"} <= agent
-    assert "scikit-learn" in analyzer
+    assert "numpy" in analyzer and not {"scikit-learn", "scipy"} & analyzer  # the analysis is numpy
     assert agent | analyzer <= extra_requirements(meta, "all")
     base = {_name(r) for r in meta.get_all("Requires-Dist") if ";" not in r}
     assert not base & set(HEAVY), f"the base install declares {base & set(HEAVY)}"
@@ -175,3 +175,27 @@ def test_agent_modules_import_no_heavy_packages():
     assert "gpufleet.agent.model" in result["imported"]
     assert not result["failed"], f"agent modules that do not import: {result['failed']}"
     assert not result["heavy"], f"importing agent/ loaded {result['heavy'][:10]}"
+
+
+ANALYSE_THEN_LIST_HEAVY = r"""
+import json, sys
+from gpufleet.cli import main
+rc = main(["analyze", "--input", sys.argv[1], "--out", sys.argv[2]])
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("sklearn", "scipy"))
+print(json.dumps({"rc": rc, "heavy": heavy}))
+"""
+
+
+def test_analysing_a_fleet_imports_neither_scikit_learn_nor_scipy(tmp_path):
+    # the straggler scenario fits the detector's robust covariance (FastMCD, numpy alone)
+    from gpufleet.cli import main
+
+    assert main(["sim", "--nodes", "4", "--duration", "1h", "--step", "10s", "--seed", "3",
+                 "--scenario", "straggler", "--out", str(tmp_path / "sim"), "--no-progress"]) == 0
+    proc = subprocess.run([sys.executable, "-c", ANALYSE_THEN_LIST_HEAVY,
+                           str(tmp_path / "sim" / "telemetry.lp.gz"), str(tmp_path / "inc.jsonl")],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["rc"] == 0 and (tmp_path / "inc.jsonl").read_text().count('"straggler"') >= 1
+    assert not result["heavy"], f"analysing loaded {result['heavy'][:10]}"
