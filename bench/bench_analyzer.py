@@ -11,29 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
-
-def _sim(out: Path, scenario: str, nodes: int, duration: str, seed: int) -> None:
-    from gpufleet.cli import main
-
-    rc = main(
-        [
-            "sim",
-            "--nodes",
-            str(nodes),
-            "--duration",
-            duration,
-            "--step",
-            "10s",
-            "--seed",
-            str(seed),
-            "--scenario",
-            scenario,
-            "--out",
-            str(out),
-        ]
-    )
-    if rc:
-        raise RuntimeError(f"gpufleet sim {scenario} failed ({rc})")
+from bench import sim
 
 
 def _rates(path: Path) -> dict:
@@ -94,7 +72,7 @@ def run(quick: bool) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         nodes, dur = (16, "2h") if quick else (128, "4h")
-        _sim(tmp / "rate", "mixed", nodes, dur, 7)
+        sim(tmp / "rate", "mixed", nodes, dur, 7)
         r = _rates(tmp / "rate" / "telemetry.lp.gz")
         note = (
             f"{r['n']:,} GPU-samples ({nodes * 8} GPUs, {dur}), {r['mb']:.0f} MB of line protocol, one core"

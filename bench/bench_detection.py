@@ -12,15 +12,9 @@ import secrets
 import tempfile
 from pathlib import Path
 
+from bench import sim
+
 SCENARIOS = ("healthy", "thermal", "link", "memory", "sdc", "mixed", "chaos")
-
-
-def _sim(out: Path, scenario: str, nodes: int, duration: str, seed: int) -> None:
-    from gpufleet.cli import main
-
-    args = ["sim", "--nodes", str(nodes), "--duration", duration, "--step", "10s", "--seed", str(seed)]
-    if main([*args, "--scenario", scenario, "--out", str(out)]):
-        raise RuntimeError(f"gpufleet sim {scenario} failed")
 
 
 def _analyse(path: Path):
@@ -59,7 +53,7 @@ def run(quick: bool) -> list[dict]:
             for sc in SCENARIOS:
                 seed = secrets.randbelow(2**31)
                 d = tmp / f"{sc}-{rnd}"
-                _sim(d, sc, nodes, dur, seed)
+                sim(d, sc, nodes, dur, seed)
                 res, truth, incs = _score(d)
                 # pooled per kind: places made distinct per run (the same host names recur)
                 for r in truth + incs:
@@ -123,7 +117,7 @@ def run(quick: bool) -> list[dict]:
         while days < need:
             seed = secrets.randbelow(2**31)
             d = tmp / f"healthy-long-{runs}"
-            _sim(d, "healthy", hn, hd, seed)
+            sim(d, "healthy", hn, hd, seed)
             res, _, incs = _score(d)
             days += res["gpu_days"] or 0.0
             false += res["false_incidents"]

@@ -36,6 +36,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench import sim  # noqa: E402 - after the path line, for a run from anywhere
+
 GPUFLEET = [sys.executable, "-m", "gpufleet"]
 
 
@@ -55,28 +57,7 @@ def _agent_shaped(out: Path, nodes: int, duration: str, start: str | None = None
     fleet = f'\n[fleet]\nstart = "{start}"\n' if start else ""
     sc = out.parent / f"{out.name}.toml"
     sc.write_text(base + fleet + "\n[telemetry]\nnvlink_full_every = 3\nslow_every = 6\n")
-    subprocess.run(
-        [
-            *GPUFLEET,
-            "sim",
-            "--nodes",
-            str(nodes),
-            "--duration",
-            duration,
-            "--step",
-            "10s",
-            "--seed",
-            "7",
-            "--scenario",
-            str(sc),
-            "--out",
-            str(out),
-            "--no-progress",
-        ],
-        check=True,
-        capture_output=True,
-        cwd=ROOT,
-    )
+    sim(out, sc, nodes, duration, 7)
     return json.loads((out / "manifest.json").read_text())
 
 

@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.bench_analyzer import _sim
+from bench import sim
 
 STRAY = b"gpu,host=stray,gpu=0 power_watts=100 "
 
@@ -35,7 +35,7 @@ def run(quick: bool) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         nodes, dur = (8, "2h") if quick else (32, "6h")
-        _sim(tmp / "sim", "mixed", nodes, dur, 7)
+        sim(tmp / "sim", "mixed", nodes, dur, 7)
         data = gzip.decompress((tmp / "sim" / "telemetry.lp.gz").read_bytes())
         last_s = int(data.rstrip(b"\n").rsplit(b" ", 1)[-1]) // 10**9
         variants = {
