@@ -144,7 +144,7 @@ def _pull(url: str, s_ns: int, e_ns: int, analyse: bool):
 def bench_paths(quick: bool, tmp: Path) -> list[dict]:
     from gpufleet.analyzer.pipeline import MEASUREMENTS
 
-    from tests.servers import InfluxDB1, free_port
+    from tests.servers import InfluxDB1, answers_ping, free_port
 
     nodes, dur = (4, "1h") if quick else (16, "2h")
     fl = tmp / "fleet"
@@ -315,13 +315,7 @@ def bench_paths(quick: bool, tmp: Path) -> list[dict]:
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if requests.get(url + "/ping", timeout=1).status_code == 204:
-                    break
-            except requests.RequestException:
-                time.sleep(0.1)
+        answers_ping(url)
         cpu0 = _cpu(p.pid)
         t = time.perf_counter()
         s = requests.Session()

@@ -25,6 +25,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def answers_ping(url: str, timeout: float = 60.0) -> bool:
+    """Wait until ``url``/ping answers 204 (an InfluxDB, a listening analyzer): whether it did."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(url + "/ping", timeout=1).status_code == 204:
+                return True
+        except requests.RequestException:
+            pass
+        time.sleep(0.1)
+    return False
+
+
 def have(binary: str) -> bool:
     return shutil.which(binary) is not None
 

@@ -18,7 +18,7 @@ from gpufleet.analyzer.pipeline import FIELDS, MEASUREMENTS, Analyzer
 from gpufleet.analyzer.sources import Influx, pull
 
 from gpufleet.errors import ConfigError
-from tests.servers import InfluxDB1, free_port, skip_unless
+from tests.servers import InfluxDB1, answers_ping, free_port, skip_unless
 from tests.test_agent_support import ROOT
 from tests.test_detectors import T0, fleet
 
@@ -258,13 +258,7 @@ def test_listen_analyses_pushed_writes_with_influxdb_down(tmp_path):
                          stderr=open(tmp_path / "err", "w"))
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if requests.get(url + "/ping", timeout=1).status_code == 204:
-                    break
-            except requests.RequestException:
-                time.sleep(0.2)
+        answers_ping(url)
         r = requests.post(url + "/api/v2/write", data=gzip.compress(data),
                           headers={"Content-Encoding": "gzip"})
         assert r.status_code == 204
