@@ -224,10 +224,17 @@ def _notify_once(sinks, state_path, out_path, page_base_url, an) -> None:
         return
     sink_list, notifier_cls = sinks
     notifier = notifier_cls(sink_list, _state_path(state_path, out_path), page_base_url)
+    notifier.fleet = _members(an.reg)
     try:
         notifier.update(an.incidents() + an.engine.absorbed, time.time())
     finally:
         notifier.close()
+
+
+def _members(reg):
+    """(host, rack, cluster) of every host the analysis knows (the lists only grow: a read from
+    the notifier's threads sees a consistent prefix)."""
+    return lambda: zip(list(reg.hosts), list(reg.host_rack), list(reg.host_cluster), strict=False)
 
 
 def _write(out_path, incidents) -> None:
@@ -293,6 +300,8 @@ def _online(cfg, influx, shard_t, out_path, sinks, state_path, page_base_url, po
     where = Path(_state_path(state_path, out_path)).with_suffix(".checkpoint.json")
     checkpoint = Checkpoint(where if keep else None)
     online = Online(cfg, shard_t, influx, notifier, out_path, checkpoint, poll, grace)
+    if notifier is not None:
+        notifier.fleet = _members(online.an.reg)
     for d in online.an.detectors:  # a daemon pays its imports at start, not on the window that
         d.warm()                    # first needs them (that window's alert would wait for them)
 

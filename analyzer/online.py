@@ -226,7 +226,8 @@ class Online:
         an = self.an
         return {"rows_total": self.rows_in, "gpu_samples_total": an.gpu_samples, "windows_total": an.windows,
                 "late_points_total": an.late_points, "incidents": len(an.incidents()),
-                "bad_lines_total": an.parser.stats.bad_lines}
+                "bad_lines_total": an.parser.stats.bad_lines,
+                "unsafe_host_series_total": an.parser.series.unsafe_series}
 
     def close(self) -> None:
         if self.notifier is not None:

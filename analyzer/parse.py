@@ -21,11 +21,13 @@ mapping ids to tags.
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from gpufleet import hosts
 from gpufleet.lineprotocol import ParseError, parse_head, parse_line, skip_line
 
 try:  # the C tokenizer (analyzer/_lpscan.c), built at install when a compiler is there
@@ -33,6 +35,7 @@ try:  # the C tokenizer (analyzer/_lpscan.c), built at install when a compiler i
 except ImportError:  # pragma: no cover - exercised where no compiler was available
     _lpscan = None
 
+_log = logging.getLogger("gpufleet.analyzer")
 _SP, _TAB, _COMMA, _EQ, _NL, _QUOTE, _BSLASH, _HASH = 32, 9, 44, 61, 10, 34, 92, 35
 # the type of a value (Rows.kind; the C tokenizer's codes too); 0: absent
 FLOAT, INT, BOOL, STR = 1, 2, 3, 4
@@ -54,12 +57,20 @@ _MULT = np.array([0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9], d
 
 
 class SeriesIndex:
-    """Series head (measurement + tags, as written) -> small int id, and id -> tags."""
+    """Series head (measurement + tags, as written) -> small int id, and id -> tags.
+
+    A ``host`` tag that is not a plain node name (:mod:`gpufleet.hosts`) is quarantined here,
+    where every ingest path (files, ``--follow``, ``--listen``) meets: the series' tags carry
+    its display name (``unsafe:...``), which no action sink accepts, and ``unsafe_hosts``
+    maps each such display name to the raw value (counted, logged once each)."""
 
     def __init__(self):
         self.ids: dict[tuple, int] = {}
         self.measurement: list[str] = []
         self.tags: list[dict[str, str]] = []
+        self.unsafe_hosts: dict[str, str] = {}
+        self.unsafe_series = 0
+        self._raw_host: dict[int, str] = {}  # sid -> the host tag as written, where quarantined
 
     def add(self, measurement: str, tags: dict[str, str]) -> int:
         key = (measurement, *sorted(tags.items()))  # not a joined string: "a\\,b=1" is no tag
@@ -68,8 +79,28 @@ class SeriesIndex:
             sid = len(self.tags)
             self.ids[key] = sid
             self.measurement.append(measurement)
+            host = tags.get("host")
+            if host is not None and not hosts.is_plain(host):
+                tags = {**tags, "host": self._quarantine(host)}
+                self._raw_host[sid] = host
             self.tags.append(tags)
         return sid
+
+    def written(self, sid: int) -> dict[str, str]:
+        """The series' tags as written (its host tag too, where quarantined)."""
+        raw = self._raw_host.get(sid)
+        return self.tags[sid] if raw is None else {**self.tags[sid], "host": raw}
+
+    def _quarantine(self, raw: str) -> str:
+        shown = hosts.display_name(raw)
+        self.unsafe_series += 1
+        if shown not in self.unsafe_hosts:
+            if len(self.unsafe_hosts) < 10000:  # a writer inventing names costs bounded memory
+                self.unsafe_hosts[shown] = raw[:300]
+            if len(self.unsafe_hosts) <= 20:
+                _log.warning("host tag %s is not a plain node name (%s): analysed as %s, never acted on",
+                             hosts.shown(raw), hosts.problem(raw), shown)
+        return shown
 
     def __len__(self):
         return len(self.tags)

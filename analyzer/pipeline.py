@@ -28,6 +28,8 @@ from gpufleet.analyzer.frame import Registry, Table, Window
 from gpufleet.analyzer.jobs import JobLog
 from gpufleet.analyzer.parse import Parser, Rows
 
+from gpufleet.hosts import safe as safe_host
+
 # wide measurements: of these only the fields some detector reads (its ``fields``) are converted, the
 # rest of a row is tokenized, never converted; every other measurement is converted whole
 SELECTIVE = ("gpu", "host", "bmc_sensor")
@@ -132,8 +134,8 @@ class Analyzer:
         """Of ``hosts``, those another shard analyses (None: unsharded, every host is mine)."""
         if self.shard is None:
             return None
-        i, n = self.shard
-        return [h for h in hosts if shard_of(h, n) != i]
+        i, n = self.shard  # the shard of the name the rows are analysed under (gpufleet.hosts)
+        return [h for h in hosts if shard_of(safe_host(h), n) != i]
 
     @staticmethod
     def tag_words() -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:

@@ -73,11 +73,14 @@ def test_incident_text_never_reaches_a_shell(tmp_path):
     cmd, out = recorder(tmp_path)
     pwned = tmp_path / "pwned"
     nasty = f'n1; touch {pwned}; $(touch {pwned}) `touch {pwned}`'
-    sinks = load_sinks([action([{"command": cmd + ["{host}", "{title}"]}])], [])
+    sinks = load_sinks([action([{"command": cmd + ["{host}", "{jobs}"]}])], [])
     with Notifier(sinks, tmp_path / "s.db") as n:
-        n.update([incident(kind="gpu_lost", id="g1", host=nasty)], now=T0)
+        n.update([incident(kind="gpu_lost", id="g1", host="n1", jobs=[nasty])], now=T0)
+        n.update([incident(kind="gpu_lost", id="g2", host=nasty, start=T0 + 1)], now=T0 + 1)
         assert n.flush(10)
-    assert calls(out)[0]["argv"][0] == nasty and not pwned.exists()
+        log = n.actions()
+    assert [c["argv"] for c in calls(out)] == [["n1", nasty]] and not pwned.exists()
+    assert [r["status"] for r in log] == ["ok", "refused-unsafe"]
 
 
 def test_dry_run_is_the_default_and_is_recorded(tmp_path, caplog):

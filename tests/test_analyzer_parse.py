@@ -43,7 +43,7 @@ def _as_points(p: Parser, rows) -> list[tuple]:
             out.append(
                 (
                     m,
-                    tuple(sorted(p.series.tags[r.sid[i]].items())),
+                    tuple(sorted(p.series.written(int(r.sid[i])).items())),
                     int(r.t[i]),
                     tuple(sorted(fields.items())),
                 )
@@ -294,7 +294,7 @@ def typed_points(p: Parser, rows) -> list[tuple]:
                     fields[k] = bool(r.num[k][i])
                 elif code == parse.FLOAT:
                     fields[k] = float(r.num[k][i])
-            out.append((m, p.series.tags[int(r.sid[i])], int(r.t[i]), fields))
+            out.append((m, p.series.written(int(r.sid[i])), int(r.t[i]), fields))
     return out
 
 

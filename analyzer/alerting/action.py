@@ -35,27 +35,72 @@ other sinks page as usual, and the resolve of a firing that was not carried out 
 The rate limit counts the commands of this sink (run or dry-run) in the last hour, in the
 state file, so a restart does not reset it. With analyzer shards each shard has its own
 state: give each ``max_per_hour / shards``.
+
+Before a command runs, in this order (each refusal is recorded, logged on one line, and a failed
+delivery, so nothing is undone later; the other sinks get a page saying what was refused, why,
+and the command to run by hand):
+
+- **unsafe name**: the incident's host (whatever placeholders the command uses), and any
+  ``{host}``, ``{cluster}`` or ``{rack}`` it uses, must be one plain node name
+  (:mod:`gpufleet.hosts`); an unsafe host tag reaches here only as its ``unsafe:`` display name.
+- **rate**: ``max_per_hour`` (above).
+- **verification**: the rule's optional ``verify`` command (``resolve_verify`` before the
+  resolve command) must exit 0 and, when ``verify_expect`` (``resolve_verify_expect``) is
+  given, its output must match that regular expression (``re.search``; placeholders are filled
+  escaped; write a literal brace as ``{{``). The shipped Slurm rule checks that ``scontrol show
+  node -o {host}`` describes exactly that one node, not drained already, and, before resuming,
+  that the drain reason is still this incident's: a node a person drained is never resumed.
+- **disruption budget**: at most ``budget_nodes`` distinct nodes (default 2) and at most
+  ``budget_percent`` % of a cluster or rack (default 5, never less than one node) within
+  ``budget_window`` seconds (default 3600), across every analyzer process sharing the ledger
+  file ``budget_ledger`` (default: ``remediation-budget.jsonl`` beside the state file); see
+  :mod:`gpufleet.analyzer.alerting.budget`. The first refusal in a window pages a person once
+  ("remediation budget exhausted"); a dry run checks the budget without using it.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import subprocess
 import time
+import unicodedata
+from pathlib import Path
 
 from gpufleet.analyzer.alerting.actions import render
 from gpufleet.analyzer.alerting.base import Alert, Outcome, Sink, register
+from gpufleet.analyzer.alerting.budget import Ledger
 
+from gpufleet import hosts
 from gpufleet.errors import ConfigError
 from gpufleet.records import KINDS, SEVERITIES, to_rfc3339
 
 log = logging.getLogger("gpufleet.alerting")
 
-OPTION_KEYS = {"dry_run", "max_per_hour", "timeout", "resume", "rule"}
-RULE_KEYS = {"kinds", "severities", "command", "resolve_command"}
+OPTION_KEYS = {"dry_run", "max_per_hour", "timeout", "resume", "rule", "budget_nodes", "budget_percent",
+               "budget_window", "budget_ledger"}
+RULE_KEYS = {"kinds", "severities", "command", "resolve_command", "verify", "verify_expect",
+             "resolve_verify", "resolve_verify_expect"}
 OUTPUT_MAX = 500
+VALUE_MAX = 1000
+NAME_KEYS = ("host", "cluster", "rack")  # placeholders that name scheduler objects: plain names only
+PAGE_KINDS = ("remediation_refused", "remediation_budget")  # the sink's own pages, never acted on
+
+
+class Unsafe(ValueError):
+    """A value that would name more, or other, than one node."""
+
+
+def clean(text: str) -> str:
+    """``text`` with control and format characters escaped (``\\x00``, ``\\n``, ``\\u202e``),
+    at most VALUE_MAX characters: safe in an argument, the environment and one log line."""
+    if text.isprintable() and len(text) <= VALUE_MAX:
+        return text
+    out = "".join(ascii(c)[1:-1] if unicodedata.category(c)[0] in "CZ" and c != " " else c
+                  for c in text[:VALUE_MAX])
+    return out if len(text) <= VALUE_MAX else out + "..."
 
 
 def alert_values(alert: Alert) -> dict:
@@ -68,7 +113,7 @@ def alert_values(alert: Alert) -> dict:
          "action": alert.action, "runbook_url": alert.runbook_url, "start": to_rfc3339(alert.start),
          "page_url": alert.page_url,
          "gpus": ",".join(map(str, alert.gpus)) or None, "jobs": ",".join(alert.jobs) or None}
-    return {k: (None if x is None or x == "" else str(x)) for k, x in v.items()}
+    return {k: (None if x is None or x == "" else clean(str(x))) for k, x in v.items()}
 
 
 def _argv(label: str, key: str, value) -> list[str]:
@@ -107,6 +152,22 @@ def check_options(label: str, spec: dict) -> dict:
             "resolve_command": _argv(rl, "resolve_command", r["resolve_command"])
             if "resolve_command" in r else None,
         })
+        for cmd, expect in (("verify", "verify_expect"), ("resolve_verify", "resolve_verify_expect")):
+            out_rules[-1][cmd] = _argv(rl, cmd, r[cmd]) if cmd in r else None
+            pattern = r.get(expect)
+            if pattern is not None:
+                if cmd not in r:
+                    raise ConfigError(f"{rl}: {expect} needs {cmd}")
+                if not isinstance(pattern, str):
+                    raise ConfigError(f"{rl}: {expect} must be a string (a regular expression)")
+                try:
+                    re.compile(render(pattern, _SAMPLE) or "")
+                except re.error as exc:
+                    raise ConfigError(f"{rl}: {expect}: not a regular expression: {exc}") from None
+                if render(pattern, _SAMPLE) is None:
+                    raise ConfigError(f"{rl}: {expect}: unknown placeholder (write a literal brace as "
+                                      f"{{{{ or }}}})")
+            out_rules[-1][expect] = pattern
     opts = {"rules": out_rules}
     for k, default in (("dry_run", True), ("resume", False)):
         v = spec.get(k, default)
@@ -117,7 +178,24 @@ def check_options(label: str, spec: dict) -> dict:
     if not isinstance(mph, int) or isinstance(mph, bool) or mph < 0:
         raise ConfigError(f"{label}: max_per_hour must be a whole number >= 0 (0: never run a command)")
     opts["max_per_hour"] = mph
+    n = spec.get("budget_nodes", 2)
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        raise ConfigError(f"{label}: budget_nodes must be a whole number >= 0 (0: never act)")
+    opts["budget_nodes"] = n
+    for k, default, top in (("budget_percent", 5.0, 100.0), ("budget_window", 3600.0, None)):
+        v = spec.get(k, default)
+        if not isinstance(v, int | float) or isinstance(v, bool) or not (0 < v <= (top or float("inf"))):
+            raise ConfigError(f"{label}: {k} must be a number > 0{f' and <= {top:g}' if top else ''}")
+        opts[k] = float(v)
+    ledger = spec.get("budget_ledger")
+    if ledger is not None and (not isinstance(ledger, str) or not ledger):
+        raise ConfigError(f"{label}: budget_ledger must be a file path")
+    opts["budget_ledger"] = ledger
     return opts
+
+
+_SAMPLE = {k: "x" for k in ("key", "status", "kind", "severity", "host", "gpu", "link", "cluster", "rack",
+                            "where", "title", "action", "runbook_url", "start", "page_url", "gpus", "jobs")}
 
 
 def _reap(proc: subprocess.Popen) -> bytes:
@@ -140,12 +218,17 @@ class ActionSink(Sink):
     type = "action"
 
     def __init__(self, name="action", url="", delivery=None, rules=(), dry_run: bool = True,
-                 resume: bool = False, max_per_hour: int = 10, **options):
+                 resume: bool = False, max_per_hour: int = 10, budget_nodes: int = 2,
+                 budget_percent: float = 5.0, budget_window: float = 3600.0,
+                 budget_ledger: str | None = None, **options):
         super().__init__(name, url, delivery, **options)
         self.rules = list(rules)
         self.dry_run = dry_run
         self.resume = resume
         self.max_per_hour = max_per_hour
+        self.budget = (budget_nodes, budget_percent, budget_window, budget_ledger)
+        self.ledger: Ledger | None = None
+        self.notifier = None
         self.recent = lambda since: 0  # commands since a time; the notifier binds its state
 
     def secrets(self) -> list[str]:
@@ -155,7 +238,11 @@ class ActionSink(Sink):
         return f"<ActionSink {self.name} {'dry-run' if self.dry_run else 'live'}>"
 
     def bind(self, notifier) -> None:
+        self.notifier = notifier
         self.recent = lambda since: notifier.count_actions(self.name, since)
+        nodes, percent, window, path = self.budget
+        path = Path(path) if path else Path(notifier.store.path).parent / "remediation-budget.jsonl"
+        self.ledger = Ledger(path, nodes, percent, window)
 
     def rule_for(self, alert: Alert) -> dict | None:
         for r in self.rules:
@@ -172,9 +259,22 @@ class ActionSink(Sink):
         template = rule["command"] if alert.status == "firing" else rule["resolve_command"]
         if template is None or (alert.status == "resolved" and not self.resume):
             return None
+        return self.fill(template, alert)
+
+    def fill(self, template: list[str], alert: Alert) -> list[str]:
+        """``template`` filled from ``alert``; raises :class:`Unsafe` when the alert's host, or a
+        ``{host}``/``{cluster}``/``{rack}`` the template uses, is not one plain node name, and
+        ValueError naming a placeholder with no value."""
+        if alert.host is not None and not hosts.is_plain(alert.host):
+            raise Unsafe(f"host {hosts.shown(alert.host)} is not a plain node name "
+                         f"({hosts.problem(alert.host)}); nothing is run for it")
         vals = alert_values(alert)
         argv = []
         for a in template:
+            for name in NAME_KEYS:
+                if "{" + name in a and vals.get(name) is not None and not hosts.is_plain(vals[name]):
+                    raise Unsafe(f"{name} {hosts.shown(vals[name])} is not a plain name "
+                                 f"({hosts.problem(vals[name])}); nothing is run for it")
             s = render(a, vals)
             if s is None:
                 raise ValueError(f"argument {a!r} has a placeholder with no value for this incident")
@@ -182,29 +282,83 @@ class ActionSink(Sink):
         return argv
 
     def deliver(self, alert: Alert) -> Outcome:
-        what = f"{alert.status} {alert.kind} on {alert.host or alert.rack or 'fleet'} ({alert.key})"
+        if alert.kind in PAGE_KINDS:
+            return Outcome("sent", "a page of this sink's own")
+        what = (f"{alert.status} {alert.kind} on {hosts.shown(alert.host or alert.rack or 'fleet')} "
+                f"({hosts.shown(alert.key)})")
+        firing = alert.status == "firing"
         try:
             argv = self.render(alert)
+        except Unsafe as exc:
+            return self._refuse("refused-unsafe", alert, what, None, str(exc))
         except ValueError as exc:
             return self._done("failed", what, None, str(exc))
         if argv is None:
             return Outcome("sent", "no rule for this incident")
-        if alert.status == "firing":
-            if self.max_per_hour == 0 or self.recent(time.time() - 3600) >= self.max_per_hour:
-                return self._done("suppressed", what, argv,
-                                  f"rate limit reached: max_per_hour = {self.max_per_hour} commands in "
-                                  f"the last hour; not run")
+        if firing and (self.max_per_hour == 0 or self.recent(time.time() - 3600) >= self.max_per_hour):
+            return self._done("suppressed", what, argv,
+                              f"rate limit reached: max_per_hour = {self.max_per_hour} commands in "
+                              f"the last hour; not run")
+        if firing and self.dry_run:
+            d = self._claim(alert, record=False)
+            if not d.ok:
+                return self._done("refused-budget", what, argv, d.why + " (dry run: not run either way)")
         if self.dry_run:
             return self._done("dry-run", what, argv, "dry_run = true; not run")
+        rule = self.rule_for(alert)
+        check = rule["verify"] if firing else rule["resolve_verify"]
+        if check is not None:
+            why = self._verify(check, rule["verify_expect" if firing else "resolve_verify_expect"], alert)
+            if why:
+                if not firing:
+                    return self._done("not-undone", what, argv, f"resolve_verify: {why}; the node is left as "
+                                      "it is (a person may have taken it over)")
+                return self._refuse("refused-verify", alert, what, argv, f"verify: {why}")
+        if firing:
+            d = self._claim(alert, record=True)
+            if not d.ok:
+                if d.page:
+                    self._page_budget(alert, argv, d.why)
+                return self._done("refused-budget", what, argv, d.why + "; run it by hand if it must be")
+        return self._run(what, argv, alert)
+
+    def _claim(self, alert: Alert, record: bool):
+        sizes = self.notifier.group_sizes(alert.cluster, alert.rack) if self.notifier else {}
+        if self.ledger is None:
+            from gpufleet.analyzer.alerting.budget import Decision
+
+            return Decision(True)
+        return self.ledger.claim(alert.host or "", alert.cluster, alert.rack, sizes, sink=self.name,
+                                 key=alert.key, record=record)
+
+    def _verify(self, template: list[str], expect: str | None, alert: Alert) -> str:
+        """Why the verification fails ("" when it passes)."""
+        argv = self.fill(template, alert)
+        rc, out, why = self._exec(argv, alert)
+        text = out.decode("utf-8", "replace")
+        shown = " ".join(text.split())[-200:]
+        if why:
+            return f"{' '.join(argv)}: {why}"
+        if rc != 0:
+            return f"{' '.join(argv)} exited {rc}: {hosts.shown(shown, 200) or 'no output'}"
+        if expect is not None:
+            pattern = render(expect, {k: None if v is None else re.escape(v)
+                                      for k, v in alert_values(alert).items()})
+            if pattern is None or not re.search(pattern, text):
+                return (f"{' '.join(argv)}: its output does not match verify_expect "
+                        f"({hosts.shown(shown, 200) or 'no output'})")
+        return ""
+
+    def _exec(self, argv: list[str], alert: Alert) -> tuple[int | None, bytes, str]:
+        """(exit status, output, why it did not finish: "" when it did)."""
         env = dict(os.environ)
         env.update({f"GPUFLEET_{k.upper()}": v for k, v in alert_values(alert).items() if v is not None})
-        t0 = time.monotonic()
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
         except OSError as exc:
             why = "command not found" if isinstance(exc, FileNotFoundError) else exc.strerror
-            return self._done("failed", what, argv, f"{argv[0]}: {why}")
+            return None, b"", f"{argv[0]}: {why}"
         try:
             out, _ = proc.communicate(timeout=self.delivery.timeout)
         except subprocess.TimeoutExpired:
@@ -214,14 +368,53 @@ class ActionSink(Sink):
                 pass
             out = _reap(proc)
             if proc.returncode == 0:  # it finished; a process it left behind held the output open
-                return self._done("ok", what, argv, "", time.monotonic() - t0, 0, out)
-            return self._done("failed", what, argv, f"timed out after {self.delivery.timeout:g} s; killed",
-                              time.monotonic() - t0, output=out)
+                return 0, out, ""
+            return None, out, f"timed out after {self.delivery.timeout:g} s; killed"
+        return proc.returncode, out or b"", ""
+
+    def _run(self, what: str, argv: list[str], alert: Alert) -> Outcome:
+        t0 = time.monotonic()
+        rc, out, why = self._exec(argv, alert)
         took = time.monotonic() - t0
-        if proc.returncode != 0:
-            return self._done("failed", what, argv, f"exit status {proc.returncode}", took,
-                              proc.returncode, out)
+        if why:
+            if rc is None and not out and "timed out" not in why:
+                return self._done("failed", what, argv, why)
+            return self._done("failed", what, argv, why, took, output=out)
+        if rc != 0:
+            return self._done("failed", what, argv, f"exit status {rc}", took, rc, out)
         return self._done("ok", what, argv, "", took, 0, out)
+
+    def _refuse(self, status: str, alert: Alert, what: str, argv, why: str) -> Outcome:
+        out = self._done(status, what, argv, why)
+        if alert.status == "firing" and self.notifier is not None:
+            cmd = " ".join(argv) if argv else "(none: the incident names no single node)"
+            self.notifier.page(Alert(
+                key=f"action-refused:{alert.key}", status="firing", kind="remediation_refused",
+                severity=alert.severity, start=time.time(), host=alert.host, cluster=alert.cluster,
+                rack=alert.rack, incidents=[alert.key],
+                title=f"Remediation refused for {hosts.shown(alert.key)}: {why}",
+                summary=f"Remediation refused for {hosts.shown(alert.key)}",
+                description=f"action sink {self.name} refused to act on {what}: {why}. Command: {cmd}",
+                action="Check the node by hand (its name, its state, who sent this); run the command "
+                       "yourself if it is right. `gpufleet actions` lists every refusal.",
+                runbook_url=alert.runbook_url))
+        return out
+
+    def _page_budget(self, alert: Alert, argv: list[str], why: str) -> None:
+        if self.notifier is None:
+            return
+        self.notifier.page(Alert(
+            key=f"remediation-budget:{int(time.time())}", status="firing", kind="remediation_budget",
+            severity="critical", start=time.time(), cluster=alert.cluster, rack=alert.rack,
+            incidents=[alert.key],
+            title="Remediation budget exhausted: the analyzer has stopped draining nodes",
+            summary="Remediation budget exhausted",
+            description=f"action sink {self.name}: {why}. Refused: {' '.join(argv)} "
+                        f"(for {hosts.shown(alert.key)}); later refusals are not paged again in this window.",
+            action="Look at the nodes already acted on: several at once points at a shared cause (power, "
+                   "cooling, fabric, a bad driver roll-out) or at a writer forging incidents. "
+                   "`gpufleet actions --status refused` lists the refused commands to run by hand.",
+            runbook_url=alert.runbook_url))
 
     def _done(self, status: str, what: str, argv, detail: str, seconds: float | None = None,
               rc: int | None = None, output: bytes | None = None) -> Outcome:
@@ -232,6 +425,7 @@ class ActionSink(Sink):
             line += f" ({detail})"
         if text and status != "ok":
             line += f": {' '.join(text.split())}"
+        line = clean(line)
         (log.info if status in ("ok", "dry-run") else log.error)("%s", line)
         record = {"status": status, "argv": argv, "rc": rc, "output": text, "detail": detail,
                   "seconds": None if seconds is None else round(seconds, 3)}

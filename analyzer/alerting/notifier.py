@@ -152,6 +152,9 @@ class Notifier:
         self.group_window = group_window
         self.retention = retention
         self.store = Store(state_path)
+        # () -> iterable of (host, rack, cluster) this analyzer knows: the sizes the action sink's
+        # disruption budget takes a percentage of (None: unknown, the percentage is not applied)
+        self.fleet = None
         self._stopping = threading.Event()
         self._deadline = float("inf")
         for s in self.sinks:
@@ -315,6 +318,38 @@ class Notifier:
             db.execute("DELETE FROM outbox WHERE grp=?", (k,))
             db.execute("DELETE FROM incident WHERE grp=?", (k,))
             db.execute("DELETE FROM grp WHERE key=?", (k,))
+
+    def page(self, alert: Alert) -> bool:
+        """Send ``alert`` (a page of the sinks' own: a refused action, an exhausted budget) to
+        every sink but the action sinks, once per key; False when that key was paged before."""
+        doc = json.dumps(alert.to_dict())
+        wall = time.time()
+        queued = 0
+        with self.store.lock:
+            for s in self.sinks:
+                if s.type == "action":
+                    continue
+                queued += self.store.db.execute(
+                    "INSERT OR IGNORE INTO outbox (sink, grp, action, alert, created) "
+                    "VALUES (?, ?, 'firing', ?, ?)", (s.name, alert.key, doc, wall)).rowcount
+        for w in self._workers:
+            w.wake.set()
+        return queued > 0
+
+    def group_sizes(self, cluster: str | None, rack: str | None) -> dict:
+        """How many hosts this analyzer knows in ``cluster`` and in ``rack`` (absent: unknown)."""
+        if self.fleet is None:
+            return {}
+        try:
+            members = list(self.fleet())
+        except Exception:  # noqa: BLE001 - a registry read racing the analysis: sizes unknown
+            return {}
+        out = {}
+        if cluster is not None:
+            out["cluster"] = len({h for h, _r, c in members if c == cluster})
+        if rack is not None:
+            out["rack"] = len({h for h, r, _c in members if r == rack})
+        return out
 
     # -- introspection and shutdown ------------------------------------------------------
     def pending(self) -> dict[str, int]:
