@@ -55,7 +55,8 @@ and the command to run by hand):
   ``budget_window`` seconds (default 3600), across every analyzer process sharing the ledger
   file ``budget_ledger`` (default: ``remediation-budget.jsonl`` beside the state file); see
   :mod:`gpufleet.analyzer.alerting.budget`. The first refusal in a window pages a person once
-  ("remediation budget exhausted"); a dry run checks the budget without using it.
+  ("remediation budget exhausted"). A dry run keeps its own ledger (``<ledger>.dry-run``): its
+  log shows what the budget would refuse, and the live budget stays whole.
 """
 
 from __future__ import annotations
@@ -242,6 +243,8 @@ class ActionSink(Sink):
         self.recent = lambda since: notifier.count_actions(self.name, since)
         nodes, percent, window, path = self.budget
         path = Path(path) if path else Path(notifier.store.path).parent / "remediation-budget.jsonl"
+        if self.dry_run:  # a dry run keeps its own ledger: it shows what the budget would refuse
+            path = path.with_name(path.name + ".dry-run")
         self.ledger = Ledger(path, nodes, percent, window)
 
     def rule_for(self, alert: Alert) -> dict | None:
@@ -299,11 +302,11 @@ class ActionSink(Sink):
             return self._done("suppressed", what, argv,
                               f"rate limit reached: max_per_hour = {self.max_per_hour} commands in "
                               f"the last hour; not run")
-        if firing and self.dry_run:
-            d = self._claim(alert, record=False)
-            if not d.ok:
-                return self._done("refused-budget", what, argv, d.why + " (dry run: not run either way)")
         if self.dry_run:
+            if firing:
+                d = self._claim(alert)
+                if not d.ok:
+                    return self._done("refused-budget", what, argv, d.why + " (dry run: not run either way)")
             return self._done("dry-run", what, argv, "dry_run = true; not run")
         rule = self.rule_for(alert)
         check = rule["verify"] if firing else rule["resolve_verify"]
@@ -315,21 +318,21 @@ class ActionSink(Sink):
                                       "it is (a person may have taken it over)")
                 return self._refuse("refused-verify", alert, what, argv, f"verify: {why}")
         if firing:
-            d = self._claim(alert, record=True)
+            d = self._claim(alert)
             if not d.ok:
                 if d.page:
                     self._page_budget(alert, argv, d.why)
                 return self._done("refused-budget", what, argv, d.why + "; run it by hand if it must be")
         return self._run(what, argv, alert)
 
-    def _claim(self, alert: Alert, record: bool):
+    def _claim(self, alert: Alert):
         sizes = self.notifier.group_sizes(alert.cluster, alert.rack) if self.notifier else {}
         if self.ledger is None:
             from gpufleet.analyzer.alerting.budget import Decision
 
             return Decision(True)
         return self.ledger.claim(alert.host or "", alert.cluster, alert.rack, sizes, sink=self.name,
-                                 key=alert.key, record=record)
+                                 key=alert.key)
 
     def _verify(self, template: list[str], expect: str | None, alert: Alert) -> str:
         """Why the verification fails ("" when it passes)."""

@@ -54,7 +54,7 @@ class Ledger:
     def _read(f) -> list[dict]:
         f.seek(0)
         out = []
-        for line in f.read().splitlines():
+        for line in f.read().decode("utf-8", "replace").splitlines():
             try:
                 e = json.loads(line)
             except ValueError:
@@ -112,8 +112,10 @@ class Ledger:
 
     @staticmethod
     def _append(f, entry: dict) -> None:
+        end = f.seek(0, os.SEEK_END)
+        torn = end > 0 and f.seek(end - 1) >= 0 and f.read(1) != b"\n"  # a crash cut the last line
         f.seek(0, os.SEEK_END)
-        f.write(json.dumps(entry, separators=(",", ":")) + "\n")
+        f.write(("\n" if torn else "").encode() + json.dumps(entry, separators=(",", ":")).encode() + b"\n")
         f.flush()
         os.fsync(f.fileno())
 
@@ -121,7 +123,7 @@ class Ledger:
     def _rewrite(f, entries: list[dict]) -> None:
         f.seek(0)
         f.truncate()
-        f.write("".join(json.dumps(e, separators=(",", ":")) + "\n" for e in entries))
+        f.write("".join(json.dumps(e, separators=(",", ":")) + "\n" for e in entries).encode())
         f.flush()
         os.fsync(f.fileno())
 
@@ -134,7 +136,7 @@ class _Locked:
 
     def __enter__(self):
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o640)
-        self.f = os.fdopen(fd, "r+", encoding="utf-8", errors="replace")
+        self.f = os.fdopen(fd, "r+b")
         fcntl.flock(self.f.fileno(), fcntl.LOCK_EX)
         return self.f
 
