@@ -54,11 +54,13 @@ class Slurm:
     ``prolog``/``epilog``: paths of executable scripts (run as root by slurmd at job start/end,
     with ``SLURM_JOB_ID``, ``SLURMD_NODENAME``, ...). ``extra``: more ``slurm.conf`` lines
     (e.g. ``["PrologFlags=Alloc"]``). ``cpus``: the node's CPU count as Slurm sees it.
+    ``more_nodes``: a hostlist of extra nodes in the partition (``gpu[001-005]``), at 127.0.0.1
+    with no slurmd: they show as down, and ``scontrol update`` drains and resumes them.
     """
 
     def __init__(self, tmp: Path, *, prolog: str | os.PathLike | None = None,
                  epilog: str | os.PathLike | None = None, extra: list[str] | tuple = (),
-                 cpus: int = 2, partition: str = "gpu"):
+                 cpus: int = 2, partition: str = "gpu", more_nodes: str | None = None):
         self.tmp = Path(tmp)
         self.tmp.mkdir(parents=True, exist_ok=True)
         self.node = socket.gethostname().split(".")[0]
@@ -105,8 +107,11 @@ class Slurm:
         if epilog:
             lines.append(f"Epilog={Path(epilog).resolve()}")
         lines += list(extra)
-        lines += [f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=1000 State=UNKNOWN",
-                  f"PartitionName={partition} Nodes={self.node} Default=YES MaxTime=INFINITE State=UP"]
+        lines.append(f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=1000 State=UNKNOWN")
+        if more_nodes:
+            lines.append(f"NodeName={more_nodes} NodeAddr=127.0.0.1 CPUs=2 RealMemory=1000 State=UNKNOWN")
+        members = f"{self.node},{more_nodes}" if more_nodes else self.node
+        lines.append(f"PartitionName={partition} Nodes={members} Default=YES MaxTime=INFINITE State=UP")
         (t / "spool").mkdir(exist_ok=True)
         (t / "state").mkdir(exist_ok=True)
         self.conf.write_text("\n".join(lines) + "\n")

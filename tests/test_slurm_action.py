@@ -152,11 +152,13 @@ def test_unknown_node_and_missing_scontrol_fail_cleanly_and_still_page(slurm_env
                 n.update([incident(kind="sdc", id="nopath-1", host=slurm.node, start=T0 + 1)], now=T0 + 1)
                 assert n.flush(15)
             log = n.actions()
-        assert sorted(r["json"]["key"] for r in rx.requests) == ["ghost-1", "nopath-1"]  # paged anyway
-    assert [r["status"] for r in log] == ["failed", "failed"]
-    assert log[0]["rc"] == 1 and "Invalid node name" in log[0]["output"]
-    assert log[1]["rc"] is None and "scontrol: command not found" in log[1]["detail"]
+        keys = sorted(r["json"]["key"] for r in rx.requests)
+    # paged anyway, and a second page says the drain was refused and why
+    assert keys == ["action-refused:ghost-1", "action-refused:nopath-1", "ghost-1", "nopath-1"]
+    assert [r["status"] for r in log] == ["refused-verify", "refused-verify"]
+    assert "exited 1: Node no-such-node not found" in log[0]["detail"]
+    assert "scontrol: command not found" in log[1]["detail"]
     ghost = [m for m in caplog.messages if "ghost-1" in m]
-    assert len(ghost) == 1 and "exit status 1" in ghost[0] and "Invalid node name" in ghost[0]
+    assert len(ghost) == 1 and "Node no-such-node not found" in ghost[0]
     assert slurm.node_state() == "idle"
     assert json.dumps(log)  # the record is plain data

@@ -268,6 +268,9 @@ class ActionSink(Sink):
         """``template`` filled from ``alert``; raises :class:`Unsafe` when the alert's host, or a
         ``{host}``/``{cluster}``/``{rack}`` the template uses, is not one plain node name, and
         ValueError naming a placeholder with no value."""
+        if alert.host is not None and alert.host.startswith(hosts.UNSAFE_PREFIX):
+            raise Unsafe(f"host {hosts.shown(alert.host)} stands for a host tag quarantined at ingest "
+                         f"(not a plain node name); nothing is run for it")
         if alert.host is not None and not hosts.is_plain(alert.host):
             raise Unsafe(f"host {hosts.shown(alert.host)} is not a plain node name "
                          f"({hosts.problem(alert.host)}); nothing is run for it")

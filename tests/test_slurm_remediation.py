@@ -1,0 +1,201 @@
+"""Nothing a node sends can be turned against the fleet, against a real Slurm (tests/slurm.py) with
+six nodes (this host and gpu[001-005]) and the shipped drain rule (dry_run = false):
+
+- host tags a node could write (hostlists, ALL, comma lists, options, words) go through ingest,
+  detection and the action sink: no command runs for any of them, a plain name still drains,
+  and ``sinfo -R`` shows only that node;
+- two analyzer processes (shards) sharing a disruption budget of 2 nodes, given DBEs on 5 nodes,
+  drain exactly 2 and page "remediation budget exhausted" once, across a SIGKILL and restart.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+from gpufleet.analyzer.alerting import Notifier, load_sinks
+from gpufleet.analyzer.pipeline import Analyzer
+
+from gpufleet import hosts
+from gpufleet.lineprotocol import escape_key
+from tests.slurm import Slurm, skip_unless_slurm
+from tests.test_alerting_receiver import T0, Receiver, fast
+from tests.test_detectors import STEP, fleet
+
+pytestmark = skip_unless_slurm()
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "packaging" / "examples" / "action-slurm-drain.toml"
+MORE = "gpu[001-005]"
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    with Slurm(tmp_path_factory.mktemp("slurm6"), more_nodes=MORE) as s:
+        yield s
+
+
+@pytest.fixture
+def cluster(slurm, monkeypatch):
+    """Every node back in service before and after a test; scontrol finds this cluster."""
+    monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+    resume(slurm)
+    yield slurm
+    resume(slurm)
+
+
+def resume(slurm):
+    for n in [slurm.node] + [f"gpu00{i}" for i in range(1, 6)]:
+        slurm.run(["scontrol", "update", f"NodeName={n}", "State=RESUME"], check=False)
+    assert slurm.wait_for(lambda: not drained(slurm), timeout=10)
+
+
+def drained(slurm) -> list[str]:
+    """Nodes ``sinfo -R`` lists with a reason (drained or draining)."""
+    out = slurm.run(["sinfo", "-R", "-h", "-N", "-o", "%n|%E"], check=False).stdout
+    return sorted(line.split("|")[0] for line in out.splitlines() if "gpufleet" in line)
+
+
+def fleet_lp(names: list[str], dbe: set[int]) -> bytes:
+    """A small fleet's line protocol, node i's host tag written as ``names[i]`` (escaped as line
+    protocol needs), with an uncorrectable ECC error on GPU 1 of the nodes in ``dbe``."""
+    data = fleet(nodes=len(names), gpus=2, steps=150, links=0)
+    cut = int((T0 + 100 * STEP) * 1e9)
+    out = []
+    for line in data.split(b"\n"):
+        m = re.search(rb"host=node(\d+)(?=[, ])", line)
+        if m:
+            n = int(m.group(1))
+            if n in dbe and b",gpu=1," in line and int(line.rsplit(b" ", 1)[1]) >= cut:
+                line = line.replace(b"uncorrected_volatile_total=0i", b"uncorrected_volatile_total=1i")
+            line = line[:m.start()] + b"host=" + escape_key(names[n]).encode() + line[m.end():]
+        out.append(line)
+    return b"\n".join(out)
+
+
+def example_sink(**overrides) -> dict:
+    spec = copy.deepcopy(tomllib.loads(EXAMPLE.read_text())["sink"][0])
+    spec.update(overrides)
+    return spec
+
+
+def test_no_command_for_any_unsafe_host_tag_and_a_plain_name_still_drains(cluster, tmp_path):
+    slurm = cluster
+    names = ["gpu[001-003]", "ALL", "all", f"{slurm.node},gpu005", "-n", "gpu001 State=RESUME",
+             "--selector=x=y", "gpu004"]
+    data = fleet_lp(names, set(range(len(names))))
+    an = Analyzer()
+    an.feed_bytes(data)
+    an.finish()
+    incs = [r for r in an.incidents() if r.kind == "memory_errors"]
+    assert sorted(r.host for r in incs) == sorted(hosts.safe(h) for h in names)
+    # the raw tags again, as another feed might hand them over: the sink refuses them itself
+    raw = [dataclasses.replace(r, host=an.parser.series.unsafe_hosts.get(r.host, r.host), id=f"raw-{i}")
+           for i, r in enumerate(incs)]
+    sink = example_sink(dry_run=False, budget_nodes=20, budget_percent=100, max_per_hour=100)
+    sinks = load_sinks([sink], [])
+    with Notifier(sinks, tmp_path / "s.db") as n:
+        n.update(incs + raw, now=T0)
+        assert n.flush(30)
+        log = n.actions()
+    assert drained(slurm) == ["gpu004"]
+    assert slurm.node_state() == "idle"
+    ok = [r for r in log if r["status"] == "ok"]
+    assert [r["argv"][2] for r in ok] == ["NodeName=gpu004"]
+    refused = [r for r in log if r["status"] == "refused-unsafe"]
+    assert len(refused) == 2 * len(names) - 2 and all(r["argv"] is None for r in refused)
+    assert {r["status"] for r in log} == {"ok", "refused-unsafe"}  # raw gpu004 joined gpu004's page
+    assert sum("quarantined at ingest" in r["detail"] for r in refused) == len(names) - 1
+
+
+def test_verify_refuses_a_plain_name_slurm_does_not_know(cluster, tmp_path):
+    slurm = cluster
+    data = fleet_lp(["gpu999", "gpu003"], {0, 1})
+    an = Analyzer()
+    an.feed_bytes(data)
+    an.finish()
+    sinks = load_sinks([example_sink(dry_run=False, budget_percent=100)], [])
+    with Notifier(sinks, tmp_path / "s.db") as n:
+        n.update(an.incidents(), now=T0)
+        assert n.flush(30)
+        log = {r["argv"][2]: r for r in n.actions()}
+    assert drained(slurm) == ["gpu003"]
+    assert log["NodeName=gpu999"]["status"] == "refused-verify"
+    assert "Node gpu999 not found" in log["NodeName=gpu999"]["detail"]
+
+
+def _analyze(data: Path, cfg: Path, shard: int, tmp: Path, tag: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpufleet", "analyze", "--input", str(data), "--config", str(cfg),
+         "--shard", f"{shard}/2", "--state", str(tmp / f"{tag}.db"), "--out", str(tmp / f"{tag}.jsonl")],
+        stdout=subprocess.DEVNULL, stderr=open(tmp / f"{tag}.err", "wb"), stdin=subprocess.DEVNULL,
+        env={**os.environ, "SLURM_CONF": os.environ["SLURM_CONF"]}, start_new_session=True)
+
+
+def test_two_analyzers_share_a_budget_of_two_nodes_across_a_sigkill(cluster, tmp_path):
+    slurm = cluster
+    data = tmp_path / "fleet.lp"
+    names = [slurm.node, "gpu001", "gpu002", "gpu003", "gpu004", "gpu005"]
+    data.write_bytes(fleet_lp(names, {1, 2, 3, 4, 5}))
+    ledger = tmp_path / "shared" / "budget.jsonl"
+    with Receiver() as rx:
+        sink = example_sink(dry_run=False, budget_nodes=2, budget_percent=100, max_per_hour=100,
+                            budget_ledger=str(ledger))
+        hook = fast({"type": "webhook", "name": "oncall", "url": rx.url + "/hook"})
+        cfg = tmp_path / "analyzer.toml"
+        cfg.write_text(_toml({"sink": [sink, hook]}))
+
+        def budget_pages():
+            return [r for r in rx.requests if (r["json"] or {}).get("kind") == "remediation_budget"]
+
+        # both shards at once (shard 1 has gpu001-003, shard 0 gpu004-005)
+        procs = [_analyze(data, cfg, i, tmp_path, f"a{i}") for i in (0, 1)]
+        for i, p in enumerate(procs):
+            assert p.wait(120) == 0, (tmp_path / f"a{i}.err").read_text()
+        assert len(drained(slurm)) == 2, drained(slurm)
+        first = drained(slurm)
+        assert len(rx.wait_for(1, 10, lambda r: (r["json"] or {}).get("kind") == "remediation_budget")) == 1
+        # state lost and a SIGKILL mid-run: both shards start again from nothing but the ledger
+        for tag in ("a0", "a1"):
+            (tmp_path / f"{tag}.db").unlink()
+        p = _analyze(data, cfg, 1, tmp_path, "b1")
+        time.sleep(1.0)
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(10)
+        procs = [_analyze(data, cfg, i, tmp_path, f"c{i}") for i in (0, 1)]
+        for i, p in enumerate(procs):
+            assert p.wait(120) == 0, (tmp_path / f"c{i}.err").read_text()
+        time.sleep(1.5)  # a second budget page would have arrived by now
+        assert drained(slurm) == first
+        assert len(budget_pages()) == 1
+        page = budget_pages()[0]["json"]
+        assert page["severity"] == "critical" and "budget exhausted" in page["title"]
+    entries = [json.loads(x) for x in ledger.read_text().splitlines() if x.strip()]
+    assert sorted(e["host"] for e in entries if e.get("type") == "act") == first
+    assert sum(e.get("type") == "exhausted" for e in entries) == 1
+
+
+def _toml(doc: dict) -> str:
+    """The few TOML shapes this test writes: arrays of tables with strings, numbers, lists, bools."""
+    out = []
+    for name, tables in doc.items():
+        for t in tables:
+            out.append(f"[[{name}]]")
+            subs = {k: v for k, v in t.items() if isinstance(v, list) and v and isinstance(v[0], dict)}
+            for k, v in t.items():
+                if k not in subs:
+                    out.append(f"{k} = {json.dumps(v)}")
+            for k, v in subs.items():
+                for sub in v:
+                    out.append(f"[[{name}.{k}]]")
+                    out += [f"{kk} = {json.dumps(vv)}" for kk, vv in sub.items()]
+    return "\n".join(out) + "\n"
