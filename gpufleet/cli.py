@@ -24,6 +24,8 @@ SUBCOMMANDS = {
     "analyze": ("gpufleet.analyzer.cli:analyze", "Detect incidents in fleet telemetry."),
     "eval": ("gpufleet.analyzer.cli:eval_cmd", "Score incidents against ground truth."),
     "report": ("gpufleet.analyzer.alerting.cli:report", "Write HTML incident pages with plots."),
+    "actions": ("gpufleet.analyzer.alerting.cli:actions",
+                "List what the action sink ran, dry-ran, refused and undone."),
     "dashboards": ("gpufleet.dashboards.cli:dashboards", "Export Grafana dashboards and provisioning."),
     "demo": ("gpufleet.demo:demo", "Run the whole pipeline on a synthetic fleet."),
 }

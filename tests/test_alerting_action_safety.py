@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 import sys
 
 from gpufleet.analyzer.alerting import Notifier, load_sinks
@@ -135,3 +136,45 @@ def test_the_ledger_skips_a_torn_line_and_forgets_after_the_window(tmp_path):
     assert not d.ok and d.page and "1 distinct nodes" in d.why
     assert not led.claim("c", None, None, {}, sink="s", key="k3", now=1020).page  # paged once
     assert led.claim("b", None, None, {}, sink="s", key="k4", now=1061).ok  # the window moved on
+
+
+def gpufleet(*args):
+    import subprocess
+
+    return subprocess.run([sys.executable, "-m", "gpufleet", *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_gpufleet_actions_lists_what_ran_was_refused_and_undone(tmp_path):
+    cmd, out = recorder(tmp_path)
+    fail = [sys.executable, "-c", "import sys; print('Node gone'); sys.exit(1)"]
+    rules = [{"kinds": ["sdc"], "command": cmd + ["drain", "{host}"],
+              "resolve_command": cmd + ["resume", "{host}"]},
+             {"kinds": ["gpu_lost"], "command": cmd + ["drain", "{host}"], "verify": fail}]
+    state = tmp_path / "s.db"
+    sinks = load_sinks([action(rules, resume=True, budget_nodes=2, budget_percent=100)], [])
+    with Notifier(sinks, state) as n:
+        sdc = incident(kind="sdc", id="a1", host="n1")
+        n.update([sdc, incident(kind="sdc", id="a2", host="ALL", start=T0 + 1),
+                  incident(kind="gpu_lost", id="a3", host="n3", start=T0 + 2),
+                  incident(kind="sdc", id="a4", host="n4", start=T0 + 3),
+                  incident(kind="sdc", id="a5", host="n5", start=T0 + 4)], now=T0)
+        assert n.flush(10)
+        n.update([dataclasses.replace(sdc, end=T0 + 60)], now=T0 + 60)
+        assert n.flush(10)
+    r = gpufleet("actions", "--state", str(state))
+    assert r.returncode == 0, r.stderr
+    heads = [" ".join(re.split(r"\s{2,}", line)[1:3]) for line in r.stdout.splitlines()
+             if not line.startswith("    ")]
+    assert heads == ["run a1", "refused (unsafe name) a2", "refused (verification) a3", "run a4",
+                     "refused (budget) a5", "undone a1"]
+    assert "drain n5" in r.stdout and "why: disruption budget: 2 distinct nodes" in r.stdout
+    assert "exited 1: Node gone" in r.stdout
+    r = gpufleet("actions", "--state", str(state), "--status", "refused", "--json")
+    got = [json.loads(x) for x in r.stdout.splitlines()]
+    assert [(g["grp"], g["what"]) for g in got] == [
+        ("a2", "refused (unsafe name)"), ("a3", "refused (verification)"), ("a5", "refused (budget)")]
+    assert got[2]["argv"][-2:] == ["drain", "n5"]
+    r = gpufleet("actions", "--state", str(tmp_path / "nope.db"))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "no such state file" in r.stderr
+    assert not (tmp_path / "nope.db").exists()
