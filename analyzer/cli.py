@@ -66,6 +66,9 @@ def _sinks(cfg, specs):
               help="online mode: receive the InfluxDB write protocol here (/write, /api/v2/write)")
 @click.option("--listen-token-file", "token_file",
               help="with --listen: file holding the token writers must send (or env GPUFLEET_LISTEN_TOKEN)")
+@click.option("--listen-writers", "writers_file",
+              help="with --listen: file of per-writer tokens, each bound to the hosts it may write "
+                   "(docs/alerting.md, trust model)")
 @click.option("--max-body", default="32MiB", show_default=True, help="with --listen: largest write body")
 @click.option("--max-queue", default="256MiB", show_default=True,
               help="with --listen: bytes received and not yet analysed before writers get 429")
@@ -91,6 +94,7 @@ def analyze(
     follow,
     listen_addr,
     token_file,
+    writers_file,
     max_body,
     max_queue,
     grace,
@@ -123,6 +127,8 @@ def analyze(
                           "(or [influx] url and db in --config)")
     if follow and listen_addr:
         raise ConfigError("give --follow or --listen, not both")
+    if writers_file and not listen_addr:
+        raise ConfigError("--listen-writers binds --listen's writers: give --listen too")
     if follow and not influx_url:
         raise ConfigError("--follow needs --influx-url")
     if out_path:
@@ -170,6 +176,7 @@ def analyze(
             token_file,
             parse_size(max_body, "--max-body", ConfigError, minimum=1),
             parse_size(max_queue, "--max-queue", ConfigError, minimum=1),
+            writers_file,
         )
         return
     influx.check()
@@ -275,7 +282,7 @@ def _token(token_file) -> str | None:
 
 
 def _online(cfg, influx, shard_t, out_path, sinks, state_path, page_base_url, poll, grace, since,
-            listen_addr, token_file, max_body, max_queue) -> None:
+            listen_addr, token_file, max_body, max_queue, writers_file=None) -> None:
     """--follow and --listen: see analyzer/online.py."""
     import signal
 
@@ -292,6 +299,11 @@ def _online(cfg, influx, shard_t, out_path, sinks, state_path, page_base_url, po
 
         address = parse_address(listen_addr)
         token = _token(token_file)
+        writers = None
+        if writers_file:
+            from gpufleet.analyzer.writers import Writers
+
+            writers = Writers.load(writers_file)
     notifier = None
     if sinks is not None:
         sink_list, notifier_cls = sinks
@@ -312,7 +324,7 @@ def _online(cfg, influx, shard_t, out_path, sinks, state_path, page_base_url, po
     try:
         if listen_addr:
             listener = Listener(address, online.an.parser, token, max_body, max_queue, retry_after=poll,
-                                gauges=online.gauges)
+                                gauges=online.gauges, writers=writers)
             listen(online, listener, since)
         else:
             follow(online, since)

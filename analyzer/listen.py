@@ -19,6 +19,8 @@ Answers, as InfluxDB gives them:
   kept, the message says how many were refused), a bad gzip stream or an unknown precision;
 - 401: a token is configured and the request does not carry it (``Authorization: Token T``
   or ``Bearer T``, basic auth with password T, or ``p=T``); the token is never logged;
+- 403: a writers file is given (``--listen-writers``, analyzer/writers.py) and the body carries a
+  row whose host the request's token may not write; the whole body is refused and counted;
 - 413: the body (compressed or inflated) is larger than ``max_body``;
 - 429 with ``Retry-After``: the queue holds ``max_queue`` bytes not yet analysed (the agent's
   spool and Telegraf retry; an InfluxDB subscription drops the write, which the analyzer then
@@ -42,11 +44,12 @@ from gpufleet.analyzer.parse import Parser
 from gpufleet.analyzer.sources import CHUNK, inflate
 
 from gpufleet.errors import ConfigError
+from gpufleet.hosts import shown
 
 PRECISION = {"ns": 1, "n": 1, "us": 10**3, "u": 10**3, "ms": 10**6, "s": 10**9, "m": 60 * 10**9,
              "h": 3600 * 10**9}
 WRITE_PATHS = ("/write", "/api/v2/write")
-REFUSED = ("auth", "too_large", "busy", "bad_body", "bad_lines", "not_found")
+REFUSED = ("auth", "too_large", "busy", "bad_body", "bad_lines", "not_found", "forbidden")
 
 
 def parse_address(value: str) -> tuple[str, int]:
@@ -61,8 +64,9 @@ class Listener:
 
     def __init__(self, address: tuple[str, int], parser: Parser, token: str | None = None,
                  max_body: int = 32 << 20, max_queue: int = 256 << 20, retry_after: float = 1.0,
-                 gauges=None):
+                 gauges=None, writers=None):
         self.parser = parser
+        self.writers = writers  # analyzer/writers.py: tokens bound to the hosts they may write
         self.gauges = gauges  # () -> {name: number}: the analysis loop's own counters, for /metrics
         self.token = token
         self.max_body = max_body
@@ -125,8 +129,10 @@ class Listener:
         return "\n".join(lines) + "\n"
 
     # ------------------------------------------------------------------ one request
-    def authorised(self, headers, query: dict) -> bool:
-        if not self.token:
+    def authorised(self, headers, query: dict):
+        """Falsy: refused; True: the shared token (or none is needed); a writers-file entry
+        (analyzer/writers.py): the token of a writer bound to its hosts."""
+        if not self.token and not self.writers:
             return True
         given = []
         auth = headers.get("Authorization", "")
@@ -139,11 +145,13 @@ class Listener:
             except (ValueError, UnicodeDecodeError):
                 pass
         given += query.get("p", [])
-        want = self.token.encode()
-        return any(hmac.compare_digest(g.encode(), want) for g in given)
+        if self.token and any(hmac.compare_digest(g.encode(), self.token.encode()) for g in given):
+            return True
+        return self.writers.find(given) if self.writers else False
 
-    def write(self, body: bytes, query: dict) -> tuple[int, str]:
-        """Parse and queue one body (already inflated): (HTTP status, error message or "")."""
+    def write(self, body: bytes, query: dict, writer=None) -> tuple[int, str]:
+        """Parse and queue one body (already inflated): (HTTP status, error message or "").
+        ``writer``: the writers-file entry of the request's token, if it has one."""
         prec = (query.get("precision") or ["ns"])[0] or "ns"
         if prec not in PRECISION:
             self.counters["refused_bad_body"] += 1
@@ -156,6 +164,13 @@ class Listener:
             rows = self.parser.feed(body)
             lines = st.lines - lines0
             bad = st.bad_lines + st.no_timestamp - bad0
+            foreign = writer.foreign(rows, self.parser.series) if writer not in (None, True) else []
+            if foreign:
+                self.counters["refused_forbidden"] += 1
+                self.refused_lines += lines
+                return 403, (f"this token may not write host {shown(foreign[0])}"
+                             f"{f' (and {len(foreign) - 1} more)' if len(foreign) > 1 else ''}; "
+                             f"nothing of the body was taken")
             factor = PRECISION[prec]
             if factor != 1:
                 for r in rows.values():
@@ -246,7 +261,8 @@ class _Handler(BaseHTTPRequestHandler):
             ls.counters["refused_not_found"] += 1
             self._answer(404, f"not found: POST {', '.join(WRITE_PATHS)}")
             return
-        if not ls.authorised(self.headers, query):
+        writer = ls.authorised(self.headers, query)
+        if not writer:
             ls.counters["refused_auth"] += 1
             self._answer(401, "authorization failed")
             return
@@ -258,7 +274,7 @@ class _Handler(BaseHTTPRequestHandler):
                 body = self._inflate(body)
                 if body is None:
                     return
-            code, err = ls.write(body, query)
+            code, err = ls.write(body, query, writer)
         headers = {"Retry-After": str(ls.retry_after)} if code == 429 else None
         self._answer(code, err, headers=headers)
 
