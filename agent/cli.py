@@ -9,7 +9,7 @@ import time
 
 import click
 
-from gpufleet.errors import GpufleetError
+from gpufleet.errors import ConfigError, GpufleetError
 
 FORMATS = ("table", "json", "lp")
 
@@ -124,6 +124,11 @@ def once(backend_spec, fmt, hostname, no_nvlink):
     """Poll the GPU and host collectors once and print the samples."""
     if fmt not in FORMATS:
         raise GpufleetError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    from gpufleet.hosts import problem, shown
+
+    hostname = hostname or socket.gethostname()
+    if problem(hostname):
+        raise ConfigError(f"--host '{shown(hostname)}': not a plain node name: {problem(hostname)}")
     from gpufleet.agent.backends import get_backend
     from gpufleet.agent.collectors.gpu import GpuCollector
     from gpufleet.agent.collectors.host import HostCollector
@@ -137,7 +142,6 @@ def once(backend_spec, fmt, hostname, no_nvlink):
         gpu.close()
     for p in problems:
         click.echo(f"gpufleet: warning: {p}", err=True)
-    hostname = hostname or socket.gethostname()
     for s in samples:
         s.tags = {"host": hostname, **s.tags}
     out = sys.stdout

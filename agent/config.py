@@ -413,6 +413,7 @@ def _cross_check(c: dict[str, dict[str, object]]) -> None:
     for key in ("host", "sim_node"):
         if a[key]:
             _check_tag_value(f"agent.{key}", a[key])
+            _check_host(f"agent.{key}", a[key])
 
 
 def parse_text(text: str, origin: str = "config") -> dict[str, dict[str, object]]:
@@ -478,8 +479,25 @@ def apply_overrides(cfg: dict, *, exporters: tuple[str, ...] = (), labels: tuple
     return validate(doc)
 
 
+def _check_host(key: str, value: str) -> None:
+    """The host tag names one node to the analyzer and its actions: one plain name (gpufleet/hosts.py)."""
+    from gpufleet.hosts import problem, shown
+
+    why = problem(value)
+    if why:
+        raise _bad(key, f"'{shown(value)}' is not a plain node name: {why}")
+
+
 def hostname(cfg: dict) -> str:
-    return cfg["agent"]["host"] or socket.gethostname()
+    """The host tag: agent.host (--host), else the system's host name, which must be a plain name too."""
+    from gpufleet.hosts import problem, shown
+
+    name = cfg["agent"]["host"] or socket.gethostname()
+    why = problem(name)
+    if why:
+        raise ConfigError(f"the system host name '{shown(name)}' is not a plain node name: {why}; "
+                          f"set agent.host (--host)")
+    return name
 
 
 def influx_secret(ix: dict, name: str = INFLUX) -> str | None:

@@ -110,3 +110,18 @@ def test_bad_configs_through_the_real_cli(tmp_path):
     r = subprocess.run(agent_cmd("--config", str(tmp_path / "absent.toml")), capture_output=True, text=True,
                        timeout=30, cwd=ROOT)
     assert r.returncode == 2 and "no such config file" in r.stderr
+
+
+@pytest.mark.parametrize("host", ["ALL", "all", "gpu[001-100]", "n1,n2", "-n", "--selector=x=y", "a b",
+                                  "node1 State=RESUME", "x" * 254])
+def test_an_unsafe_host_is_refused_in_one_line_exit_2(host, tmp_path):
+    import sys
+
+    with pytest.raises(ConfigError, match="is not a plain node name"):
+        config.parse_text(f'[agent]\nhost = "{host}"\n')
+    r = subprocess.run([sys.executable, "-m", "gpufleet", "agent", "run", f"--host={host}", "--backend",
+                        "sim", "--exporter", "file", "--file-dir", str(tmp_path / "f"), "--spool-dir",
+                        str(tmp_path / "s")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "is not a plain node name" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "f").exists() or not any((tmp_path / "f").iterdir())
