@@ -47,7 +47,7 @@ def calls(out):
 def test_runs_argument_lists_without_a_shell_with_incident_fields(tmp_path):
     cmd, out = recorder(tmp_path)
     rule = {"command": cmd + ["drain", "{host}", "Reason=gpufleet: {kind} {where}", "{title}"],
-            "resolve_command": cmd + ["resume", "{host}"]}
+            "resolve_command": cmd + ["resume", "{host}"], "resolve_verify": [sys.executable, "-c", "pass"]}
     sinks = load_sinks([action([rule], resume=True)], [])
     inc = incident(kind="sdc", id="s1", host="node07", summary="x; $(id)", jobs=["4242"])
     inc.evidence = {"peak": {"mismatches": 3}}
@@ -140,8 +140,8 @@ def test_a_failing_missing_or_hanging_command_is_one_log_line_and_the_incident_s
 
 def test_rate_limit_is_a_safety_valve_that_survives_a_restart(tmp_path, caplog):
     cmd, out = recorder(tmp_path)
-    spec = action([{"command": cmd + ["{host}"], "resolve_command": cmd + ["resume", "{host}"]}],
-                  max_per_hour=2, resume=True)
+    spec = action([{"command": cmd + ["{host}"], "resolve_command": cmd + ["resume", "{host}"],
+                    "resolve_verify": [sys.executable, "-c", "pass"]}], max_per_hour=2, resume=True)
     incs = [incident(kind="sdc", id=f"r{i}", host=f"n{i}", start=T0 + i) for i in range(4)]
     with Notifier(load_sinks([spec], []), tmp_path / "s.db") as n:
         n.update(incs, now=T0 + 10)

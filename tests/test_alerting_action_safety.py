@@ -11,9 +11,11 @@ import logging
 import re
 import sys
 
+import pytest
 from gpufleet.analyzer.alerting import Notifier, load_sinks
 from gpufleet.analyzer.alerting.budget import Ledger
 
+from gpufleet.errors import ConfigError
 from tests.test_alerting_action import action, calls, recorder
 from tests.test_alerting_receiver import T0, Receiver, fast, incident
 
@@ -149,7 +151,8 @@ def test_gpufleet_actions_lists_what_ran_was_refused_and_undone(tmp_path):
     cmd, out = recorder(tmp_path)
     fail = [sys.executable, "-c", "import sys; print('Node gone'); sys.exit(1)"]
     rules = [{"kinds": ["sdc"], "command": cmd + ["drain", "{host}"],
-              "resolve_command": cmd + ["resume", "{host}"]},
+              "resolve_command": cmd + ["resume", "{host}"],
+              "resolve_verify": [sys.executable, "-c", "pass"]},
              {"kinds": ["gpu_lost"], "command": cmd + ["drain", "{host}"], "verify": fail}]
     state = tmp_path / "s.db"
     sinks = load_sinks([action(rules, resume=True, budget_nodes=2, budget_percent=100)], [])
@@ -178,3 +181,10 @@ def test_gpufleet_actions_lists_what_ran_was_refused_and_undone(tmp_path):
     r = gpufleet("actions", "--state", str(tmp_path / "nope.db"))
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "no such state file" in r.stderr
     assert not (tmp_path / "nope.db").exists()
+
+
+def test_resume_without_resolve_verify_is_a_config_error():
+    rule = {"command": ["drain", "{host}"], "resolve_command": ["resume", "{host}"]}
+    with pytest.raises(ConfigError, match="rule #1: resume = true needs resolve_verify"):
+        load_sinks([action([rule], resume=True)], [])
+    load_sinks([action([rule], resume=False)], [])  # no undo: nothing to guard

@@ -50,6 +50,7 @@ and the command to run by hand):
   escaped; write a literal brace as ``{{``). The shipped Slurm rule checks that ``scontrol show
   node -o {host}`` describes exactly that one node, not drained already, and, before resuming,
   that the drain reason is still this incident's: a node a person drained is never resumed.
+  ``resume = true`` needs a ``resolve_verify`` on every rule with a ``resolve_command``.
 - **disruption budget**: at most ``budget_nodes`` distinct nodes (default 2) and at most
   ``budget_percent`` % of a cluster or rack (default 5, never less than one node) within
   ``budget_window`` seconds (default 3600), across every analyzer process sharing the ledger
@@ -179,6 +180,11 @@ def check_options(label: str, spec: dict) -> dict:
     if not isinstance(mph, int) or isinstance(mph, bool) or mph < 0:
         raise ConfigError(f"{label}: max_per_hour must be a whole number >= 0 (0: never run a command)")
     opts["max_per_hour"] = mph
+    for i, r in enumerate(out_rules, 1):
+        if opts["resume"] and r["resolve_command"] is not None and r["resolve_verify"] is None:
+            raise ConfigError(f"{label} rule #{i}: resume = true needs resolve_verify: a resolve undoes "
+                              f"nothing before a check that the node is still held for this incident "
+                              f"(a person may have drained it since)")
     n = spec.get("budget_nodes", 2)
     if not isinstance(n, int) or isinstance(n, bool) or n < 0:
         raise ConfigError(f"{label}: budget_nodes must be a whole number >= 0 (0: never act)")
