@@ -263,6 +263,7 @@ def _report(an, stats: bool, seconds: float) -> None:
         future_points=an.future_points,
         gpu_samples=an.gpu_samples,
         windows=an.windows,
+        unsafe_host_series=an.parser.series.unsafe_series,
         incidents=len(an.incidents()),
         seconds=round(seconds, 3),
         gpu_samples_per_s=round(an.gpu_samples / seconds) if seconds > 0 else None,

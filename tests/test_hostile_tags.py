@@ -16,10 +16,12 @@ from gpufleet.analyzer.alerting.config import build_sink
 from gpufleet.analyzer.listen import Listener
 from gpufleet.analyzer.parse import Parser
 from gpufleet.analyzer.pipeline import FIELDS, MEASUREMENTS, Analyzer
+from gpufleet.analyzer.sources import Influx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpufleet import hosts
+from tests.servers import InfluxDB1, skip_unless
 from tests.test_alerting_action import action, calls, recorder
 from tests.test_alerting_receiver import T0, incident
 from tests.test_slurm_remediation import fleet_lp
@@ -121,3 +123,27 @@ def test_any_host_text_is_acted_on_only_as_one_plain_name(host):
         assert not host  # no host: the placeholder has no value
         return
     assert hosts.is_plain(host) and argv == ["x", f"NodeName={host}"]
+
+
+@skip_unless("influxd")
+def test_the_pull_path_quarantines_too_and_shards_agree(tmp_path):
+    from gpufleet.analyzer.store import pull
+
+    names = ["gpu[001-003]", "ALL", "n1,n2", "node1 State=RESUME", "-n", "nöde", PLAIN]
+    data = fleet_lp(names, set(range(len(names))))
+    with InfluxDB1(tmp_path / "influx") as db:
+        db.create_db("fleet")
+        db.write("fleet", data)
+        span = (int((T0 - 60) * 1e9), int((T0 + 2500) * 1e9))
+        an = Analyzer()
+        pull(an, Influx(db.url, "fleet"), *span)
+        an.finish()
+        whole = sorted(r.host for r in an.incidents() if r.kind == "memory_errors")
+        assert whole == sorted(hosts.safe(h) for h in names)
+        shards = []
+        for i in range(2):  # each unsafe host is analysed by exactly one shard, as its display name
+            an = Analyzer(shard=(i, 2))
+            pull(an, Influx(db.url, "fleet"), *span)
+            an.finish()
+            shards += [r.host for r in an.incidents() if r.kind == "memory_errors"]
+        assert sorted(shards) == whole
