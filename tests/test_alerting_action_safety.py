@@ -188,3 +188,15 @@ def test_resume_without_resolve_verify_is_a_config_error():
     with pytest.raises(ConfigError, match="rule #1: resume = true needs resolve_verify"):
         load_sinks([action([rule], resume=True)], [])
     load_sinks([action([rule], resume=False)], [])  # no undo: nothing to guard
+
+
+def test_refusals_do_not_spend_the_rate_limit(tmp_path):
+    cmd, out = recorder(tmp_path)
+    known = [sys.executable, "-c", "import sys; sys.exit(sys.argv[1] != 'n3')", "{host}"]
+    rule = {"command": cmd + ["drain", "{host}"], "verify": known}
+    sinks = load_sinks([action([rule], max_per_hour=1)], [])
+    with Notifier(sinks, tmp_path / "s.db") as n:
+        n.update([incident(kind="sdc", id=f"u{i}", host=f"n{i}", start=T0 + i) for i in (1, 2, 3)], now=T0)
+        assert n.flush(10)
+        assert [r["status"] for r in n.actions()] == ["refused-verify", "refused-verify", "ok"]
+    assert [c["argv"] for c in calls(out)] == [["drain", "n3"]]

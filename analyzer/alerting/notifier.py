@@ -385,11 +385,12 @@ class Notifier:
                  rec.get("rc"), rec.get("seconds"), rec.get("output"), rec.get("detail")))
 
     def count_actions(self, sink: str, since: float) -> int:
-        """Commands an action sink ran or would have run (dry-run) for firings since ``since``."""
+        """Commands an action sink ran or would have run (dry-run) for firings since ``since``
+        (refusals ran nothing and count for nothing)."""
         with self.store.lock:
             return self.store.db.execute(
                 "SELECT count(*) FROM action_log WHERE sink=? AND action='firing' AND at>=? "
-                "AND status!='suppressed' AND argv!='null'", (sink, since)).fetchone()[0]
+                "AND status IN ('ok', 'dry-run', 'failed') AND argv!='null'", (sink, since)).fetchone()[0]
 
     def actions(self, sink: str | None = None) -> list[dict]:
         """The action log, oldest first: sink, grp, action, at, status, argv, rc, seconds, output, detail."""
