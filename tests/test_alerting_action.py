@@ -190,6 +190,10 @@ def test_shipped_examples_load_and_default_to_dry_run(tmp_path):
             alert = n.build_alert("k", [incident(kind="sdc", id="k", host="node07")], "firing")
         argv = sink.render(alert)
         assert "node07" in " ".join(argv) and argv[0] in ("scontrol", "kubectl")
+        # every shipped rule checks the node with the scheduler first, within a 2-node budget
+        assert all(r["verify"] and r["verify_expect"] for r in sink.rules)
+        assert sink.budget[:3] == (2, 5.0, 3600.0)
+        assert sink.budget[3].startswith("/var/lib/gpufleet-analyzer/shared/")
 
 
 def test_a_command_that_leaves_a_daemon_holding_its_output_does_not_hang_the_sink(tmp_path):
