@@ -445,8 +445,9 @@ class Daemon:
 
 
 def _setup_logging(level: str) -> None:
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("gpufleet").setLevel(level.upper())
+    from gpufleet import logs
+
+    logs.setup("%(asctime)s %(levelname)s %(name)s: %(message)s", level)
 
 
 @click.command("run")
