@@ -120,6 +120,8 @@ class Listener:
         self.max_body = max_body
         self.max_queue = max_queue
         self.retry_after = max(1, int(round(retry_after)))
+        if not read_timeout > 0:
+            raise ConfigError("--listen-timeout must be positive")
         self.read_timeout = read_timeout
         self.max_connections = connection_cap(max_connections)
         self.lock = threading.Lock()  # the parser (its series index) and the queue
