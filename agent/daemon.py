@@ -282,6 +282,8 @@ class Agent:
         if self._closed:
             return True
         deadline = time.monotonic() + flush_timeout
+        for out in self.outputs:  # a spool deleted meanwhile is recreated first, keeping what it can
+            out.spool.check()
         for out in self.outputs:  # every destination drains at once, within the one budget
             out.sender.begin_flush(deadline)
         drained = all([out.sender.end_flush() for out in self.outputs])
@@ -417,7 +419,7 @@ class Daemon:
             msg += f"; {out.name}: {left} points stay in the spool {sp.dir} for the next start" if left else \
                 f"; {out.name}: the spool is empty"
             if sp.dropped_points:
-                msg += f"; {sp.dropped_points} points were dropped (spool full or unwritable)"
+                msg += f"; {sp.dropped_points} points were dropped (spool full, unwritable or deleted)"
         log.info("agent stopped in %.1fs%s", time.monotonic() - t0, msg)
         self.notifier.close()
         return code
