@@ -259,7 +259,7 @@ class Listener:
         ``(None, status, error)``. A stream cut short is refused whole, never taken in part.
 
         Linear in the body: each call is handed a slice about four times the last member's size
-        (at least 16 KiB), so what inflate copies after a member's end is bounded by that member;
+        (at least 1 KiB), so what inflate copies after a member's end is bounded by that member;
         more than ``MAX_MEMBERS`` members are refused."""
         out, room = [], self.max_body + 1
         view, pos, members, step = memoryview(body), 0, 0, 1 << 14
@@ -284,7 +284,7 @@ class Listener:
                 pos += used
                 member += used
                 if d.eof:
-                    d, step = None, max(1 << 14, 4 * member)
+                    d, step = None, max(1 << 10, 4 * member)
                 elif used == len(piece):
                     step *= 2  # a large member: larger slices
                 elif not used and not got:
