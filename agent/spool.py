@@ -332,6 +332,10 @@ class Spool:
         of a deleted tail are read back through its open descriptor and kept in the new tail;
         only those of older deleted segments are lost, and counted as dropped."""
         if self._fh is None:
+            if not self.dir.is_dir():  # deleted while no segment was open (a full disk at start)
+                self.dir.mkdir(parents=True, exist_ok=True)
+                lock_dir(self.dir)
+                unlock_dir(self._lock_key)
             self._new_segment(max([s.seq for s in self.segs] + [self.read_seq, self._ack_seq]) + 1)
             return
         try:

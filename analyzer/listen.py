@@ -377,12 +377,19 @@ class _Server:
                     self.accept_paused_until = 0.0
                     self.sel.register(self.sock, selectors.EVENT_READ, None)
                 for key, _ev in self.sel.select(timeout):
-                    if key.data is None:
-                        self._accept()
-                    elif key.data == "wake":
-                        self._take_back()
-                    else:
-                        self._readable(key.data)
+                    try:
+                        if key.data is None:
+                            self._accept()
+                        elif key.data == "wake":
+                            self._take_back()
+                        else:
+                            self._readable(key.data)
+                    except Exception as exc:  # a bug: one line, counted; the loop serves on
+                        self.ls.count("errors")
+                        print(f"gpufleet analyze: listen: {type(exc).__name__}: {escape(str(exc))}",
+                              file=sys.stderr, flush=True)
+                        if isinstance(key.data, _Conn):
+                            self._close(key.data)
                 self._expire(time.monotonic())
         finally:
             for c in [*self.waiting, *self.lingering]:
