@@ -282,6 +282,8 @@ class Agent:
         if self._closed:
             return True
         deadline = time.monotonic() + flush_timeout
+        for out in self.outputs:  # a spool deleted meanwhile is recreated first, keeping what it can
+            out.spool.check()
         for out in self.outputs:  # every destination drains at once, within the one budget
             out.sender.begin_flush(deadline)
         drained = all([out.sender.end_flush() for out in self.outputs])
@@ -316,11 +318,18 @@ class Agent:
 
 
 class Daemon:
-    """The loop, signals, reload and systemd notifications around an :class:`Agent`."""
+    """The loop, signals, reload and systemd notifications around an :class:`Agent`.
 
-    def __init__(self, load_config, notifier=None):
+    Two clocks, injected for tests: ticks are scheduled on ``clock`` (monotonic seconds), rows
+    are stamped with ``wall_ns`` (the wall clock, ns). A step of the wall clock (NTP, an operator)
+    moves the stamps, never the schedule: no tick and no watchdog ping is skipped or doubled.
+    """
+
+    def __init__(self, load_config, notifier=None, clock=time.monotonic, wall_ns=time.time_ns):
         from gpufleet.agent.notify import Notifier
 
+        self.clock = clock
+        self.wall_ns = wall_ns
         self.load_config = load_config
         self.cfg = load_config()
         self.notifier = notifier or Notifier()
@@ -376,19 +385,19 @@ class Daemon:
         log.info("agent started: host %s, interval %gs, exporters %s%s", self.agent.host, self.agent.interval,
                  ",".join(self.cfg["agent"]["exporters"]),
                  "".join(f", {o.name} {o.sender.url_for_logs}" for o in self.agent.outputs))
-        next_t = time.time()
+        next_t = self.clock()  # the schedule: monotonic; the rows: the wall clock (tick's now_ns)
         code = 0
         while not self.stop_requested:
             if self.reload_requested:
                 self.reload_requested = False
                 self.reload()
-                next_t = time.time()
-            now = time.time()
+                next_t = self.clock()
+            now = self.clock()
             if now < next_t:
                 self.wake.wait(next_t - now)
                 self.wake.clear()
                 continue
-            ok = self.agent.tick()
+            ok = self.agent.tick(self.wall_ns())
             if ok and not self.ready_sent:
                 self.ready_sent = self.notifier.ready(self.agent.summary()) or True
             if not self._watchdog():
@@ -396,8 +405,9 @@ class Daemon:
                 break
             interval = self.agent.interval
             next_t += interval
-            if next_t < time.time():  # overran: skip the missed ticks, keep the phase
-                next_t += ((time.time() - next_t) // interval + 1) * interval
+            now = self.clock()
+            if next_t < now:  # overran: skip the missed ticks, keep the phase
+                next_t += ((now - next_t) // interval + 1) * interval
         budget = float(self.cfg["agent"]["flush_timeout"])
         self.notifier.stopping("stopping: flushing the spool")
         t0 = time.monotonic()
@@ -409,7 +419,7 @@ class Daemon:
             msg += f"; {out.name}: {left} points stay in the spool {sp.dir} for the next start" if left else \
                 f"; {out.name}: the spool is empty"
             if sp.dropped_points:
-                msg += f"; {sp.dropped_points} points were dropped (spool full or unwritable)"
+                msg += f"; {sp.dropped_points} points were dropped (spool full, unwritable or deleted)"
         log.info("agent stopped in %.1fs%s", time.monotonic() - t0, msg)
         self.notifier.close()
         return code
@@ -424,7 +434,7 @@ class Daemon:
             self._restart_logged = False
             self.notifier.send("WATCHDOG=1", f"STATUS={self.agent.summary()}")
             return True
-        now = time.monotonic()
+        now = self.clock()
         if self.degraded_since is None:
             self.degraded_since = now
         limit = float(self.cfg["agent"]["degraded_restart"])
@@ -445,8 +455,9 @@ class Daemon:
 
 
 def _setup_logging(level: str) -> None:
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("gpufleet").setLevel(level.upper())
+    from gpufleet import logs
+
+    logs.setup("%(asctime)s %(levelname)s %(name)s: %(message)s", level)
 
 
 @click.command("run")

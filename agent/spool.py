@@ -22,9 +22,12 @@ and ``rejected_max_bytes``, the oldest deleted first (their points counted in
 
 One owner: the spool takes an exclusive ``flock`` on ``lock``; a second agent on the same
 directory gets a :class:`ConfigError` (exit 2). A directory deleted while the agent runs is
-recreated at the next append (the points in the deleted segments are counted as dropped); a
-batch that cannot be written (disk full, no permission) is counted in ``dropped_points`` and
-the reason kept in ``error`` until an append succeeds again: never claimed as kept.
+recreated at the next append or at shutdown (:meth:`Spool.check`); the undelivered records of
+the segment being written are read back through its open descriptor and kept, those of older
+deleted segments are counted as dropped. A batch that cannot be written (disk full, no
+permission) is counted in ``dropped_points`` and the reason kept in ``error`` until an append
+succeeds again: never claimed as kept. A disk full at start is the same degraded state (one
+line; the first segment is opened by the first append that can), never a crash.
 """
 
 from __future__ import annotations
@@ -147,8 +150,11 @@ def lock_dir(directory: str | Path) -> str:
                                   f"{f' (pid {owner})' if owner.isdigit() else ''}; "
                                   "give each agent its own spool.dir") from None
             raise ConfigError(f"spool directory {d}: cannot lock: {exc.strerror or exc}") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:  # the owner's pid, for the message a second agent gets; a full disk keeps it empty
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as exc:
+            log.debug("spool lock %s: pid not written: %s", d / "lock", exc.strerror)
         if held is not None:  # the old lock file was deleted with its directory: this one replaces it
             os.close(held[0])
             held[0] = fd
@@ -188,9 +194,12 @@ class Spool:
         self.dir = Path(directory)
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
-            (self.dir / "rejected").mkdir(exist_ok=True)
         except OSError as exc:
             raise ConfigError(f"spool directory {self.dir}: {exc.strerror or exc}") from None
+        try:
+            (self.dir / "rejected").mkdir(exist_ok=True)
+        except OSError:
+            pass  # a full disk: made when a batch is first set aside
         if not os.access(self.dir, os.W_OK):
             raise ConfigError(f"spool directory {self.dir}: not writable")
         self._lock_key = lock_dir(self.dir)
@@ -238,8 +247,13 @@ class Spool:
         if self.segs:
             self.read_seq = self.segs[0].seq
             self.read_off = ack_off if self.segs[0].seq == ack_seq else 0
-        next_seq = max([s.seq for s in self.segs] + [ack_seq]) + 1
-        self._new_segment(next_seq)
+        self._ack_seq = ack_seq
+        try:
+            self._new_segment(max([s.seq for s in self.segs] + [ack_seq]) + 1)
+        except OSError as exc:  # a full disk at start: degraded, never a crash (see append)
+            self.error = exc.strerror or str(exc)
+            log.error("spool %s: cannot write (%s): the agent starts degraded; points are counted as "
+                      "dropped until it can write again", self.dir, self.error)
 
     def _read_ack(self) -> tuple[int, int]:
         try:
@@ -250,7 +264,7 @@ class Spool:
 
     def _new_segment(self, seq: int) -> None:
         path = self.dir / _name(seq)
-        fh = open(path, "ab")
+        fh = open(path, "a+b")  # readable too: a tail deleted under us can still be read back
         self._fh = fh
         seg = _Seg(seq, path, 0, 0)
         self.segs.append(seg)
@@ -310,29 +324,47 @@ class Spool:
             os.truncate(tail.path, size)
         except OSError:
             pass
-        self._fh = open(tail.path, "ab")
+        self._fh = open(tail.path, "a+b")
 
     def _check_alive(self) -> None:
-        """Recreate the spool directory, lock and tail segment if they were deleted under us."""
+        """Open the tail segment if the start could not (a full disk); recreate the spool
+        directory, lock and tail segment if they were deleted under us. The undelivered records
+        of a deleted tail are read back through its open descriptor and kept in the new tail;
+        only those of older deleted segments are lost, and counted as dropped."""
+        if self._fh is None:
+            if not self.dir.is_dir():  # deleted while no segment was open (a full disk at start)
+                self.dir.mkdir(parents=True, exist_ok=True)
+                lock_dir(self.dir)
+                unlock_dir(self._lock_key)
+            self._new_segment(max([s.seq for s in self.segs] + [self.read_seq, self._ack_seq]) + 1)
+            return
         try:
             gone = os.fstat(self._fh.fileno()).st_nlink == 0
-        except (OSError, ValueError, AttributeError):
+        except (OSError, ValueError):
             gone = True
         if not gone:
             return
+        tail = self.segs[-1]
+        kept, kept_points = self._read_tail(tail)
         lost = 0
         for seg in self.segs:
             if not seg.path.exists():
                 lost += seg.points
                 seg.points = 0
+        lost = max(0, lost - kept_points)
         self.dropped_points += lost
         try:
             self._fh.close()
-        except (OSError, AttributeError):
+        except OSError:
             pass
+        self._fh = None
         self.dir.mkdir(parents=True, exist_ok=True)
-        log.error("spool %s was deleted while the agent ran: recreated; %d undelivered points were lost "
-                  "with it (counted as dropped)", self.dir, lost)
+        if lost:
+            log.error("spool %s was deleted while the agent ran: recreated; %d undelivered points were lost "
+                      "with it (counted as dropped), %d kept", self.dir, lost, kept_points)
+        else:
+            log.warning("spool %s was deleted while the agent ran: recreated, its %d undelivered points "
+                        "kept (read back from the open segment)", self.dir, kept_points)
         (self.dir / "rejected").mkdir(exist_ok=True)
         lock_dir(self.dir)  # re-take the lock on a fresh lock file (the old one went with the directory)
         unlock_dir(self._lock_key)  # ... keeping one count for this spool
@@ -342,6 +374,41 @@ class Spool:
         if self.segs[0].seq != self.read_seq:
             self.read_seq, self.read_off = self.segs[0].seq, 0
         self._write_ack(self.read_seq, self.read_off)
+        if kept:
+            self._fh.write(kept)
+            self._fh.flush()
+            self.segs[-1].size += len(kept)
+            self.segs[-1].points += kept_points
+
+    def _read_tail(self, tail: _Seg) -> tuple[bytes, int]:
+        """The undelivered whole records of the open tail segment, read through its descriptor
+        (the file may be deleted): ``(bytes, points)``."""
+        start = self.read_off if tail.seq == self.read_seq else 0
+        try:
+            self._fh.flush()
+            data = os.pread(self._fh.fileno(), max(0, tail.size - start), start)
+        except (OSError, ValueError):
+            return b"", 0
+        out, points = [], 0
+        for off, end, count, _ in scan(data):
+            if count >= 0:
+                out.append(data[off:end])
+                points += count
+        return b"".join(out), points
+
+    def check(self) -> None:
+        """Recreate a deleted spool now (keeping what its open tail holds), as the next append
+        would: before a flush at shutdown, so what is left is counted from the disk truthfully."""
+        with self.lock:
+            if self._closed:
+                return
+            try:
+                self._check_alive()
+            except (OSError, ConfigError) as exc:
+                why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+                if why != self.error:
+                    log.error("spool %s: cannot write (%s)", self.dir, why)
+                self.error = why
 
     def _enforce_bound(self) -> None:
         while len(self.segs) > 1 and self.bytes > self.max_bytes:
@@ -377,7 +444,7 @@ class Spool:
                     continue
                 if seg.seq > seq:
                     seq, off = seg.seq, 0
-                if i == len(self.segs) - 1:
+                if i == len(self.segs) - 1 and self._fh is not None:
                     try:
                         self._fh.flush()
                     except (OSError, ValueError):
@@ -477,6 +544,7 @@ class Spool:
         return count_points(self.dir)
 
     def close(self) -> None:
+        self.check()  # deleted just before the end: recreated, its open tail kept, losses counted
         with self.lock:
             if self._closed:
                 return

@@ -72,6 +72,10 @@ def _sinks(cfg, specs):
 @click.option("--max-body", default="32MiB", show_default=True, help="with --listen: largest write body")
 @click.option("--max-queue", default="256MiB", show_default=True,
               help="with --listen: bytes received and not yet analysed before writers get 429")
+@click.option("--listen-timeout", default="10s", show_default=True,
+              help="with --listen: a request head (and each read of a body) must arrive within this")
+@click.option("--listen-max-connections", default=10000, show_default=True, type=click.IntRange(min=8),
+              help="with --listen: open connections at most (and always 64 below the open-files limit)")
 @click.option("--grace", help="online mode: how late after its timestamp a point may arrive "
               "(default: the poll interval)")
 @click.option("--out", "out_path", help="write incidents as JSON lines here")
@@ -97,6 +101,8 @@ def analyze(
     writers_file,
     max_body,
     max_queue,
+    listen_timeout,
+    listen_max_connections,
     grace,
     out_path,
     config_path,
@@ -177,6 +183,8 @@ def analyze(
             parse_size(max_body, "--max-body", ConfigError, minimum=1),
             parse_size(max_queue, "--max-queue", ConfigError, minimum=1),
             writers_file,
+            {"read_timeout": parse_duration(listen_timeout, "--listen-timeout"),
+             "max_connections": listen_max_connections},
         )
         return
     influx.check()
@@ -283,7 +291,7 @@ def _token(token_file) -> str | None:
 
 
 def _online(cfg, influx, shard_t, out_path, sinks, state_path, page_base_url, poll, grace, since,
-            listen_addr, token_file, max_body, max_queue, writers_file=None) -> None:
+            listen_addr, token_file, max_body, max_queue, writers_file=None, limits=None) -> None:
     """--follow and --listen: see analyzer/online.py."""
     import signal
 
@@ -325,7 +333,7 @@ def _online(cfg, influx, shard_t, out_path, sinks, state_path, page_base_url, po
     try:
         if listen_addr:
             listener = Listener(address, online.an.parser, token, max_body, max_queue, retry_after=poll,
-                                gauges=online.gauges, writers=writers)
+                                gauges=online.gauges, writers=writers, **(limits or {}))
             listen(online, listener, since)
         else:
             follow(online, since)

@@ -64,10 +64,13 @@ def cli():
 
 
 def main(argv: list[str] | None = None) -> int:
+    from gpufleet import logs
+
+    logs.setup()  # every log line escaped (gpufleet.logs); the agent sets its own format
     try:
         cli.main(args=argv, prog_name="gpufleet", standalone_mode=False)
     except GpufleetError as exc:
-        click.echo(f"gpufleet: error: {exc}", err=True)
+        click.echo(f"gpufleet: error: {logs.escape(str(exc))}", err=True)
         return exc.exit_code
     except click.exceptions.Exit as exc:
         return exc.exit_code

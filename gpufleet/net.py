@@ -1,4 +1,4 @@
-"""HTTP helpers every sender shares: URL redaction for logs and the answer classification.
+"""HTTP helpers every sender shares: redaction for logs and the answer classification.
 
 :func:`redact_url` is the one way a URL reaches a log line or a ``repr``: credentials
 (``user:pass@``) and secret query values (``token``, ``password``, ``p``, ``u``, ``auth``...) are
@@ -10,10 +10,12 @@ or as an HTTP date.
 
 from __future__ import annotations
 
+import base64
 import email.utils
+import json
 import re
 import time
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, quote_plus, unquote, urlsplit, urlunsplit
 
 INVALID = "<invalid URL>"
 _SECRET_QUERY = re.compile(r"(?i)((?:^|&)(?:token|password|p|u|auth)[^=&]*=)[^&]*")
@@ -45,7 +47,7 @@ def url_secrets(url: str) -> list[str]:
     """The credentials a URL carries: its password and the values of secret query parameters."""
     try:
         p = urlsplit(url)
-        out = [p.password] if p.password else []
+        out = [p.password, unquote(p.password)] if p.password else []  # as written, and as sent
     except (ValueError, TypeError, AttributeError):
         return []
     for m in _SECRET_QUERY.finditer(p.query):
@@ -53,6 +55,40 @@ def url_secrets(url: str) -> list[str]:
         if value:
             out.append(value)
     return out
+
+
+MIN_SECRET = 4  # shorter strings are not redacted (they would mask ordinary words)
+
+
+def secret_forms(secret: str) -> set[str]:
+    """Every spelling of ``secret`` an answer or an exception text may carry back: as it is,
+    URL-encoded (``%XX`` and ``+``), JSON-escaped, and base64 (standard and URL-safe, also inside a
+    longer encoded string such as ``Basic base64(user:secret)``: for each of the three byte
+    alignments, the run of characters that the secret's bytes alone decide), those also URL-encoded.
+    """
+    if not secret or len(secret) < MIN_SECRET:
+        return set()
+    forms = {secret, quote(secret, safe=""), quote_plus(secret), json.dumps(secret)[1:-1],
+             json.dumps(secret, ensure_ascii=False)[1:-1]}
+    raw = secret.encode("utf-8")
+    for enc in (base64.b64encode, base64.urlsafe_b64encode):
+        for k in range(3):  # the secret starts k bytes into a 3-byte group
+            e = enc(b"\0" * k + raw).decode("ascii")
+            core = e[-(-8 * k // 6):8 * (k + len(raw)) // 6]  # characters made of the secret's bits only
+            if len(core) >= MIN_SECRET:
+                forms |= {core, quote(core, safe="")}
+    return {f for f in forms if len(f) >= MIN_SECRET}
+
+
+def redact(text: str, secrets) -> str:
+    """``text`` with every form of every secret (:func:`secret_forms`) replaced by ``***``."""
+    forms = set()
+    for s in secrets:
+        if s:
+            forms |= secret_forms(s)
+    for f in sorted(forms, key=len, reverse=True):
+        text = text.replace(f, "***")
+    return text
 
 
 def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:

@@ -221,7 +221,9 @@ class IpmiCollector:
         return p.stdout
 
     def _redact(self, s: str) -> str:
-        return s.replace(self._secret, "***") if self._secret else s
+        from gpufleet.net import redact
+
+        return redact(s, [self._secret])
 
     def _sensors(self, deadline: float) -> str:
         args = ["--comma-separated-output", "--output-sensor-state", "--output-event-bitmask",

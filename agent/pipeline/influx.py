@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from gpufleet.agent.spool import Spool
 
-from gpufleet.net import classify, redact_url
+from gpufleet.net import classify, redact, redact_url, url_secrets
 
 log = logging.getLogger("gpufleet.agent.influx")
 
@@ -88,6 +88,7 @@ class _V1:
             self.params["rp"] = rp
         if username:
             self.session.auth = (username, password or "")
+        self.secrets = [password or "", *url_secrets(url)]  # never in an answer's text
         self.gzip = use_gzip
         self.timeout = timeout
 
@@ -101,7 +102,7 @@ class _V1:
                                   timeout=min(timeout, self.timeout))
         except self.requests.RequestException as exc:
             return Answer(False, True, None, f"{type(exc).__name__}")
-        return _classify(r.status_code, r.text, r.headers.get("Retry-After"))
+        return _classify(r.status_code, redact(r.text, self.secrets), r.headers.get("Retry-After"))
 
     def close(self) -> None:
         self.session.close()
@@ -117,6 +118,7 @@ class _V2:
                                      enable_gzip=use_gzip)
         self.api = self.client.write_api(write_options=SYNCHRONOUS)
         self.bucket, self.org = bucket, org or "-"
+        self.secrets = [token or "", *url_secrets(url)]  # never in an answer's text
         self.precision = WritePrecision.NS if precision == "ns" else WritePrecision.S
 
     def send(self, body: bytes, timeout: float) -> Answer:
@@ -126,7 +128,8 @@ class _V2:
             self.api.write(bucket=self.bucket, org=self.org, record=body, write_precision=self.precision)
         except ApiException as exc:
             headers = exc.headers or {}
-            return _classify(exc.status or 0, str(exc.body or exc.reason or ""), headers.get("Retry-After"))
+            return _classify(exc.status or 0, redact(str(exc.body or exc.reason or ""), self.secrets),
+                             headers.get("Retry-After"))
         except Exception as exc:  # urllib3 connection errors, timeouts
             return Answer(False, True, None, type(exc).__name__)
         return Answer(True, False, 204, "")
@@ -340,7 +343,8 @@ class InfluxSender:
                 r = self.step()
             except Exception as exc:  # noqa: BLE001 - the sender thread never dies
                 log.debug("influx sender step failed", exc_info=True)
-                self._failed(Answer(False, True, None, f"{type(exc).__name__}: {exc}"))
+                why = redact(f"{type(exc).__name__}: {exc}", getattr(self.client, "secrets", ()))
+                self._failed(Answer(False, True, None, why))
                 r = "retry"
             if r == "empty":
                 self.wake.wait(1.0)

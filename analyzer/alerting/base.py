@@ -147,11 +147,9 @@ class Sink:
         return f"<{type(self).__name__} {self.name} {redact_url(self.url)}>"
 
     def redact(self, text: str) -> str:
-        """``text`` without the sink's secrets, nor its URL's credentials (whatever secrets() says)."""
-        for s in sorted([*self.secrets(), *net.url_secrets(self.url or "")], key=len, reverse=True):
-            if s and len(s) >= 4:
-                text = text.replace(s, "***")
-        return text
+        """``text`` without the sink's secrets, nor its URL's credentials (whatever secrets() says),
+        in any encoding (:func:`gpufleet.net.redact`: base64 in an echoed header, URL-encoded...)."""
+        return net.redact(text, [*self.secrets(), *net.url_secrets(self.url or "")])
 
     def deliver(self, alert: Alert) -> Outcome:
         return self.post(self.render(alert))
@@ -171,7 +169,7 @@ class Sink:
             return Outcome("retry", f"timeout after {self.delivery.timeout:g} s")
         except requests.RequestException as exc:
             return Outcome("retry", self.redact(f"{type(exc).__name__}: {exc}"))
-        text = self.redact(r.text[:500])
+        text = self.redact(r.text[:4096])[:500]  # redacted whole, then cut
         disposition, ra = classify(r.status_code, r.headers.get("Retry-After"))
         if disposition == "ok":
             return Outcome("sent", code=r.status_code)

@@ -10,10 +10,13 @@ import sys
 
 from gpufleet.analyzer.alerting.base import Alert, Outcome, Sink, register
 
+from gpufleet.logs import escape
 from gpufleet.records import to_rfc3339
 
 
 def line(alert: Alert) -> str:
+    """The alert as one line; control characters in any of its fields (a host tag is written by
+    the node) are escaped (:func:`gpufleet.logs.escape`), so no field can start a line of its own."""
     where = " ".join(f"{k}={v}" for k, v in (("host", alert.host),
                                               ("gpu", ",".join(map(str, alert.gpus)) or None),
                                               ("link", ",".join(map(str, alert.links)) or None))
@@ -31,7 +34,7 @@ def line(alert: Alert) -> str:
     out += f" | {alert.kind} {where} {'since' if alert.status == 'firing' else 'ended'} {when}"
     if alert.page_url:
         out += f" ({alert.page_url})"
-    return out
+    return escape(out)
 
 
 @register
