@@ -120,8 +120,14 @@ def poll_once(collectors, now_ns: int | None = None):
               help="table | json | lp (InfluxDB line protocol)")
 @click.option("--host", "hostname", default=None, help="host tag (default: this machine's name)")
 @click.option("--no-nvlink", is_flag=True, help="skip per-link NVLink rows")
-def once(backend_spec, fmt, hostname, no_nvlink):
-    """Poll the GPU and host collectors once and print the samples."""
+@click.option("--allow-no-gpu", is_flag=True,
+              help="exit 0 on a node where NVML shows no GPU (no driver, no device)")
+def once(backend_spec, fmt, hostname, no_nvlink, allow_no_gpu):
+    """Poll the GPU and host collectors once and print the samples.
+
+    Exits 1 (after printing what the other collectors read) when the GPU collector read no GPU:
+    no NVIDIA driver, no NVML library, no device; --allow-no-gpu accepts that.
+    """
     if fmt not in FORMATS:
         raise GpufleetError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
     from gpufleet.agent.backends import get_backend
@@ -136,7 +142,8 @@ def once(backend_spec, fmt, hostname, no_nvlink):
     finally:
         gpu.close()
     for p in problems:
-        click.echo(f"gpufleet: warning: {p}", err=True)
+        if allow_no_gpu or not p.startswith(f"{gpu.name}: "):  # else: the error line below says it
+            click.echo(f"gpufleet: warning: {p}", err=True)
     hostname = hostname or socket.gethostname()
     for s in samples:
         s.tags = {"host": hostname, **s.tags}
@@ -152,6 +159,11 @@ def once(backend_spec, fmt, hostname, no_nvlink):
                 out.write(line + "\n")
     else:
         out.write(format_table(samples))
+    out.flush()
+    if not allow_no_gpu and not any(s.measurement == "gpu" for s in samples):
+        mine = [p.split(": ", 1)[1] for p in problems if p.startswith(f"{gpu.name}: ")]
+        why = mine[0] if mine else "NVML shows no GPU"
+        raise GpufleetError(f"no GPU read: {why}; --allow-no-gpu accepts a node without one", exit_code=1)
 
 
 def format_json(samples) -> str:

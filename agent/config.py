@@ -156,6 +156,7 @@ SCHEMA: dict[str, dict[str, Spec]] = {
         "reference_refresh": Spec("duration", 3600.0, 1.0, 30 * 86400.0),
         "state_dir": Spec("path", f"{STATE_DIR}/canary"),
         "standin": Spec("bool", False),
+        "python": Spec("path", ""),
     },
 }
 # the keys an [influx.NAME] table has beyond [influx]'s (its other keys: SCHEMA["influx"], same defaults)
