@@ -9,7 +9,6 @@ MODULE_EXTRA = {
     "pynvml": "agent", "psutil": "agent", "opentelemetry": "agent", "influxdb_client": "agent",
     "requests": "agent", "numpy": "agent",
     "isal": "analyzer", "matplotlib": "analyzer", "jinja2": "analyzer",
-    "cupy": "canary", "torch": "canary",
 }
 # commands whose modules come from another extra than MODULE_EXTRA says (numpy: both have it)
 COMMAND_EXTRA = {"analyze": "analyzer", "eval": "analyzer", "report": "analyzer", "sim": "analyzer",
@@ -27,8 +26,6 @@ def missing_extra(module: str | None, command: str = "") -> str | None:
     top = (module or "").split(".")[0]
     if top not in MODULE_EXTRA:
         return None
-    if MODULE_EXTRA[top] == "canary":
-        return "canary"
     return COMMAND_EXTRA.get(command, MODULE_EXTRA[top])
 
 

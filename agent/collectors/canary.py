@@ -67,8 +67,8 @@ CHILD_ENGINES = ("auto", "torch", "cupy", "numpy")
 LOST = "GPU lost"
 _GPU_IS_LOST = 15  # NVML_ERROR_GPU_IS_LOST
 DROP_SUFFIX = ".json"
-NO_ENGINE_HINT = ("a GPU check needs torch or cupy: pip install 'gpufleet[canary]', or point canary.python "
-                  "(gpufleet canary --python) at an interpreter that has one (docs/sources.md)")
+NO_ENGINE_HINT = ("a GPU check needs torch or cupy: set canary.python (gpufleet canary --python) to an "
+                  "interpreter that has one, e.g. /opt/gpufleet-canary/bin/python (docs/sources.md)")
 DROP_VERSION = 1
 # gpu_canary fields a result may carry, with their types (the catalogue's)
 _FIELD_TYPES = {"passed": int, "mismatches": int, "memory_mismatches": int, "duration_seconds": float,
