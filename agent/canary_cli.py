@@ -57,13 +57,10 @@ def run_canary(gpu: str, engine: str = "auto", backend_spec: str = "nvml", size:
                           interval=1e9, duty=1.0, idle_for=0.0, confirm=confirm, timeout=timeout,
                           max_rss=max_rss, reference=reference, state_dir=state_dir,
                           wait=timeout + 5.0, status_every=1e18, python=python)
-    if col.devices_source == "cpu" and engine != "numpy":  # no NVML GPU: a CPU check only when asked
+    if not col.gpus:  # no NVML GPU: the CPU is checked only when asked for (--engine numpy)
         col.close()
         why = "no NVML here (no driver or no GPU)" if backend is None else "NVML shows no GPU"
         return col, [], {gpu: f"{why}; --engine numpy checks the CPU instead"}
-    if not col.gpus:
-        col.close()
-        return col, [], {gpu: "no device to check"}
     if gpu != "all":
         chosen = [g for g in col.gpus if gpu in (g.label, g.uuid)]
         if not chosen:

@@ -434,8 +434,8 @@ class CanaryCollector:
         if self.standin and nvml:
             return nvml, "standin"
         if engine == "numpy" or not nvml:
-            if engine in ("torch", "cupy"):
-                log.warning("canary: engine %s, but NVML shows no GPU: nothing to check", engine)
+            if engine != "numpy":  # a GPU check or none: the CPU is checked only when asked for
+                log.info("canary: engine %s, but NVML shows no GPU: no checks of its own", engine)
                 return [], "none"
             import platform
 
