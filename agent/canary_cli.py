@@ -112,8 +112,13 @@ def canary(gpu, as_json, engine, backend_spec, size, dtype, memory_bytes, state_
     """Run the SDC canary once on GPU N (or all) and report; optionally hand it to the agent."""
     if timeout <= 0 or confirm < 0 or max_files < 1:
         raise ConfigError("--timeout, --confirm and --max-files must be positive")
+    import logging
+
     from gpufleet.agent.collectors.canary import write_drop
 
+    # each GPU's problem is in the output and the exit line: not also as a log warning
+    logging.getLogger("gpufleet.agent.collectors.canary").addFilter(
+        lambda r: not r.getMessage().startswith("canary gpu "))
     if python is None:
         python = configured_python()
     col, rows, skipped = run_canary(gpu, engine, backend_spec, size, dtype, memory_bytes, state_dir, timeout,

@@ -3,7 +3,7 @@
 packaging/build-deb.sh builds the .deb; dpkg installs it on this machine (as the other package
 test does); the only edit is the README's: `[influx] url` and the credentials (`username`,
 `password_file`) in /etc/gpufleet/agent.toml. Then, as the unit does: `gpufleet agent check`
-(ExecStartPre) and `gpufleet agent run` as the service user `gpufleet`, with the state
+(ExecStartPre) and `gpufleet agent run` as the service user `gpufleet` (no systemd here), with the state
 directories systemd would create. Rows must arrive in InfluxDB 1.6.7 with authentication on.
 """
 
@@ -39,14 +39,13 @@ def readme_edit(text: str, url: str, user: str, password_file: str) -> str:
     return text[:start] + section + text[end:]
 
 
-def as_service_user(*argv: str) -> list[str]:
-    return ["runuser", "-u", "gpufleet", "--", *argv]
+# as the unit runs it: User=gpufleet, Group=gpufleet (exec'd directly, so signals reach the agent)
+SERVICE_USER = {"user": "gpufleet", "group": "gpufleet", "extra_groups": []}
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="installs a .deb: needs root (CI runs as root)")
-@pytest.mark.skipif(shutil.which("dpkg-deb") is None or shutil.which("runuser") is None,
-                    reason="not a Debian system")
+@pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="not a Debian system")
 @skip_unless("influxd")
 def test_readme_install_then_url_and_credentials_deliver_rows_to_influxdb(tmp_path):
     with open("/tmp/gpufleet-deb-test.lock", "w") as lock:
@@ -76,8 +75,8 @@ def test_readme_install_then_url_and_credentials_deliver_rows_to_influxdb(tmp_pa
                     d.mkdir(mode=0o750, exist_ok=True)
                     shutil.chown(d, "gpufleet", "gpufleet")
                 # ExecStartPre
-                check = subprocess.run(as_service_user(BINARY, "agent", "check", "--config", str(CONF)),
-                                       capture_output=True, text=True, env=env, timeout=120, cwd="/")
+                check = subprocess.run([BINARY, "agent", "check", "--config", str(CONF)], capture_output=True,
+                                       text=True, env=env, timeout=120, cwd="/", **SERVICE_USER)
                 assert check.returncode == 0, check.stdout + check.stderr
                 assert f"exporter influx: {influx.url} v1 gpufleet, spool /var/lib/gpufleet-agent/spool " \
                        "(switched on by [influx] url)" in check.stdout
@@ -85,9 +84,9 @@ def test_readme_install_then_url_and_credentials_deliver_rows_to_influxdb(tmp_pa
                 assert "pw-1ex" not in check.stdout + check.stderr
                 # ExecStart
                 log = open(tmp_path / "agent.log", "wb")
-                agent = subprocess.Popen(as_service_user(BINARY, "agent", "run", "--config", str(CONF)),
-                                         stdout=log, stderr=subprocess.STDOUT, env=env, cwd="/",
-                                         start_new_session=True)
+                agent = subprocess.Popen([BINARY, "agent", "run", "--config", str(CONF)], stdout=log,
+                                         stderr=subprocess.STDOUT, env=env, cwd="/", start_new_session=True,
+                                         **SERVICE_USER)
                 deadline = time.monotonic() + 90
                 got: set[str] = set()
                 while time.monotonic() < deadline and not {"host", "gpufleet_collector"} <= got:
