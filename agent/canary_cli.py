@@ -5,8 +5,13 @@ Same engines, children and comparisons as the agent's canary collector
 check is rechecked (``--confirm``), an idle gate skips GPUs with a foreign compute process
 (``--force`` turns it off: the Slurm Epilog runs when the job's processes are gone). With
 ``--drop-dir`` each result is written there as one JSON file, which the agent (``canary.drop_dir``,
-the same directory) turns into a ``gpu_canary`` row. Exit 0 when every check passed, 1 when one
-failed, was skipped or could not be written, 2 for bad usage.
+the same directory) turns into a ``gpu_canary`` row.
+
+Exit 0 when every device asked for was checked and passed; 1 when a check failed (or a result
+could not be written to the drop directory); 3 ("not checked") when a device asked for was not
+checked: no GPU here (``--engine auto`` never falls back to the CPU: ``--engine numpy`` checks
+the CPU, and only when asked), no CUDA engine, a busy GPU, a child that crashed or was killed;
+2 for bad usage. ``--json`` says ``checked: false`` in the last case.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import time
 import click
 
 from gpufleet.errors import ConfigError, GpufleetError
+
+DEFAULT_CONFIG = "/etc/gpufleet/agent.toml"
 
 
 def _backend(spec: str):
@@ -35,9 +42,12 @@ def _backend(spec: str):
     return b
 
 
+NOT_CHECKED = 3  # the exit status when a device asked for was not checked
+
+
 def run_canary(gpu: str, engine: str = "auto", backend_spec: str = "nvml", size: int = 0, dtype: str = "",
                memory_bytes: int = 0, state_dir: str = "", timeout: float = 120.0, confirm: int = 2,
-               force: bool = False, reference: str = "", max_rss: int = 4 << 30):
+               force: bool = False, reference: str = "", max_rss: int = 4 << 30, python: str = ""):
     """Check the GPUs ``gpu`` names (an index, a UUID, ``cpu`` or ``all``) once; returns
     (collector, rows, skipped) where rows are the ``gpu_canary`` samples."""
     from gpufleet.agent.collectors.canary import CanaryCollector
@@ -46,7 +56,11 @@ def run_canary(gpu: str, engine: str = "auto", backend_spec: str = "nvml", size:
     col = CanaryCollector(backend=backend, engine=engine, size=size, dtype=dtype, memory_bytes=memory_bytes,
                           interval=1e9, duty=1.0, idle_for=0.0, confirm=confirm, timeout=timeout,
                           max_rss=max_rss, reference=reference, state_dir=state_dir,
-                          wait=timeout + 5.0, status_every=1e18)
+                          wait=timeout + 5.0, status_every=1e18, python=python)
+    if not col.gpus:  # no NVML GPU: the CPU is checked only when asked for (--engine numpy)
+        col.close()
+        why = "no NVML here (no driver or no GPU)" if backend is None else "NVML shows no GPU"
+        return col, [], {gpu: f"{why}; --engine numpy checks the CPU instead"}
     if gpu != "all":
         chosen = [g for g in col.gpus if gpu in (g.label, g.uuid)]
         if not chosen:
@@ -90,15 +104,25 @@ def run_canary(gpu: str, engine: str = "auto", backend_spec: str = "nvml", size:
               help="seconds before a check is killed")
 @click.option("--confirm", type=int, default=2, show_default=True, help="rechecks after a failed check")
 @click.option("--force", is_flag=True, help="skip the idle gate (the scheduler says the GPU is free)")
+@click.option("--python", "python", default=None, metavar="PATH",
+              help="interpreter that runs the check (one with torch or cupy); default: canary.python "
+                   f"of {DEFAULT_CONFIG} when set, else gpufleet's own")
 def canary(gpu, as_json, engine, backend_spec, size, dtype, memory_bytes, state_dir, reference, drop_dir,
-           max_files, source, timeout, confirm, force):
+           max_files, source, timeout, confirm, force, python):
     """Run the SDC canary once on GPU N (or all) and report; optionally hand it to the agent."""
     if timeout <= 0 or confirm < 0 or max_files < 1:
         raise ConfigError("--timeout, --confirm and --max-files must be positive")
+    import logging
+
     from gpufleet.agent.collectors.canary import write_drop
 
+    # each GPU's problem is in the output and the exit line: not also as a log warning
+    logging.getLogger("gpufleet.agent.collectors.canary").addFilter(
+        lambda r: not r.getMessage().startswith("canary gpu "))
+    if python is None:
+        python = configured_python()
     col, rows, skipped = run_canary(gpu, engine, backend_spec, size, dtype, memory_bytes, state_dir, timeout,
-                                    confirm, force, reference)
+                                    confirm, force, reference, python=python)
     problems = []
     written = []
     if drop_dir:
@@ -112,10 +136,12 @@ def canary(gpu, as_json, engine, backend_spec, size, dtype, memory_bytes, state_
                 "time_ns": s.time_ns, "fields": s.fields, "engine": s.extra.get("engine"),
                 "key": s.extra.get("key"), "timing": s.extra.get("timing"), "wall_s": s.extra.get("wall_s")}
                for s in rows]
-    ok = bool(rows) and all(s.fields.get("passed") == 1 for s in rows) and not skipped and not problems
+    checked = bool(rows) and not skipped
+    ok = checked and all(s.fields.get("passed") == 1 for s in rows) and not problems
     if as_json:
-        click.echo(json.dumps({"host": host, "source": source, "ok": ok, "results": results,
-                               "skipped": skipped, "drop_files": written, "problems": problems}))
+        click.echo(json.dumps({"host": host, "source": source, "ok": ok, "checked": checked,
+                               "results": results, "skipped": skipped, "drop_files": written,
+                               "problems": problems}))
     else:
         for r in results:
             f = r["fields"]
@@ -126,8 +152,21 @@ def canary(gpu, as_json, engine, backend_spec, size, dtype, memory_bytes, state_
                        f"{r['engine']}, {r['wall_s']:.2f} s)")
         for k, v in skipped.items():
             click.echo(f"gpu {k}: not checked: {v}")
-    if not ok:  # one line on stderr, exit 1
+    if not ok:  # one line on stderr: 1 when a check failed, 3 when only checks are missing
         failed = [r["gpu"] for r in results if r["fields"].get("passed") != 1]
         why = problems + [f"gpu {g}: check failed" for g in failed]
         why += [f"gpu {g}: not checked ({v})" for g, v in skipped.items()]
-        raise GpufleetError("; ".join(why) or "nothing was checked", exit_code=1)
+        raise GpufleetError("; ".join(why) or "nothing was checked",
+                            exit_code=1 if failed or problems else NOT_CHECKED)
+
+
+def configured_python() -> str:
+    """``canary.python`` of the packaged agent config, so that a hook or a person on call runs the
+    same engine as the agent; "" when the file is absent or does not set it."""
+    import os
+
+    if not os.path.isfile(DEFAULT_CONFIG):
+        return ""
+    from gpufleet.agent import config as agent_config
+
+    return str(agent_config.load(DEFAULT_CONFIG)["canary"]["python"])

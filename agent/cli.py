@@ -90,6 +90,52 @@ def resend_rejected_command(config_path, destination, spool_dir, influx_url, inf
         raise GpufleetError(f"{len(problems)} rejected batches are left in {rdir}", exit_code=1)
 
 
+@agent.command("check")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="agent.toml (default: /etc/gpufleet/agent.toml where it exists, else built-in defaults)")
+def check_command(config_path):
+    """Check a config as the agent would run it and say what it collects and where it sends it.
+
+    One line per exporter and per collector (on, off, or unavailable and why); exit 2 with one
+    line when the config is invalid, a secret file cannot be read, or an [influx.NAME] table names
+    a url that agent.exporters does not list. The packaged unit runs it before the agent starts
+    (ExecStartPre), the package after an install or upgrade.
+    """
+    import os
+    from pathlib import Path
+
+    from gpufleet.agent import config as agent_config
+    from gpufleet.agent import status
+
+    if config_path is None and os.path.isfile("/etc/gpufleet/agent.toml"):
+        config_path = "/etc/gpufleet/agent.toml"
+    cfg = agent_config.load(Path(config_path) if config_path else None)
+    for name in agent_config.unexported(cfg):
+        raise GpufleetError(f"[{name}] names a url but agent.exporters does not list \"{name}\": "
+                            "nothing would be sent there; add it to agent.exporters (or leave "
+                            "agent.exporters empty), or remove the url")
+    for d in agent_config.influx_destinations(cfg):
+        agent_config.influx_secret(d.cfg, d.name)  # readable by this user, or one line and exit 2
+    gpus, why = None, "not read by these collectors"
+    if any(n in ("gpu", "xid", "canary") for n in cfg["agent"]["collectors"]):
+        from gpufleet.agent.backends import get_backend
+
+        backend = get_backend(cfg["agent"]["backend"])
+        try:
+            backend.nvmlInit()
+        except Exception as exc:  # noqa: BLE001 - no driver: the gpu line says so
+            gpus, why = None, " ".join(str(exc).split()) or type(exc).__name__
+        else:
+            gpus, why = status.nvml_gpus(backend)
+            try:
+                backend.nvmlShutdown()
+            except Exception:  # noqa: BLE001 - best effort
+                pass
+    click.echo(f"config {config_path or '(built-in defaults)'}: valid")
+    for line in status.exporter_lines(cfg) + status.collector_lines(cfg, gpus, why):
+        click.echo(line)
+
+
 def poll_once(collectors, now_ns: int | None = None):
     """Run each collector once; returns (samples, problems). Adds a ``gpufleet_collector`` row
     (duration, success) per collector; a collector that fails is reported, never fatal."""
@@ -120,8 +166,14 @@ def poll_once(collectors, now_ns: int | None = None):
               help="table | json | lp (InfluxDB line protocol)")
 @click.option("--host", "hostname", default=None, help="host tag (default: this machine's name)")
 @click.option("--no-nvlink", is_flag=True, help="skip per-link NVLink rows")
-def once(backend_spec, fmt, hostname, no_nvlink):
-    """Poll the GPU and host collectors once and print the samples."""
+@click.option("--allow-no-gpu", is_flag=True,
+              help="exit 0 on a node where NVML shows no GPU (no driver, no device)")
+def once(backend_spec, fmt, hostname, no_nvlink, allow_no_gpu):
+    """Poll the GPU and host collectors once and print the samples.
+
+    Exits 1 (after printing what the other collectors read) when the GPU collector read no GPU:
+    no NVIDIA driver, no NVML library, no device; --allow-no-gpu accepts that.
+    """
     if fmt not in FORMATS:
         raise GpufleetError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
     from gpufleet.hosts import problem, shown
@@ -141,7 +193,8 @@ def once(backend_spec, fmt, hostname, no_nvlink):
     finally:
         gpu.close()
     for p in problems:
-        click.echo(f"gpufleet: warning: {p}", err=True)
+        if allow_no_gpu or not p.startswith(f"{gpu.name}: "):  # else: the error line below says it
+            click.echo(f"gpufleet: warning: {p}", err=True)
     for s in samples:
         s.tags = {"host": hostname, **s.tags}
     out = sys.stdout
@@ -156,6 +209,11 @@ def once(backend_spec, fmt, hostname, no_nvlink):
                 out.write(line + "\n")
     else:
         out.write(format_table(samples))
+    out.flush()
+    if not allow_no_gpu and not any(s.measurement == "gpu" for s in samples):
+        mine = [p.split(": ", 1)[1] for p in problems if p.startswith(f"{gpu.name}: ")]
+        why = mine[0] if mine else "NVML shows no GPU"
+        raise GpufleetError(f"no GPU read: {why}; --allow-no-gpu accepts a node without one", exit_code=1)
 
 
 def format_json(samples) -> str:

@@ -53,7 +53,9 @@ SCHEMA: dict[str, dict[str, Spec]] = {
         "sim_node": Spec("str", ""),
         "host": Spec("str", ""),
         "collectors": Spec("strlist", ["gpu", "host"]),
-        "exporters": Spec("strlist", ["file"]),  # EXPORTERS and influx.NAME: checked in _cross_check
+        # EXPORTERS and influx.NAME (checked in _cross_check); [] = influx when [influx] url is
+        # set, else file (exporters(cfg) resolves it)
+        "exporters": Spec("strlist", []),
         "log_level": Spec("choice", "info", choices=("debug", "info", "warning", "error")),
         "flush_timeout": Spec("duration", 5.0, 0.0, 60.0),
         # degraded (the spool cannot be written) this long: stop the watchdog pings so systemd
@@ -156,6 +158,7 @@ SCHEMA: dict[str, dict[str, Spec]] = {
         "reference_refresh": Spec("duration", 3600.0, 1.0, 30 * 86400.0),
         "state_dir": Spec("path", f"{STATE_DIR}/canary"),
         "standin": Spec("bool", False),
+        "python": Spec("path", ""),
     },
 }
 # the keys an [influx.NAME] table has beyond [influx]'s (its other keys: SCHEMA["influx"], same defaults)
@@ -317,12 +320,32 @@ class Destination:
     spool_dir: str
 
 
+def exporters(cfg: dict) -> list[str]:
+    """The exporters the agent runs: ``agent.exporters`` as listed; none listed (the packaged
+    config): ``influx`` when ``[influx] url`` is set (the one key the README asks for switches it
+    on), else ``file``."""
+    given = list(cfg["agent"]["exporters"])
+    if given:
+        return given
+    return [INFLUX] if cfg[INFLUX]["url"] else ["file"]
+
+
+def unexported(cfg: dict) -> list[str]:
+    """``[influx]`` / ``[influx.NAME]`` tables that name a url but that the exporters leave out:
+    data the operator meant to send somewhere the agent would not send it (``gpufleet agent
+    check`` refuses such a config; ``agent run`` logs it)."""
+    active = set(exporters(cfg))
+    out = [INFLUX] if cfg[INFLUX]["url"] and INFLUX not in active else []
+    return out + [f"{INFLUX}.{n}" for n, t in named_destinations(cfg).items()
+                  if t["url"] and f"{INFLUX}.{n}" not in active]
+
+
 def influx_destinations(cfg: dict) -> list[Destination]:
     """The active InfluxDB-protocol destinations, in the order ``agent.exporters`` lists them."""
     named = named_destinations(cfg)
     base = os.path.normpath(str(cfg["spool"]["dir"]))
     out = []
-    for exp in cfg["agent"]["exporters"]:
+    for exp in exporters(cfg):
         if exp == INFLUX:
             ix = {k: v for k, v in cfg[INFLUX].items() if k in SCHEMA[INFLUX]}
             out.append(Destination(INFLUX, ix, str(cfg["spool"]["dir"])))
@@ -359,7 +382,7 @@ def _check_destination(key: str, ix: dict, active: bool) -> None:
 
 def _check_exporters(c: dict) -> None:
     named = named_destinations(c)
-    for x in c["agent"]["exporters"]:
+    for x in exporters(c):
         if x in EXPORTERS:
             continue
         if x.startswith(INFLUX + "."):
@@ -369,7 +392,7 @@ def _check_exporters(c: dict) -> None:
         raise _bad("agent.exporters", f"unknown name {x!r}; expected {', '.join(EXPORTERS)} or influx.NAME "
                                       "(an [influx.NAME] table)")
     for name, t in named.items():
-        _check_destination(f"influx.{name}", t, f"{INFLUX}.{name}" in c["agent"]["exporters"])
+        _check_destination(f"influx.{name}", t, f"{INFLUX}.{name}" in exporters(c))
     dests = influx_destinations(c)
     if not dests:
         return
@@ -401,9 +424,9 @@ def _cross_check(c: dict[str, dict[str, object]]) -> None:
     for key in ("size", "busy_size"):
         if 0 < c["canary"][key] < 16:
             raise _bad(f"canary.{key}", f"{c['canary'][key]} is outside 16..32768 (0: the default)")
-    _check_destination(INFLUX, ix, INFLUX in a["exporters"])
+    _check_destination(INFLUX, ix, INFLUX in exporters(c))
     _check_exporters(c)
-    if "otlp" in a["exporters"]:
+    if "otlp" in exporters(c):
         try:
             parts = urlsplit(c["otlp"]["endpoint"])
         except ValueError as exc:

@@ -122,7 +122,7 @@ class Agent:
         a = cfg["agent"]
         self.interval = float(a["interval"])
         self.host = a["host"] or a["sim_node"] or agent_config.hostname(cfg)
-        exporters = a["exporters"]
+        exporters = agent_config.exporters(cfg)
         self.outputs: list[Output] = []  # one per influx destination: its spool and sender
         self.file = None
         dests = agent_config.influx_destinations(cfg)
@@ -167,6 +167,9 @@ class Agent:
         for name in unused:
             log.warning("[influx.%s] is declared but agent.exporters does not list \"influx.%s\": not used",
                         name, name)
+        if agent_config.INFLUX in agent_config.unexported(cfg):
+            log.warning("[influx] url is set but agent.exporters does not list \"influx\": nothing is "
+                        "sent there (gpufleet agent check refuses this config)")
         self.ticks = 0
         self.ok_ticks = 0
         self.last_summary = ""
@@ -194,8 +197,13 @@ class Agent:
             except Exception as exc:  # noqa: BLE001 - no driver: the collectors say so themselves
                 log.debug("NVML backend init: %s", exc)
         self.backend = backend
+        from gpufleet.agent import status
+
         out = []
+        started = set()
         for name in a["collectors"]:
+            if status.unavailable(name, cfg):  # the source is not on this node: not started
+                continue
             cls = _load_collector(name, load)
             opts = agent_config.collector_options(cfg, name)
             generic = {"backend": backend, "host": self.host, "hostname": self.host, "config": cfg,
@@ -204,10 +212,14 @@ class Agent:
                 generic = {k: v for k, v in generic.items() if k not in opts and k != "config"}
             try:
                 out.append(_construct(cls, **generic, **opts))
+                started.add(name)
             except GpufleetError:
                 raise
             except Exception as exc:
                 log.error("collector %s could not start: %s; carrying on without it", name, exc)
+        gpus, why = (None, "not read by these collectors") if backend is None else status.nvml_gpus(backend)
+        for line in status.collector_lines(cfg, gpus, why, started):  # one line each: on, off, unavailable
+            log.info("%s", line)
         return out
 
     # ------------------------------------------------------------------ one tick
@@ -383,7 +395,7 @@ class Daemon:
         signal.signal(signal.SIGINT, self._on_stop)
         signal.signal(signal.SIGHUP, self._on_hup)
         log.info("agent started: host %s, interval %gs, exporters %s%s", self.agent.host, self.agent.interval,
-                 ",".join(self.cfg["agent"]["exporters"]),
+                 ",".join(agent_config.exporters(self.cfg)),
                  "".join(f", {o.name} {o.sender.url_for_logs}" for o in self.agent.outputs))
         next_t = self.clock()  # the schedule: monotonic; the rows: the wall clock (tick's now_ns)
         code = 0

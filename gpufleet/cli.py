@@ -45,14 +45,17 @@ class LazyGroup(click.Group):
         except (ImportError, AttributeError) as exc:
             # A missing optional dependency (e.g. the analyzer extra on a lean node)
             missing = getattr(exc, "name", None) or str(exc)
+            from gpufleet.extras import message
+
+            line = message(getattr(exc, "name", None), name)
 
             @click.command(name=name, help=help_text, context_settings={"ignore_unknown_options": True})
             @click.argument("args", nargs=-1, type=click.UNPROCESSED)
             def unavailable(args):
-                raise GpufleetError(
+                raise GpufleetError(line or (
                     f"'gpufleet {name}' is not available here ({missing}); "
                     "install the matching extra, e.g. pip install 'gpufleet[all]'"
-                )
+                ))
 
             return unavailable
 
@@ -80,6 +83,14 @@ def main(argv: list[str] | None = None) -> int:
     except click.ClickException as exc:
         exc.show()
         return exc.exit_code
+    except ModuleNotFoundError as exc:  # an optional dependency this installation lacks
+        from gpufleet.extras import command_of, message
+
+        line = message(exc.name, command_of(sys.argv[1:] if argv is None else argv))
+        if line is None:
+            raise
+        click.echo(f"gpufleet: error: {line}", err=True)
+        return 2
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

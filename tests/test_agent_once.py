@@ -56,7 +56,7 @@ def test_table_for_the_sim_node(capsys):
     assert any(line.startswith("temperature_gpu_celsius ") and " Cel " in line for line in out.splitlines())
 
 
-def test_no_driver_carries_on_with_the_host(capsys):
+def test_no_driver_prints_the_host_and_exits_1_unless_allowed(capsys):
     import pynvml
 
     try:
@@ -65,13 +65,20 @@ def test_no_driver_carries_on_with_the_host(capsys):
         pytest.skip("this machine has an NVIDIA driver")  # only where a GPU is present
     except pynvml.NVMLError:
         pass
+    # "proves NVML access": without it the poll is still printed, then one line and exit 1
     rc, out, err = run(capsys, "--backend", "nvml", "--format", "json")
-    assert rc == 0
-    assert err.count("\n") == 1 and "NVML is not available" in err
+    assert rc == 1
+    assert err.count("\n") == 1 and err.startswith("gpufleet: error: no GPU read: NVML is not available")
+    assert "--allow-no-gpu" in err
     samples = json.loads(out)
     assert [s for s in samples if s["measurement"] == "host"]
     assert {s["tags"]["collector"]: s["fields"]["success"] for s in samples
             if s["measurement"] == "gpufleet_collector"} == {"gpu": 0, "host": 1}
+    # the exception, asked for: the same poll, a warning, exit 0
+    rc, out2, err = run(capsys, "--backend", "nvml", "--format", "json", "--allow-no-gpu")
+    assert rc == 0
+    assert err.count("\n") == 1 and err.startswith("gpufleet: warning: gpu: NVML is not available")
+    assert {s["measurement"] for s in json.loads(out2)} == {s["measurement"] for s in samples}
 
 
 @pytest.mark.parametrize("args, words", [

@@ -282,3 +282,29 @@ def test_a_recheck_that_crashes_ends_the_round_with_the_failure_it_has():
     (row,) = canary_rows(got)
     assert row.fields["checks"] == 1 and row.fields["checks_failed"] == 1 and row.fields["mismatches"] == 3
     assert status(got)["cpu"]["errors_total"] == 1 and col.skipped["cpu"].startswith("check failed")
+
+
+def test_cli_on_a_gpu_without_a_cuda_engine_is_not_checked_exit_3(tmp_path):
+    """NVML shows a GPU (a recording), the interpreter has neither torch nor cupy: no verdict,
+    exit 3, the JSON says checked: false and how to get an engine; one line on stderr."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") or importlib.util.find_spec("cupy"):
+        pytest.skip("this interpreter has a CUDA engine")
+    rec = f"recorded:{H200 / 'nvml_dump_after.json'}"
+    r = subprocess.run([sys.executable, "-m", "gpufleet", "canary", "--backend", rec, "--force", "--json",
+                        "--state-dir", str(tmp_path)],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert r.returncode == 3, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["checked"] is False and doc["ok"] is False and doc["results"] == []
+    assert "no CUDA engine" in doc["skipped"]["0"] and "canary.python" in doc["skipped"]["0"]
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("gpufleet: error: gpu 0: not checked")
+    # another interpreter, named: it runs the check (this one has numpy: the CPU engine there)
+    r = subprocess.run([sys.executable, "-m", "gpufleet", "canary", "--engine", "numpy", "--json",
+                        "--python", sys.executable, "--state-dir", str(tmp_path)],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert r.returncode == 0 and json.loads(r.stdout)["checked"] is True, r.stderr
+    r = subprocess.run([sys.executable, "-m", "gpufleet", "canary", "--python", str(tmp_path / "nope")],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "canary.python" in r.stderr

@@ -62,6 +62,7 @@ SHARD = UNITS / "gpufleet-analyzer@.service"
 def test_agent_unit_contract():
     assert one(AGENT, "Type") == "notify"
     assert one(AGENT, "ExecStart") == f"{BINARY} agent run --config /etc/gpufleet/agent.toml"
+    assert one(AGENT, "ExecStartPre") == f"{BINARY} agent check --config /etc/gpufleet/agent.toml"
     assert one(AGENT, "ExecReload") == "/bin/kill -HUP $MAINPID"
     assert one(AGENT, "Restart") == "on-failure"
     assert re.fullmatch(r"\d+s?", one(AGENT, "WatchdogSec"))

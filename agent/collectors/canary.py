@@ -1,7 +1,7 @@
 """Silent-data-corruption canary: a known-answer test per GPU (``gpu_canary`` rows), run out of
 the agent's process, on a schedule that bounds how long any GPU goes unchecked.
 
-**Out of process.** Each check is a short-lived child, ``python -m gpufleet.agent.canary_worker``, that
+**Out of process.** Each check is a short-lived child, ``python -P .../agent/canary_worker.py``, that
 imports the engine (torch or cupy on the GPU; numpy on the CPU), runs the seeded GEMM and the
 memory pattern on ONE GPU (``CUDA_VISIBLE_DEVICES=<uuid>``), prints one JSON line and exits, so
 its CUDA context (the clocks it pins, ~0.8 GB of host memory torch takes) dies with it. This
@@ -67,6 +67,8 @@ CHILD_ENGINES = ("auto", "torch", "cupy", "numpy")
 LOST = "GPU lost"
 _GPU_IS_LOST = 15  # NVML_ERROR_GPU_IS_LOST
 DROP_SUFFIX = ".json"
+NO_ENGINE_HINT = ("a GPU check needs torch or cupy: set canary.python (gpufleet canary --python) to an "
+                  "interpreter that has one, e.g. /opt/gpufleet-canary/bin/python (docs/sources.md)")
 DROP_VERSION = 1
 # gpu_canary fields a result may carry, with their types (the catalogue's)
 _FIELD_TYPES = {"passed": int, "mismatches": int, "memory_mismatches": int, "duration_seconds": float,
@@ -231,9 +233,19 @@ class Child:
         return res
 
 
+# The child runs this file as a script: it imports only the standard library, numpy and the
+# engine, so any interpreter with those can run it (``canary.python``: one with torch or cupy).
+WORKER = str(Path(__file__).resolve().parents[1] / "canary_worker.py")
+
+
 def worker_argv(engine: str, size: int, dtype: str, seed: int, memory_bytes: int, state_dir: str,
-                label: str, driver: str, inject: tuple[int, int] | None = None) -> list[str]:
-    argv = [sys.executable, "-m", "gpufleet.agent.canary_worker", "--engine", engine, "--size", str(size),
+                label: str, driver: str, inject: tuple[int, int] | None = None,
+                python: str = "") -> list[str]:
+    """The child's command line. ``-P``: the script's folder (gpufleet's agent modules, ``config.py``
+    among them) does not come first on the child's import path, and the child's import path is
+    the interpreter's own (no PYTHONPATH of ours): nothing of gpufleet (``gpufleet/secrets.py``)
+    shadows the standard library or numpy."""
+    argv = [python or sys.executable, "-P", WORKER, "--engine", engine, "--size", str(size),
             "--seed", str(seed), "--memory-bytes", str(memory_bytes), "--state-dir", state_dir,
             "--label", label, "--driver", driver]
     if dtype:
@@ -244,10 +256,8 @@ def worker_argv(engine: str, size: int, dtype: str, seed: int, memory_bytes: int
 
 
 def worker_env(uuid: str | None, index: int | None, cpu_only: bool) -> dict:
-    """The child's environment: one visible GPU, the agent's import path, quiet BLAS threads."""
+    """The child's environment: one visible GPU, quiet BLAS threads, the import path unchanged."""
     env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     if cpu_only:
         env["CUDA_VISIBLE_DEVICES"] = ""
@@ -302,7 +312,7 @@ class CanaryCollector:
                  confirm: int = 2, timeout: float = 120.0, max_rss: int = 4 << 30, parallel: int = 1,
                  drop_dir: str = "", status_every: float = 60.0, reference: str = "",
                  reference_refresh: float = 3600.0, state_dir: str = "", standin: bool = False,
-                 wait: float = 0.0, config: dict | None = None, clock=None):
+                 wait: float = 0.0, python: str = "", config: dict | None = None, clock=None):
         from gpufleet.agent.collectors.ipmi import section_options
 
         o = section_options(config, "canary", CanaryCollector.__init__, locals())
@@ -313,6 +323,9 @@ class CanaryCollector:
             raise ConfigError(f"canary.engine: {engine!r} is not auto, backend, torch, cupy or numpy")
         self.backend = backend
         self.standin = bool(standin)
+        self.python = str(python or "")
+        if self.python and not (os.path.isfile(self.python) and os.access(self.python, os.X_OK)):
+            raise ConfigError(f"canary.python: {self.python} is not an executable file")
         if not 0 < duty <= 1:
             raise ConfigError(f"canary.duty: {duty} is outside (0, 1]")
         for k, v in (("confirm", confirm), ("parallel", parallel)):
@@ -421,8 +434,8 @@ class CanaryCollector:
         if self.standin and nvml:
             return nvml, "standin"
         if engine == "numpy" or not nvml:
-            if engine in ("torch", "cupy"):
-                log.warning("canary: engine %s, but NVML shows no GPU: nothing to check", engine)
+            if engine != "numpy":  # a GPU check or none: the CPU is checked only when asked for
+                log.info("canary: engine %s, but NVML shows no GPU: no checks of its own", engine)
                 return [], "none"
             import platform
 
@@ -485,7 +498,7 @@ class CanaryCollector:
                     "wall_s": time.perf_counter() - t0}
         argv = worker_argv(self.child_engine, size, self.dtype, self.seed,
                            self.memory_bytes if size == self.size else 0, self.state_dir, g.label,
-                           self.driver, inject)
+                           self.driver, inject, self.python)
         g.child = Child(argv, worker_env(g.uuid, g.index, self.cpu_only), self.timeout, self.max_rss,
                         self.cpu_only)
         return None
@@ -519,6 +532,8 @@ class CanaryCollector:
     def _error(self, g: _Gpu, res: dict) -> None:
         g.errors += 1
         why = " ".join(str(res.get("error") or res.get("reason") or "failed").split())[:300]
+        if res.get("reason") == "no_engine":
+            why += f"; {NO_ENGINE_HINT}"
         self.skipped[g.label] = f"check failed: {why}"
         if g.logged != res.get("reason"):
             g.logged = str(res.get("reason"))

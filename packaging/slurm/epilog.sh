@@ -6,7 +6,9 @@
 # the job had (SLURM_JOB_GPUS; all of them when unset) with `gpufleet canary` and leaves each
 # result in the agent's drop directory, which the agent turns into a gpu_canary row. Each
 # check is a short-lived child with a deadline; the hook exits 0 whatever the canary found (the
-# analyzer pages; set GPUFLEET_CANARY_FAIL_EXIT=1 to let a failed check drain the node).
+# analyzer pages; set GPUFLEET_CANARY_FAIL_EXIT=1 to let a failed check drain the node; a check
+# that could not run, `gpufleet canary` exit 3, is logged and never drains it). The engine
+# comes from canary.python in /etc/gpufleet/agent.toml, as for the agent.
 #
 # Settings (environment, or edit here): GPUFLEET (the gpufleet command), GPUFLEET_CANARY_DROP,
 # GPUFLEET_CANARY_STATE, GPUFLEET_CANARY_ENGINE (auto|torch|cupy|numpy), GPUFLEET_CANARY_TIMEOUT,
@@ -25,7 +27,9 @@ for gpu in $(echo "${SLURM_JOB_GPUS:-all}" | tr ',' ' '); do
     out=$("$GPUFLEET" canary --gpu "$gpu" --engine "$ENGINE" --force --drop-dir "$DROP" \
         --state-dir "$STATE" --timeout "$TIMEOUT" --source "$SOURCE:${SLURM_JOB_ID:-}" \
         $GPUFLEET_CANARY_ARGS 2>&1) || {
-        rc=1
+        status=$?
+        # 1: a check failed; 3: not checked (no CUDA engine, busy): logged, never a drain
+        [ "$status" = 3 ] || rc=1
         logger -t gpufleet-canary "job ${SLURM_JOB_ID:-?} gpu $gpu: $out" 2>/dev/null
     }
 done
