@@ -159,14 +159,17 @@ def parse(data: dict) -> list[Metric]:
     return metrics
 
 
-DCGM_KEYS = {"name", "type", "unit", "scale", "sum", "match", "note"}
+DCGM_KEYS = {"name", "type", "unit", "scale", "sum", "match", "note", "value"}
 
 
 def _check_dcgm(m: Metric) -> None:
     d = m.dcgm
     where = f"{m.measurement}.{m.field}: dcgm"
     if set(d) - DCGM_KEYS or not {"name", "type", "unit"} <= set(d):
-        raise CatalogueError(f"{where}: keys are name, type, unit and optionally scale, sum, match, note")
+        raise CatalogueError(f"{where}: keys are name, type, unit and optionally scale, sum, match, value, "
+                             "note")
+    if d.get("value", "int") not in ("int", "float"):
+        raise CatalogueError(f"{where}: value is int or float")
     if not str(d["name"]).startswith("DCGM_FI_") or d["type"] not in ("gauge", "counter"):
         raise CatalogueError(f"{where}: a DCGM_FI_* name and type gauge or counter")
     if d.get("sum") not in (None, "link") or (d.get("sum") and m.measurement != "gpu_nvlink"):
