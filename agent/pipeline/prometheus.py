@@ -81,6 +81,7 @@ class Family:
     om_type: str
     help: str
     series: list[int] = field(default_factory=list)
+    dcgm: bool = False  # a dcgm-exporter name: its GPU series carry the hpc_job label
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +92,21 @@ class Snapshot:
     values: dict
     jobs: dict  # uuid -> job id (dcgm names' hpc_job label)
     layout: tuple  # ((family, (series id, ...)), ...) as registered when the snapshot was made
+    reg: _Registry | None = None  # the series registry those ids index (a reset starts a new one)
+
+
+class _Registry:
+    """Series id -> rendered name and labels, its GPU; the render caches. Appended to by the
+    tick, read by scrapes; a reset replaces it whole, so a snapshot keeps the one it indexes."""
+
+    __slots__ = ("prefix", "labels", "uuid", "job_prefix", "lines")
+
+    def __init__(self):
+        self.prefix: list[str] = []  # 'name{labels} '
+        self.labels: list[tuple] = []
+        self.uuid: list[str | None] = []
+        self.job_prefix: dict[tuple[int, str], str] = {}  # (series id, job) -> prefix with hpc_job
+        self.lines: dict[int, tuple] = {}  # series id -> (value, its line) of the last render
 
 
 @dataclass(slots=True)
@@ -145,14 +161,14 @@ class PrometheusExporter(MetricExporter):
         self._families: list[Family] = []
         self._family_ix: dict[str, Family] = {}
         self._series: dict[tuple, int] = {}
-        self._prefix: list[str] = []  # series id -> 'name{labels}' (text and OpenMetrics alike)
-        self._series_labels: list[tuple] = []  # series id -> label pairs (for the job label)
-        self._series_uuid: list[str | None] = []
+        self._reg = _Registry()
+        self._prefix = self._reg.prefix  # series id -> 'name{labels} ' (text and OpenMetrics alike)
+        self._series_labels = self._reg.labels  # series id -> label pairs (for the job label)
+        self._series_uuid = self._reg.uuid
         self._plans: dict[str, dict[int, tuple[object, _Plan | None]]] = {}
         self._resources: dict[int, tuple[object, tuple]] = {}
         self._layout: tuple = ()
         self._layout_len = -1
-        self._job_prefix: dict[tuple[int, str], str] = {}
 
     # ------------------------------------------------------------------ server
     def start(self) -> None:
@@ -221,7 +237,8 @@ class PrometheusExporter(MetricExporter):
     def _family(self, sample: str, text_type: str, om_name: str, om_type: str, help_: str) -> Family:
         fam = self._family_ix.get(sample)
         if fam is None:
-            fam = self._family_ix[sample] = Family(sample, text_type, om_name, om_type, help_)
+            fam = self._family_ix[sample] = Family(sample, text_type, om_name, om_type, help_,
+                                                   dcgm=sample.startswith("DCGM_"))
             self._families.append(fam)
         return fam
 
@@ -398,7 +415,7 @@ class PrometheusExporter(MetricExporter):
         if len(self._prefix) != self._layout_len:
             self._layout = tuple((fam, tuple(fam.series)) for fam in self._families)
             self._layout_len = len(self._prefix)
-        self.snapshot = Snapshot(tick_ns, values, dict(self._jobs), self._layout)  # the one swap
+        self.snapshot = Snapshot(tick_ns, values, dict(self._jobs), self._layout, self._reg)  # the one swap
         self.export_cpu_seconds = time.process_time() - c0
         return MetricExportResult.SUCCESS
 
@@ -440,41 +457,46 @@ class PrometheusExporter(MetricExporter):
         return body
 
     def _render(self, snap: Snapshot, om: bool) -> bytes:
-        values, jobs = snap.values, snap.jobs
-        prefix = self._prefix
-        uuid_of = self._series_uuid
+        values, jobs, reg = snap.values, snap.jobs, snap.reg
+        if reg is None:
+            return b"# EOF\n" if om else b""
+        prefix, uuid_of, last = reg.prefix, reg.uuid, reg.lines
+        if len(last) > len(prefix):
+            last.clear()
         out: list[str] = []
         add = out.append
         for fam, sids in snap.layout:
-            lines = []
-            for sid in sids:
-                v = values.get(sid)
-                if v is None:
-                    continue
-                p = prefix[sid]
-                if jobs and fam.sample.startswith("DCGM_") and (job := jobs.get(uuid_of[sid])) is not None:
-                    p = self._with_job(sid, job)
-                lines.append(p + (repr(v) if v.__class__ is float else str(v)))
-            if not lines:
+            got = [(s, values[s]) for s in sids if s in values]
+            if not got:
                 continue
             if om:
-                add(f"# HELP {fam.om_name} {_escape_help(fam.help)}")
-                add(f"# TYPE {fam.om_name} {fam.om_type}")
+                add(f"# HELP {fam.om_name} {_escape_help(fam.help)}\n# TYPE {fam.om_name} {fam.om_type}")
             else:
-                add(f"# HELP {fam.sample} {_escape_help(fam.help)}")
-                add(f"# TYPE {fam.sample} {fam.text_type}")
-            out.extend(lines)
+                add(f"# HELP {fam.sample} {_escape_help(fam.help)}\n# TYPE {fam.sample} {fam.text_type}")
+            if jobs and fam.dcgm:  # the job rides as a label of the GPU's dcgm series
+                wj = self._with_job
+                add("\n".join((wj(reg, s, job) if (job := jobs.get(uuid_of[s])) is not None else prefix[s])
+                               + (repr(v) if v.__class__ is float else str(v)) for s, v in got))
+            else:  # a line whose value did not change since the last render is reused (held tiers)
+                lines = []
+                for s, v in got:
+                    c = last.get(s)
+                    if c is None or c[0] != v or c[0].__class__ is not v.__class__:
+                        c = last[s] = (v, prefix[s] + (repr(v) if v.__class__ is float else str(v)))
+                    lines.append(c[1])
+                add("\n".join(lines))
         if om:
             add("# EOF")
         return ("\n".join(out) + "\n").encode() if out else b"# EOF\n" if om else b""
 
-    def _with_job(self, sid: int, job: str) -> str:
+    @staticmethod
+    def _with_job(reg: _Registry, sid: int, job: str) -> str:
         key = (sid, job)
-        p = self._job_prefix.get(key)
+        p = reg.job_prefix.get(key)
         if p is None:
-            if len(self._job_prefix) > MAX_SERIES:
-                self._job_prefix.clear()
-            labels = self._series_labels[sid] + (("hpc_job", job),)
-            name = self._prefix[sid].split("{", 1)[0]
-            p = self._job_prefix[key] = f"{name}{{{_labels(labels)}}} "
+            if len(reg.job_prefix) > MAX_SERIES:
+                reg.job_prefix.clear()
+            labels = reg.labels[sid] + (("hpc_job", job),)
+            name = reg.prefix[sid].split("{", 1)[0]
+            p = reg.job_prefix[key] = f"{name}{{{_labels(labels)}}} "
         return p
