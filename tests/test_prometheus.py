@@ -213,6 +213,22 @@ def test_scrapes_never_touch_nvml_and_a_stalled_scraper_never_stalls_the_loop(tm
         ag.close(0)
 
 
+def test_a_reloaded_agent_serves_again_on_the_same_port(tmp_path):
+    """SIGHUP builds a new Agent after closing the old one: the port is free again at once."""
+    port = free_port()
+    for n in range(2):
+        doc = {"agent": {"backend": "sim", "interval": 1, "exporters": ["prometheus"], "host": f"n{n}"},
+               "prometheus": {"listen": f"127.0.0.1:{port}", "names": "dcgm"}}
+        ag = Agent(config.validate(doc))
+        try:
+            ag.tick(time.time_ns())
+            assert {s.labels["Hostname"] for s in samples(scrape(ag).text)} == {f"n{n}"}
+        finally:
+            ag.close(0)
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+
+
 # ---------------------------------------------------------------------------- a recorded real GPU
 def test_recorded_h100_served_as_dcgm_gives_what_nvml_answered(tmp_path):
     """The H100 recording through names = "dcgm": each value is what its NVML answer implies in
