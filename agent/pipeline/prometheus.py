@@ -99,14 +99,15 @@ class _Registry:
     """Series id -> rendered name and labels, its GPU; the render caches. Appended to by the
     tick, read by scrapes; a reset replaces it whole, so a snapshot keeps the one it indexes."""
 
-    __slots__ = ("prefix", "labels", "uuid", "job_prefix", "lines")
+    __slots__ = ("prefix", "labels", "uuid", "job_prefix", "lines", "blocks")
 
     def __init__(self):
         self.prefix: list[str] = []  # 'name{labels} '
         self.labels: list[tuple] = []
         self.uuid: list[str | None] = []
         self.job_prefix: dict[tuple[int, str], str] = {}  # (series id, job) -> prefix with hpc_job
-        self.lines: dict[int, tuple] = {}  # series id -> (value, its line) of the last render
+        self.lines: dict[int, tuple] = {}  # series id -> (value, job, its line) of the last render
+        self.blocks: dict[tuple, tuple] = {}  # (family, format) -> (its values, its text), last render
 
 
 @dataclass(slots=True)
@@ -463,28 +464,39 @@ class PrometheusExporter(MetricExporter):
         prefix, uuid_of, last = reg.prefix, reg.uuid, reg.lines
         if len(last) > len(prefix):
             last.clear()
+        blocks = reg.blocks
         out: list[str] = []
         add = out.append
         for fam, sids in snap.layout:
+            with_jobs = bool(jobs) and fam.dcgm  # the job rides as a label of the GPU's dcgm series
+            if not with_jobs:  # a family whose values all held since the last render: its block again
+                vals = tuple(map(values.get, sids))
+                hit = blocks.get((fam.sample, om))
+                if hit is not None and hit[0] == vals:
+                    if hit[1]:
+                        add(hit[1])
+                    continue
             got = [(s, values[s]) for s in sids if s in values]
-            if not got:
-                continue
             if om:
-                add(f"# HELP {fam.om_name} {_escape_help(fam.help)}\n# TYPE {fam.om_name} {fam.om_type}")
+                head = f"# HELP {fam.om_name} {_escape_help(fam.help)}\n# TYPE {fam.om_name} {fam.om_type}\n"
             else:
-                add(f"# HELP {fam.sample} {_escape_help(fam.help)}\n# TYPE {fam.sample} {fam.text_type}")
-            if jobs and fam.dcgm:  # the job rides as a label of the GPU's dcgm series
-                wj = self._with_job
-                add("\n".join((wj(reg, s, job) if (job := jobs.get(uuid_of[s])) is not None else prefix[s])
-                               + (repr(v) if v.__class__ is float else str(v)) for s, v in got))
-            else:  # a line whose value did not change since the last render is reused (held tiers)
-                lines = []
-                for s, v in got:
-                    c = last.get(s)
-                    if c is None or c[0] != v or c[0].__class__ is not v.__class__:
-                        c = last[s] = (v, prefix[s] + (repr(v) if v.__class__ is float else str(v)))
-                    lines.append(c[1])
-                add("\n".join(lines))
+                head = f"# HELP {fam.sample} {_escape_help(fam.help)}\n# TYPE {fam.sample} {fam.text_type}\n"
+            lines = []  # a line whose value (and job) did not change since the last render is reused
+            for s, v in got:
+                j = jobs.get(uuid_of[s]) if with_jobs else None
+                c = last.get(s)
+                if c is None or c[0] != v or c[0].__class__ is not v.__class__ or c[1] != j:
+                    p = prefix[s] if j is None else self._with_job(reg, s, j)
+                    c = last[s] = (v, j, p + (repr(v) if v.__class__ is float else str(v)))
+                lines.append(c[2])
+            if with_jobs:
+                if lines:
+                    add(head + "\n".join(lines))
+                continue
+            block = head + "\n".join(lines) if lines else ""
+            blocks[(fam.sample, om)] = (vals, block)
+            if block:
+                add(block)
         if om:
             add("# EOF")
         return ("\n".join(out) + "\n").encode() if out else b"# EOF\n" if om else b""
