@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 from gpufleet.errors import ConfigError
 from gpufleet.units import parse_duration, parse_size
 
-EXPORTERS = ("file", "influx", "otlp")
+EXPORTERS = ("file", "influx", "otlp", "prometheus")
 INFLUX = "influx"  # the exporter of the [influx] table; [influx.NAME] tables are "influx.NAME"
 _DEST_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")
 STATE_DIR = "/var/lib/gpufleet-agent"  # the systemd unit's StateDirectory: the one place it may write
@@ -99,6 +99,10 @@ SCHEMA: dict[str, dict[str, Spec]] = {
         "protocol": Spec("choice", "http/protobuf", choices=("http/protobuf", "grpc")),
         "timeout": Spec("duration", 10.0, 0.1, 300.0),
         "insecure": Spec("bool", True),
+    },
+    "prometheus": {  # GET /metrics (dcgm-exporter's port); beyond loopback only when listen says so
+        "listen": Spec("str", "127.0.0.1:9400"),
+        "names": Spec("choice", "gpufleet", choices=("gpufleet", "dcgm", "both")),
     },
     "spool": {
         "dir": Spec("path", f"{STATE_DIR}/spool"),
@@ -433,10 +437,22 @@ def _cross_check(c: dict[str, dict[str, object]]) -> None:
             raise _bad("otlp.endpoint", f"not a URL ({exc})") from None
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise _bad("otlp.endpoint", "expected http(s)://HOST:PORT[/path]")
+    if "prometheus" in a["exporters"]:
+        parse_listen(c["prometheus"]["listen"])
     for key in ("host", "sim_node"):
         if a[key]:
             _check_tag_value(f"agent.{key}", a[key])
             _check_host(f"agent.{key}", a[key])
+
+
+def parse_listen(value: str, key: str = "prometheus.listen") -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` for IPv6) -> (host, port); ConfigError naming ``key``."""
+    host, sep, port = value.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise _bad(key, f"expected HOST:PORT, e.g. 127.0.0.1:9400, got {value!r}")
+    return host, int(port)
 
 
 def parse_text(text: str, origin: str = "config") -> dict[str, dict[str, object]]:

@@ -4,8 +4,9 @@ Every ``interval`` seconds: run each collector once (timed and isolated: one fai
 the others), add the agent's own rows (``gpufleet_collector``, ``gpufleet_agent``), hand them to
 the pipeline in one observation pass and collect OpenTelemetry once (exporters: ``file``,
 ``influx`` and any ``influx.NAME`` destinations, each through its own disk spool and sender,
-``otlp``). systemd: ``READY=1`` after the first successful
-poll, ``WATCHDOG=1`` after every completed healthy tick, ``STATUS=`` a summary, ``STOPPING=1``.
+``otlp``, ``prometheus``: a scrape endpoint serving the last completed tick). systemd:
+``READY=1`` after the first successful poll, ``WATCHDOG=1`` after every completed healthy tick,
+``STATUS=`` a summary, ``STOPPING=1``.
 Degraded (the spool cannot be written: disk full, directory unusable): STATUS says why and the
 points are counted as dropped; past ``degraded_restart`` the pings stop, so systemd restarts the
 unit (without a watchdog the agent exits 1). Each spool is owned by one agent (a lock taken first
@@ -125,6 +126,7 @@ class Agent:
         exporters = agent_config.exporters(cfg)
         self.outputs: list[Output] = []  # one per influx destination: its spool and sender
         self.file = None
+        self.prom = None
         dests = agent_config.influx_destinations(cfg)
         secrets = {d.name: agent_config.influx_secret(d.cfg, d.name) for d in dests}
         self._closed = False
@@ -157,7 +159,18 @@ class Agent:
                 from gpufleet.agent.pipeline.otlp import make_exporter
 
                 exps.append(make_exporter(cfg["otlp"]))
+            if "prometheus" in exporters:
+                from gpufleet.agent.pipeline.prometheus import PrometheusExporter
+
+                pc = cfg["prometheus"]
+                # slow-tier values are held between the polls that read them: the longest cadence
+                hold = 2 * max(60.0, float(cfg["gpu"]["nvlink_interval"]),
+                               float(cfg["canary"]["status_every"])) + self.interval
+                self.prom = PrometheusExporter(pc["listen"], pc["names"], hold_s=hold)
+                exps.append(self.prom)
             self.pipeline = Pipeline(self.host, cfg["labels"], exps)
+            if self.prom is not None:
+                self.prom.start()
         except BaseException:
             self._close_parts()
             raise
@@ -327,6 +340,8 @@ class Agent:
             out.spool.close()
         if self.file is not None:
             self.file.close()
+        if self.prom is not None:
+            self.prom.shutdown()
 
 
 class Daemon:
@@ -477,7 +492,7 @@ def _setup_logging(level: str) -> None:
               help="agent.toml (default: built-in defaults; see docs/agent.md).")
 @click.option("--backend", default=None, help="nvml | sim | recorded:PATH")
 @click.option("--interval", default=None, help="poll and export interval, e.g. 10s (1s .. 1h)")
-@click.option("--exporter", "exporters", multiple=True, help="file | influx | otlp (repeatable)")
+@click.option("--exporter", "exporters", multiple=True, help="file | influx | otlp | prometheus (repeatable)")
 @click.option("--influx-url", default=None)
 @click.option("--influx-api", default=None, help="v1 (POST /write) | v2 (influxdb-client WriteApi)")
 @click.option("--influx-db", default=None)

@@ -80,6 +80,8 @@ class Metric:
     read: str = ""
     gpm_metric: str = ""
     needs_nvlink: bool = False
+    # dcgm-exporter name, type, unit, scale, sum, match, note (see catalogue.toml); {} when none
+    dcgm: dict = field(default_factory=dict)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -150,9 +152,59 @@ def parse(data: dict) -> list[Metric]:
             raise CatalogueError(f"{m.measurement}.{m.field}: measurement has no identity tags")
         if m.key in seen:
             raise CatalogueError(f"{m.measurement}.{m.field}: declared twice")
+        if m.dcgm:
+            _check_dcgm(m)
         seen.add(m.key)
         metrics.append(m)
     return metrics
+
+
+DCGM_KEYS = {"name", "type", "unit", "scale", "sum", "match", "note", "value"}
+
+
+def _check_dcgm(m: Metric) -> None:
+    d = m.dcgm
+    where = f"{m.measurement}.{m.field}: dcgm"
+    if set(d) - DCGM_KEYS or not {"name", "type", "unit"} <= set(d):
+        raise CatalogueError(f"{where}: keys are name, type, unit and optionally scale, sum, match, value, "
+                             "note")
+    if d.get("value", "int") not in ("int", "float"):
+        raise CatalogueError(f"{where}: value is int or float")
+    if not str(d["name"]).startswith("DCGM_FI_") or d["type"] not in ("gauge", "counter"):
+        raise CatalogueError(f"{where}: a DCGM_FI_* name and type gauge or counter")
+    if d.get("sum") not in (None, "link") or (d.get("sum") and m.measurement != "gpu_nvlink"):
+        raise CatalogueError(f"{where}: sum = \"link\" is for gpu_nvlink fields")
+    if m.kind == "event" and not d.get("match"):
+        raise CatalogueError(f"{where}: an event field needs match (the tags of the events it serves)")
+
+
+@cache
+def dcgm_names() -> dict[str, Metric]:
+    """dcgm-exporter name -> the catalogue entry served as it (prometheus exporter, names = "dcgm")."""
+    out: dict[str, Metric] = {}
+    for m in load():
+        if m.dcgm:
+            if m.dcgm["name"] in out:
+                raise CatalogueError(f"{m.dcgm['name']}: served by two entries")
+            out[m.dcgm["name"]] = m
+    return out
+
+
+@cache
+def dcgm_not_served() -> dict[str, str]:
+    """dcgm-exporter names gpufleet does not serve -> why (``[dcgm_not_served]``)."""
+    return dict(_document().get("dcgm_not_served", {}))
+
+
+@cache
+def otel_identity() -> dict[str, dict[str, str]]:
+    """``[otel_identity]``: OpenTelemetry attribute -> {"tag": T} | {"value": V} | {"template": S}."""
+    out = {}
+    for k, spec in _document().get("otel_identity", {}).items():
+        if not isinstance(spec, dict) or len(spec) != 1 or not {"tag", "value", "template"} >= set(spec):
+            raise CatalogueError(f"otel_identity.{k}: one of tag, value or template")
+        out[k] = dict(spec)
+    return out
 
 
 @cache

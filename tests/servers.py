@@ -158,15 +158,30 @@ class VictoriaMetrics(Server):
 
     name = "victoria-metrics"
 
-    def __init__(self, tmp: Path):
+    def __init__(self, tmp: Path, scrape: list[str] | None = None):
         super().__init__(tmp)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.scrape = scrape  # HOST:PORT targets scraped every second (-promscrape.config)
+        if scrape:
+            targets = ", ".join(f'"{t}"' for t in scrape)
+            (self.tmp / "scrape.yml").write_text(
+                "scrape_configs:\n  - job_name: gpufleet\n    scrape_interval: 1s\n"
+                f"    static_configs:\n      - targets: [{targets}]\n")
 
     def command(self):
-        return ["victoria-metrics", f"-storageDataPath={self.tmp}/vm",
-                f"-httpListenAddr=127.0.0.1:{self.port}",
-                "-retentionPeriod=100y", "-search.latencyOffset=0s"]
+        cmd = ["victoria-metrics", f"-storageDataPath={self.tmp}/vm",
+               f"-httpListenAddr=127.0.0.1:{self.port}",
+               "-retentionPeriod=100y", "-search.latencyOffset=0s"]
+        if self.scrape:
+            cmd += [f"-promscrape.config={self.tmp}/scrape.yml", "-promscrape.config.strictParse"]
+        return cmd
+
+    def query(self, promql: str) -> list[dict]:
+        """An instant PromQL/MetricsQL query: the result vector (metric labels, value)."""
+        r = requests.get(self.url + "/api/v1/query", params={"query": promql}, timeout=30)
+        r.raise_for_status()
+        return r.json()["data"]["result"]
 
     def ready(self):
         return requests.get(self.url + "/health", timeout=1).text.strip() == "OK"

@@ -139,7 +139,7 @@ class RecordedBackend(AnswerBackend):
 
         by_name = {name: mid for mid, name in GPM_METRICS.items()}
         cols = {  # gpm_probe.json column -> the catalogue field of that GPM metric
-            "sm_util": "sm_active_ratio",
+            "sm_util": "sm_active_ratio", "graphics_util": "gr_engine_active_ratio",
             "sm_occupancy": "sm_occupancy_ratio", "any_tensor_util": "tensor_active_ratio",
             "dram_bw_util": "dram_active_ratio", "pcie_tx_mib_s": "pcie_tx_bytes_per_second",
             "pcie_rx_mib_s": "pcie_rx_bytes_per_second", "nvlink_tx_mib_s": "nvlink_tx_bytes_per_second",

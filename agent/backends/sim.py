@@ -475,6 +475,7 @@ class TinyNode:
                 # GPM over the last interval: a bf16 training step as the H200 showed it
                 # (gpm_probe.json: SM 96 %, tensor 93 %, DRAM 16 %), 0 at idle
                 "sm_active_ratio": 0.95 + 0.01 * wobble if busy else 0.0,
+                "gr_engine_active_ratio": 0.99 if busy else 0.0,
                 "sm_occupancy_ratio": 0.14 if busy else 0.0,
                 "tensor_active_ratio": 0.92 + 0.01 * wobble if busy else 0.0,
                 "dram_active_ratio": 0.16 if busy else 0.0,

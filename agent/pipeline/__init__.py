@@ -209,6 +209,7 @@ class Pipeline:
             cached = attrs_cache.get(tkey)
             if cached is None:
                 tags = {k: v for k, v in s.tags.items() if k != "host" and v is not None and v != ""}
+                tags.update(self.cat.identity_attributes(tags))  # hw.id, hw.name, ... (GPU rows)
                 cached = attrs_cache[tkey] = (tags, {})
                 for slot in self._meas_slots[s.measurement]:
                     sets[slot] += 1

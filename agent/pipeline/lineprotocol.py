@@ -3,9 +3,10 @@
 Each data point is mapped back to its catalogue entry (instrument name + fixed attributes);
 points that share measurement, tags and time become one row (one line per GPU per timestamp,
 not one per metric). Tags: the resource's ``host.name`` as ``host``, the operator labels, and the
-point's remaining attributes, sorted and escaped (``gpufleet.lineprotocol``). Field types follow
-the catalogue: an ``int`` field is always written ``123i``, a ``float`` field always as a float
-(InfluxDB refuses a field whose type changes), strings quoted. Rows are stamped with the tick's
+point's remaining attributes (less the GPU identity ones, ``hw.id`` ...), sorted and escaped
+(``gpufleet.lineprotocol``). Field types follow the catalogue: an ``int`` field is always
+written ``123i``, a ``float`` field always as a float (InfluxDB refuses a field whose type
+changes), strings quoted. Rows are stamped with the tick's
 poll time (events with their own time) at ns or s precision, then handed to the sinks
 (the file writer, the spool of the influx exporter).
 """
@@ -76,14 +77,16 @@ class LineProtocolExporter(MetricExporter):
             return None
         keys = inst.keys
         fixed_value = None
+        ident = self.cat.identity_keys  # derived from the tags: never tags of their own
         if inst.kind == "info":
-            tags = tuple((k, v) for k, v in attrs.items() if k not in keys and k not in inst.fields_by_attr)
+            tags = tuple((k, v) for k, v in attrs.items()
+                         if k not in keys and k not in inst.fields_by_attr and k not in ident)
             val = next((v for k, v in attrs.items() if k in inst.fields_by_attr), None)
             fixed_value = None if val is None else _fmt(val, str)
             if fixed_value is None:
                 return None
         else:
-            tags = tuple((k, v) for k, v in attrs.items() if k not in keys) if keys else tuple(attrs.items())
+            tags = tuple((k, v) for k, v in attrs.items() if k not in keys and k not in ident)
         head = self._head(inst.measurement, base_items + tags)
         return head, escape_key(m.field) + "=", m.python_type, fixed_value
 
@@ -158,7 +161,7 @@ class LineProtocolExporter(MetricExporter):
                 fv = _fmt(v, m.python_type)
                 if fv is not None:
                     fields.append(f"{escape_key(m.field)}={fv}")
-            elif k != EVENT_TIME:
+            elif k != EVENT_TIME and k not in self.cat.identity_keys:
                 tags.append((k, v))
         if fields and t is not None:
             row = rows.setdefault((self._head(inst.measurement, base_items + tuple(tags)), int(t)), [])

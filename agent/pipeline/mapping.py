@@ -10,8 +10,14 @@ that tell entries sharing an instrument apart, e.g. ``hw.sensor_location``).
   as an attribute ``<otel>.<field>`` with its own type, and the event's own time as
   ``gpufleet.event.time_unix_nano`` (events do not happen at the tick).
 
+GPU identity per the OpenTelemetry semantic conventions: every point of a row with a ``uuid``
+tag also carries the ``[otel_identity]`` attributes of the catalogue (``hw.id``, ``hw.name``,
+``hw.vendor``, ``hw.model``, ``hw.type``), built from the row's tags
+(:meth:`Catalogue.identity_attributes`).
+
 Backward (points -> wide rows): :class:`Catalogue` tells which attributes of a point are fixed
-ones and which entry they select; the rest are the row's tags.
+ones and which entry they select, and which are identity attributes (``identity_keys``, derived
+from tags, dropped again); the rest are the row's tags.
 """
 
 from __future__ import annotations
@@ -57,6 +63,8 @@ class Catalogue:
         self.instruments: list[Instrument] = []
         self.by_name: dict[str, Instrument] = {}
         self.forward: dict[str, dict[str, Entry]] = {}
+        self.identity = catalogue.otel_identity()
+        self.identity_keys = frozenset(self.identity)
         groups: dict[str, list[catalogue.Metric]] = {}
         for m in metrics:
             groups.setdefault(m.otel, []).append(m)
@@ -90,6 +98,24 @@ class Catalogue:
                 self.forward.setdefault(m.measurement, {})[m.field] = Entry(
                     metric=m, slot=slot, fixed=fixed or None, info_key=info_key, event_key=event_key,
                     cast=m.python_type, kind=m.kind, slot_key=(slot, *sorted(fixed.items())))
+
+    def identity_attributes(self, tags: dict) -> dict[str, str]:
+        """The semantic-convention identity attributes of a GPU's row ({} without a ``uuid`` tag)."""
+        if "uuid" not in tags:
+            return {}
+        out = {}
+        for k, spec in self.identity.items():
+            if "value" in spec:
+                out[k] = spec["value"]
+            elif "tag" in spec:
+                if tags.get(spec["tag"]):
+                    out[k] = str(tags[spec["tag"]])
+            else:
+                try:
+                    out[k] = spec["template"].format_map(tags)
+                except (KeyError, ValueError):
+                    continue
+        return out
 
     def metric_for(self, inst: Instrument, attrs) -> catalogue.Metric | None:
         if not inst.keys:
