@@ -55,7 +55,6 @@ CREATE TABLE IF NOT EXISTS action_log (
     at REAL NOT NULL, status TEXT NOT NULL, argv TEXT, rc INTEGER, seconds REAL, output TEXT, detail TEXT);
 CREATE INDEX IF NOT EXISTS action_log_recent ON action_log(sink, at);
 """
-SEVERITY_RANK = {"critical": 0, "error": 1, "warning": 2, "info": 3}
 
 
 def incident_key(r: Record) -> str:
