@@ -48,12 +48,6 @@ def detector_defaults() -> dict[str, dict]:
     return {kind: copy.deepcopy(cls.params) for kind, cls in REGISTRY.items()}
 
 
-def __getattr__(name: str):
-    if name == "DETECTORS":  # the detectors' defaults, derived from the registry
-        return detector_defaults()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 # value ranges (inclusive); a detector key matches its own name first, then its suffix
 DAY = 86400.0
 RANGES: dict[str, tuple[float, float]] = {
@@ -117,11 +111,6 @@ def parse_duration(v, where: str) -> float:
     return units.parse_duration(v, where, ConfigError)
 
 
-_duration = parse_duration
-
-
-
-
 class Config:
     def __init__(self):
         self.analyzer = dict(ANALYZER)
@@ -157,7 +146,7 @@ class Config:
             if key not in self.analyzer:
                 raise ConfigError(f"{src}: [analyzer] unknown key {k!r}")
             where = f"{src}: analyzer.{k}"
-            self.analyzer[key] = _number(_duration(v, where), where, key)
+            self.analyzer[key] = _number(parse_duration(v, where), where, key)
         for name, params in (doc.get("detectors") or {}).items():
             if name not in self.detectors:
                 raise ConfigError(f"{src}: unknown detector {name!r} (one of {', '.join(self.detectors)})")
@@ -174,7 +163,7 @@ class Config:
                     ):
                         raise ConfigError(f"{where} must be a list of XID numbers, got {v!r}")
                 elif k.endswith("_seconds"):
-                    v = _number(_duration(v, where), where, k)
+                    v = _number(parse_duration(v, where), where, k)
                 else:
                     v = _number(v, where, k, integer=isinstance(old, int))
                 self.detectors[name][k] = v
@@ -183,7 +172,7 @@ class Config:
                 raise ConfigError(f"{src}: [engine] unknown key {k!r}")
             where = f"{src}: engine.{k}"
             if k.endswith("_seconds"):
-                v = _number(_duration(v, where), where, k)
+                v = _number(parse_duration(v, where), where, k)
             elif k == "fold":
                 if not isinstance(v, dict) or not all(
                     a in self.detectors and isinstance(b, list) and all(x in self.detectors for x in b)

@@ -279,17 +279,6 @@ class Table:
         idx = _carry(np.where(np.isnan(v), 0, np.arange(len(v))))
         return np.where(idx >= self.entity_start(), v[idx], np.nan)
 
-    def ffill_text(self, name: str) -> np.ndarray:
-        """Forward-fill a string column within each entity (None before the first value)."""
-        v = self.text.get(name)
-        if v is None:
-            return np.full(len(self.t), None, dtype=object)
-        idx = self._ffill_index(v != None)  # noqa: E711 - elementwise on an object array
-        out = np.full(len(v), None, dtype=object)
-        ok = idx >= 0
-        out[ok] = v[idx[ok]]
-        return out
-
     def ffill_codes(self, name: str) -> np.ndarray:
         """Forward-filled integer codes of a string column (equal strings, equal codes; -1 none)."""
         return self.cached(("ffill_codes", name), lambda: self._ffill_codes(name))
@@ -361,18 +350,6 @@ class Table:
         lo, hi = self._span(seconds)
         c = np.concatenate([[0], np.cumsum(mask)])
         return c[hi] - c[lo]
-
-    def rolling_first(self, mask: np.ndarray, seconds: float) -> np.ndarray:
-        """Time of the entity's first row with ``mask`` set within the trailing ``seconds`` (NaN: none)."""
-        lo, hi = self._span(seconds)
-        pos = np.where(mask, np.arange(len(mask)), len(mask))
-        # next masked row at or after each index
-        nxt = np.minimum.accumulate(pos[::-1])[::-1] if len(pos) else pos
-        j = nxt[np.minimum(lo, len(mask) - 1)] if len(mask) else lo
-        ok = j < hi
-        out = np.full(len(mask), np.nan)
-        out[ok] = self.t[j[ok]]
-        return out
 
     def _span(self, seconds: float):
         """Per row: [lo, hi) row range of the entity's trailing ``seconds`` (inclusive)."""

@@ -403,8 +403,8 @@ class _Writer(threading.Thread):
 
 
 def bench_latency(quick: bool, tmp: Path) -> list[dict]:
+    from tests.alerting_receiver import Receiver
     from tests.servers import Alertmanager, InfluxDB1, free_port
-    from tests.test_alerting_receiver import Receiver
 
     faults = 4 if quick else 10
     every = 3.0

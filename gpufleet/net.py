@@ -5,7 +5,8 @@
 masked; with ``keep_path=False`` (webhook URLs, whose path is the secret) the path and query
 become ``/***``. :func:`classify` turns an HTTP status and its ``Retry-After`` header into
 ``ok`` / ``retry`` / ``refused``; :func:`retry_after_seconds` reads the header as delta-seconds
-or as an HTTP date.
+or as an HTTP date. :func:`backoff_delay` is the one retry schedule of every sender and follower
+(the agent's InfluxDB sender, the alert sinks, the IPMI poller, the NVML event follower).
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ from __future__ import annotations
 import base64
 import email.utils
 import json
+import random
 import re
 import time
 from urllib.parse import quote, quote_plus, unquote, urlsplit, urlunsplit
 
 INVALID = "<invalid URL>"
+RETRY_AFTER_MAX = 3600.0
+"""The longest ``Retry-After`` a sender honours (s): a server asking for more is waited on this long."""
 _SECRET_QUERY = re.compile(r"(?i)((?:^|&)(?:token|password|p|u|auth)[^=&]*=)[^&]*")
 
 
@@ -122,3 +126,16 @@ def classify(status: int | None, retry_after: str | None = None,
     if not status or status == 429 or status >= 500:
         return "retry", ra
     return "refused", ra
+
+
+def backoff_delay(attempt: int, base: float, cap: float, jitter: bool = True) -> float:
+    """Seconds to wait after failed attempt number ``attempt`` (1, 2, ...): exponential backoff.
+
+    ``base`` after the first failure, doubling per failure up to ``cap``. With ``jitter`` the
+    delay is drawn uniformly from its upper half, ``[d/2, d]`` ("equal jitter"), so senders that
+    failed together do not retry together and the delay never drops below half the schedule.
+    """
+    d = min(cap, base * 2.0 ** min(max(attempt, 1) - 1, 60))
+    if jitter:
+        d = d / 2 + random.uniform(0, d / 2)
+    return d

@@ -1,7 +1,8 @@
 """Generate ``docs/schema.md`` (the InfluxDB schema) from the catalogue.
 
 ``python -m gpufleet.schema_doc`` prints it; ``--write docs/schema.md`` writes it; ``--check
-docs/schema.md`` exits 1 when the file is out of date. A test keeps the committed file in step.
+docs/schema.md`` exits 1 when the file is out of date. ``python -m gpufleet.regen`` rewrites it with
+the other generated files, and ``tests/test_regen.py`` keeps the committed file in step.
 """
 
 from __future__ import annotations
@@ -55,8 +56,7 @@ def render() -> str:
     out = [
         "# InfluxDB schema",
         "",
-        "<!-- Generated from gpufleet/catalogue.toml by `python -m gpufleet.schema_doc --write "
-        "docs/schema.md`; do not edit by hand. -->",
+        "<!-- Generated from gpufleet/catalogue.toml by `python -m gpufleet.regen`; do not edit by hand. -->",
         "",
         "Every producer (the agent, the simulator) writes exactly these measurements, tags and fields;",
         "every consumer (the analyzer, dashboards, outside tools) reads them. The catalogue",

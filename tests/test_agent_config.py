@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from gpufleet.errors import ConfigError
 from gpufleet.net import redact_url
-from tests.test_agent_support import ROOT, agent_cmd
+from tests.agent_support import ROOT, agent_cmd
 
 EXAMPLE = ROOT / "packaging" / "config" / "agent.toml"
 

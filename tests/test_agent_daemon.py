@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 import time
 
-from tests.test_agent_support import NotifySocket, read_lp_dir, start_agent, stop_agent, wait_for
+from tests.agent_support import NotifySocket, read_lp_dir, start_agent, stop_agent, wait_for
 
 
 def test_notify_reload_stop_and_failing_collector(tmp_path):
@@ -13,7 +13,7 @@ def test_notify_reload_stop_and_failing_collector(tmp_path):
     sock_path = notify.path
     cfg = tmp_path / "agent.toml"
     cfg.write_text(f'[agent]\nbackend = "sim"\ninterval = 1\nhost = "n1"\n'
-                   f'collectors = ["gpu", "host", "tests.test_agent_support:Broken"]\n'
+                   f'collectors = ["gpu", "host", "tests.agent_support:Broken"]\n'
                    f'[file]\ndir = "{tmp_path / "lp"}"\n')
     proc = start_agent(tmp_path, "--config", str(cfg), env={"NOTIFY_SOCKET": sock_path})
     msgs, drain = notify.msgs, notify.drain

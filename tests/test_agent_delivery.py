@@ -12,8 +12,7 @@ from collections import Counter
 import requests
 from gpufleet.agent.spool import Spool
 
-from tests.servers import free_port, skip_unless
-from tests.test_agent_support import (
+from tests.agent_support import (
     compare,
     influx_agent_config,
     read_lp_dir,
@@ -21,6 +20,7 @@ from tests.test_agent_support import (
     stop_agent,
     wait_for,
 )
+from tests.servers import free_port, skip_unless
 
 pytestmark = skip_unless("influxd")
 

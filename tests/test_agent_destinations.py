@@ -25,9 +25,9 @@ import requests
 from gpufleet.agent import config
 
 from gpufleet.errors import ConfigError
+from tests.agent_support import ROOT, NotifySocket, agent_cmd, start_agent, stop_agent, wait_for
+from tests.alerting_receiver import Receiver
 from tests.servers import Alertmanager, InfluxDB1, free_port, skip_unless
-from tests.test_agent_support import ROOT, NotifySocket, agent_cmd, start_agent, stop_agent, wait_for
-from tests.test_alerting_receiver import Receiver
 
 TWO = """
 [agent]

@@ -12,8 +12,7 @@ from collections import Counter
 
 from gpufleet.agent.spool import Spool
 
-from tests.servers import InfluxDB1, skip_unless
-from tests.test_agent_support import (
+from tests.agent_support import (
     ROOT,
     NotifySocket,
     agent_cmd,
@@ -24,6 +23,7 @@ from tests.test_agent_support import (
     stop_agent,
     wait_for,
 )
+from tests.servers import InfluxDB1, skip_unless
 
 pytestmark = skip_unless("influxd")
 

@@ -19,7 +19,7 @@ from gpufleet.agent.collectors.gpu import GpuCollector
 from gpufleet.agent.collectors.xid import XidCollector
 
 from gpufleet.errors import ConfigError
-from tests.test_agent_support import ROOT, agent_cmd
+from tests.agent_support import ROOT, agent_cmd
 
 T0 = 1_795_000_000.0  # the fleet's clock: days before the wall clock
 

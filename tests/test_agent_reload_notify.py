@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 import time
 
-from tests.test_agent_support import NotifySocket, start_agent, stop_agent, wait_for
+from tests.agent_support import NotifySocket, start_agent, stop_agent, wait_for
 
 
 def test_reload_sends_reloading_with_monotonic_usec_then_ready_accepted_or_rejected(tmp_path):

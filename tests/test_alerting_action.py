@@ -16,7 +16,7 @@ import pytest
 from gpufleet.analyzer.alerting import Notifier, load_sinks
 
 from gpufleet.errors import ConfigError
-from tests.test_alerting_receiver import T0, Receiver, fast, incident
+from tests.alerting_receiver import T0, Receiver, fast, incident
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDER = """

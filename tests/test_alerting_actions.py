@@ -19,7 +19,7 @@ from gpufleet.analyzer.alerting.actions import (
 )
 
 from gpufleet.records import KINDS
-from tests.test_alerting_receiver import incident
+from tests.alerting_receiver import incident
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNBOOKS = ROOT / "docs" / "runbooks"

@@ -7,8 +7,8 @@ import time
 
 from gpufleet.analyzer.alerting import Notifier, load_sinks
 
+from tests.alerting_receiver import Receiver, fast, incident
 from tests.servers import Alertmanager, skip_unless
-from tests.test_alerting_receiver import Receiver, fast, incident
 
 pytestmark = skip_unless("prometheus-alertmanager")
 

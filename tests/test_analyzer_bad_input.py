@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from gpufleet import records
 from gpufleet.cli import main
+from tests.agent_support import ROOT
 from tests.servers import InfluxDB1, free_port, skip_unless
-from tests.test_agent_support import ROOT
 from tests.test_detectors import T0, fleet
 
 DATA = fleet(fault=("sdc", 1, 2, 95), steps=480)

@@ -73,7 +73,7 @@ def test_online_pages_each_fault_once(tmp_path):
     from gpufleet.analyzer.pipeline import Analyzer
     from gpufleet.analyzer.sources import read_chunks
 
-    from tests.test_alerting_receiver import Receiver, fast
+    from tests.alerting_receiver import Receiver, fast
 
     seed = _seed()
     out = tmp_path / "sim"

@@ -9,7 +9,7 @@ import json
 import subprocess
 import sys
 
-from tests.test_agent_support import ROOT
+from tests.agent_support import ROOT
 
 
 def test_demo_finds_every_injected_fault_through_the_agents(tmp_path):

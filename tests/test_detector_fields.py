@@ -49,7 +49,7 @@ def test_every_field_a_detector_reads_is_parsed(tmp_path, monkeypatch, capsys):
             written.setdefault(p.measurement, set()).update(p.fields)
     read_missing: set[str] = set()
     read_all: set[str] = set()
-    col, text = Table.col, Table.ffill_text
+    col, text = Table.col, Table.ffill_codes
 
     def spy_col(self, name):
         if len(self.t):
@@ -66,7 +66,7 @@ def test_every_field_a_detector_reads_is_parsed(tmp_path, monkeypatch, capsys):
         return text(self, name)
 
     monkeypatch.setattr(Table, "col", spy_col)
-    monkeypatch.setattr(Table, "ffill_text", spy_text)
+    monkeypatch.setattr(Table, "ffill_codes", spy_text)
     an = Analyzer()
     for chunk in read_chunks(out / "telemetry.lp.gz"):
         an.feed_bytes(chunk)
@@ -80,5 +80,5 @@ def test_every_field_a_detector_reads_is_parsed(tmp_path, monkeypatch, capsys):
     assert not unparsed, (
         f"detectors read fields the parser drops (add them to gpufleet.analyzer.pipeline.FIELDS): {unparsed}"
     )
-    assert "power_limit_watts" in read_all and "temperature_gpu_celsius" in read_all
+    assert {"power_limit_watts", "temperature_gpu_celsius", "job_id"} <= read_all
     assert np.isfinite(an.reg.arrays()[0]).all()

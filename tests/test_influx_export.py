@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import time
 
+from tests.agent_support import compare, read_lp_dir, start_agent, stop_agent, wait_for
 from tests.servers import skip_unless
-from tests.test_agent_support import compare, read_lp_dir, start_agent, stop_agent, wait_for
 
 pytestmark = skip_unless("influxd")
 

@@ -9,7 +9,7 @@ import time
 from gpufleet.analyzer.alerting import Notifier, load_sinks
 
 from gpufleet.records import to_rfc3339
-from tests.test_alerting_receiver import T0, Receiver, fast, incident
+from tests.alerting_receiver import T0, Receiver, fast, incident
 
 
 def webhook(rx, **kw):

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import requests
 
+from tests.agent_support import ROOT, start_agent, stop_agent, wait_for
+from tests.alerting_receiver import Receiver
 from tests.servers import Alertmanager, InfluxDB1, free_port, skip_unless
-from tests.test_agent_support import ROOT, start_agent, stop_agent, wait_for
-from tests.test_alerting_receiver import Receiver
 
 pytestmark = [skip_unless("influxd"), skip_unless("prometheus-alertmanager")]
 

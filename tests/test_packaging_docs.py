@@ -19,14 +19,6 @@ def _arithmetic():
     return mod
 
 
-def test_scale_md_numbers_are_current():
-    mod = _arithmetic()
-    doc = (ROOT / "docs" / "scale.md").read_text()
-    block = doc[doc.index(mod.BEGIN):doc.index(mod.END) + len(mod.END)]
-    assert block == mod.render(mod.Fleet()), (
-        "docs/scale.md is out of date with the catalogue: run python docs/scale_arithmetic.py --write")
-
-
 def test_scale_arithmetic_matches_an_independent_count():
     """Values/s for the GPU rows, counted straight from the TOML, not through gpufleet.catalogue."""
     metrics = tomllib.loads((ROOT / "gpufleet" / "catalogue.toml").read_text())["metric"]

@@ -19,7 +19,7 @@ import pytest
 from gpufleet.analyzer.alerting import REGISTRY as SINKS
 from gpufleet.analyzer.alerting import Notifier, load_sinks
 
-from tests.test_alerting_receiver import T0, Receiver, fast, incident
+from tests.alerting_receiver import T0, Receiver, fast, incident
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN, PASSWORD, QUERY = "T0000/B0000/sEcReTtOkEn42", "pw-Secret9x", "qTok77secret"

@@ -15,7 +15,7 @@ from gpufleet.analyzer.alerting import write_pages
 from gpufleet import records
 from gpufleet.cli import main
 from gpufleet.lineprotocol import encode
-from tests.test_alerting_receiver import T0, incident
+from tests.alerting_receiver import T0, incident
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

@@ -8,7 +8,7 @@ from gpufleet.analyzer import config as analyzer_config
 from gpufleet.analyzer.alerting.base import redact_url as sink_redact_url
 
 from gpufleet.errors import ConfigError, GpufleetError
-from gpufleet.net import classify, redact_url, retry_after_seconds
+from gpufleet.net import backoff_delay, classify, redact_url, retry_after_seconds
 from gpufleet.sim import units as sim_units
 from gpufleet.units import parse_duration
 
@@ -73,3 +73,16 @@ def test_agent_reads_retry_after_dates_too():
     assert _classify(400, "unable to parse 'x'", None).retry is False
     assert _classify(404, "database not found", None).retry is True
     assert _classify(204, "", None).ok
+
+
+def test_backoff_doubles_to_the_cap_and_jitters_in_the_upper_half():
+    # the one schedule: base after the first failure, doubling, capped
+    assert [backoff_delay(n, 0.5, 30.0, jitter=False) for n in range(1, 9)] == [
+        0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+    assert backoff_delay(0, 2.0, 10.0, jitter=False) == 2.0  # no failure yet counts as the first
+    assert backoff_delay(10**6, 0.05, 300.0, jitter=False) == 300.0  # no overflow after days of failing
+    for n, full in ((1, 10.0), (3, 40.0), (9, 300.0)):
+        draws = [backoff_delay(n, 10.0, 300.0) for _ in range(400)]
+        assert all(full / 2 <= d <= full for d in draws)
+        assert max(draws) - min(draws) > full / 4  # spread out, not one fixed value
+

@@ -21,7 +21,7 @@ from datetime import datetime
 
 from gpufleet.analyzer.alerting import Notifier, load_sinks
 
-from tests.test_alerting_receiver import T0, Receiver, fast, incident
+from tests.alerting_receiver import T0, Receiver, fast, incident
 
 ROUTING_KEY = "R0123456789abcdef0123456789ABCDE"
 NASTY = 'GPU 3 <script>alert("x")</script> & more > less'

@@ -20,8 +20,8 @@ from gpufleet.agent.backends.recorded import RecordedBackend
 from gpufleet.agent.collectors.gpu import GpuCollector
 from gpufleet.analyzer.alerting import Notifier, load_sinks
 
+from tests.alerting_receiver import T0, Receiver, fast, incident
 from tests.slurm import Slurm, skip_unless_slurm
-from tests.test_alerting_receiver import T0, Receiver, fast, incident
 
 pytestmark = skip_unless_slurm()
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,9 +9,9 @@ import sys
 import time
 from pathlib import Path
 
+from tests.agent_support import start_agent, stop_agent
 from tests.conftest import ROOT
 from tests.slurm import Slurm, skip_unless_slurm
-from tests.test_agent_support import start_agent, stop_agent
 
 HOOKS = ROOT / "packaging" / "slurm"
 

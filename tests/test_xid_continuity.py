@@ -281,7 +281,7 @@ def test_without_a_kernel_log_nvml_xids_go_out_at_once():
 def test_the_agent_delivers_xids_logged_while_it_was_stopped_once(tmp_path):
     """The real ``gpufleet agent run`` process, stopped and started again: the XID logged in
     between reaches its output once, at the kernel's time; the one before is not repeated."""
-    from tests.test_agent_support import read_lp_dir, start_agent, stop_agent, wait_for
+    from tests.agent_support import read_lp_dir, start_agent, stop_agent, wait_for
 
     j = Journal(tmp_path / "journal")
     cfg = tmp_path / "agent.toml"

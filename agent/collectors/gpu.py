@@ -49,6 +49,7 @@ from typing import NamedTuple
 
 import pynvml
 from gpufleet.agent.collectors import CollectorUnavailable
+from gpufleet.agent.jobs import resolve_job
 from gpufleet.agent.model import Sample, register
 
 from gpufleet import catalogue
@@ -373,14 +374,7 @@ class GpuCollector:
                                     c.outs[0][0] if len(c.outs) == 1 and c.outs[0][1:] == _PLAIN else None)
                                    for c in p["calls"])
                        for tier, p in PLAN.items()}
-        self._resolve_job = None
-        if jobs:
-            try:
-                from gpufleet.agent.jobs import resolve_job
-
-                self._resolve_job = resolve_job
-            except ImportError:  # pragma: no cover - jobs module absent
-                self._resolve_job = None
+        self._resolve_job = resolve_job if jobs else None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def _ensure_init(self, now: float) -> list[_Gpu]:

@@ -32,6 +32,7 @@ from pathlib import Path
 from gpufleet.agent.model import Sample, register
 
 from gpufleet.errors import ConfigError, GpufleetError
+from gpufleet.net import backoff_delay
 from gpufleet.secrets import read_secret
 
 
@@ -249,7 +250,7 @@ class IpmiCollector:
                 raise IpmiError(f"ipmi-sensors: BMC {self.target} listed no sensors")
         except IpmiError as exc:
             self._failures += 1
-            delay = min(self.backoff_max, self.backoff_min * 2 ** (self._failures - 1))
+            delay = backoff_delay(self._failures, self.backoff_min, self.backoff_max, jitter=False)
             self._next_try = self._clock() + delay
             self._last_error = str(exc)
             raise

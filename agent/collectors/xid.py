@@ -48,6 +48,7 @@ from gpufleet.agent.model import Sample, register
 
 from gpufleet import catalogue
 from gpufleet.errors import ConfigError, GpufleetError
+from gpufleet.net import backoff_delay
 
 log = logging.getLogger(__name__)
 
@@ -551,7 +552,7 @@ class NvmlEventThread(threading.Thread):
             except pynvml.NVMLError as exc:
                 errors += 1
                 self.status = f"wait failed: {exc}"
-                if self.stop_event.wait(min(30.0, 0.5 * 2 ** min(errors, 6))):
+                if self.stop_event.wait(backoff_delay(errors, 1.0, 30.0, jitter=False)):
                     break
                 continue
             now = getattr(data, "timestamp_ns", None) or time.time_ns()  # a backend's own event time

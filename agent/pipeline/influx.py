@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import gzip
 import logging
-import random
 import re
 import threading
 import time
@@ -38,7 +37,7 @@ from dataclasses import dataclass
 
 from gpufleet.agent.spool import Spool
 
-from gpufleet.net import classify, redact, redact_url, url_secrets
+from gpufleet.net import RETRY_AFTER_MAX, backoff_delay, classify, redact, redact_url, url_secrets
 
 log = logging.getLogger("gpufleet.agent.influx")
 
@@ -309,11 +308,10 @@ class InfluxSender:
         return 0.0 if self.failing_since is None else time.monotonic() - self.failing_since
 
     def backoff(self) -> float:
-        d = min(self.backoff_max, self.backoff_min * (2 ** min(self.failures - 1, 30)))
-        d = d / 2 + random.uniform(0, d / 2)
+        d = backoff_delay(self.failures, self.backoff_min, self.backoff_max)
         ra = getattr(self, "_retry_after", None)
         if ra is not None:
-            d = max(d, min(ra, 3600.0))
+            d = max(d, min(ra, RETRY_AFTER_MAX))
         return d
 
     # ------------------------------------------------------------------ thread

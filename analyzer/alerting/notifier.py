@@ -30,6 +30,7 @@ from pathlib import Path
 from gpufleet.analyzer.alerting.base import Alert, Outcome, Sink
 
 from gpufleet.errors import ConfigError
+from gpufleet.net import RETRY_AFTER_MAX, backoff_delay
 from gpufleet.records import Record, to_rfc3339
 
 log = logging.getLogger("gpufleet.alerting")
@@ -54,7 +55,6 @@ CREATE TABLE IF NOT EXISTS action_log (
     at REAL NOT NULL, status TEXT NOT NULL, argv TEXT, rc INTEGER, seconds REAL, output TEXT, detail TEXT);
 CREATE INDEX IF NOT EXISTS action_log_recent ON action_log(sink, at);
 """
-SEVERITY_RANK = {"critical": 0, "error": 1, "warning": 2, "info": 3}
 
 
 def incident_key(r: Record) -> str:
@@ -525,10 +525,9 @@ class _Worker(threading.Thread):
                 if out.record is None:  # an action sink has logged its own line
                     log.error("sink %s: %s %s rejected, not retried: %s", sink.name, action, grp, out.detail)
             else:
-                delay = min(d.backoff_max, d.backoff * 2 ** (attempts - 1))
-                delay = delay / 2 + random.uniform(0, delay / 2)
+                delay = backoff_delay(attempts, d.backoff, d.backoff_max)
                 if out.retry_after is not None:
-                    delay = min(out.retry_after, 3600.0) + random.uniform(0, 0.05 * d.backoff)
+                    delay = min(out.retry_after, RETRY_AFTER_MAX) + random.uniform(0, 0.05 * d.backoff)
                 self._set(seq, attempts=attempts, next_at=now + delay, last_error=out.detail)
                 (log.warning if attempts == 1 or attempts % 10 == 0 else log.info)(
                     "sink %s: %s %s attempt %d failed (%s); retrying in %.1f s",

@@ -36,7 +36,7 @@ from gpufleet.sim.physics import (
     SW_THERMAL,
     SYNC_BOOST,
 )
-from gpufleet.sim.state import PCIE_ERRORS, SimState
+from gpufleet.sim.state import GOOD_DIGEST, PCIE_ERRORS, SimState
 
 NOT_ON_H200 = {"retired_pages_sbe", "retired_pages_dbe", "retired_pages_pending", "fan_speed_ratio"}
 FLAGS = {
@@ -502,7 +502,7 @@ class Generator:
                     checks += 1
                     failed += int(not self.state.canary(g, float(ts[c]), self.rng)[0])
             else:
-                passed, mism, digest = 1, 0, _GOOD
+                passed, mism, digest = 1, 0, GOOD_DIGEST
             dur = round(0.0029 + float(self.rng.gamma(4.0, 0.0002)), 6)
             fields = {"passed": passed, "mismatches": mism, "duration_seconds": dur, "digest": digest,
                       "checks": checks, "checks_failed": failed}
@@ -613,7 +613,6 @@ def gpu_values(
     return V
 
 
-_GOOD = __import__("gpufleet.sim.state", fromlist=["GOOD_DIGEST"]).GOOD_DIGEST
 CONFIRM = 2  # rechecks after a failed canary check (the agent's canary.confirm default)
 
 

@@ -1,6 +1,6 @@
 """Helpers for the agent tests: run the real ``gpufleet agent run`` process, read what it wrote.
 
-Also a site collector (``tests.test_agent_support:Broken``) that always fails, to show that one
+Also a site collector (``tests.agent_support:Broken``) that always fails, to show that one
 failing collector never stops the others.
 """
 
