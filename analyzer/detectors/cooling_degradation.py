@@ -128,7 +128,7 @@ class CoolingDegradation(Detector):
         steady = valid & settled
         throttled = thermal_bits(tab) > 0
         inlet = self._inlet(window)
-        slope = getattr(self, "slope_", DEFAULT_SLOPE)
+        slope = self._slope_rows(window)
         # the inlet enters as its deviation from the host's usual inlet, so a host whose inlet
         # readings come and go (late, missing, a BMC that answers sometimes) does not jump by 25 °C
         node = window.node_of[tab.ent] if len(tab) else np.zeros(0, np.int64)
@@ -150,6 +150,8 @@ class CoolingDegradation(Detector):
         # levels differ by their offsets, which would move a median of raw levels
         uc = np.where(throttled | ~steady, np.nan, u)
         band = nz_ge(power, self.low_power_watts).astype(np.int64)
+        if len(getattr(self, "slopes_", {})) > 1:  # a mixed fleet: each model's own common mode
+            band = band + 2 * window.reg.model_ids()[tab.ent]
         groups = {"band": buckets(tab.t, 60.0, band)}
         own = self._reference(tab, power)[0]
         c = np.full(len(u), np.nan)
@@ -162,6 +164,41 @@ class CoolingDegradation(Detector):
                 part = {"band": buckets(tab.t[idx], 60.0, band[idx])}
                 c[idx] = np.where(few[idx], _common_mode(part, tab.t[idx], uc[idx], few[idx]), c[idx])
         return u - c, steady, throttled, temp, power
+
+    def _slope_rows(self, window: Window):
+        """The °C per W of each row's GPU model (a scalar where the fleet has one model); NaN for a
+        model whose own slope is not learned yet (its GPUs are neither learned nor judged until then,
+        rather than judged by another model's heatsinks)."""
+        slopes = getattr(self, "slopes_", {})
+        if len(slopes) <= 1 and (not len(window.gpu) or int(window.reg.model_ids().max(initial=0)) == 0):
+            return getattr(self, "slope_", DEFAULT_SLOPE)
+        return lookup(slopes, window.reg.model_ids()[window.gpu.ent])
+
+    def _fit_slopes(self, window: Window) -> None:
+        """The pooled slope (``slope_``) from the first window; per GPU model (``slopes_``), each
+        model from the first window with enough of its own rows."""
+        if not hasattr(self, "slope_"):
+            self.slope_ = self._fit_slope(window)
+        slopes = self.slopes_ = getattr(self, "slopes_", {})
+        tab = window.gpu
+        if not len(tab):
+            return
+        ids = window.reg.model_ids()
+        models = np.unique(ids[np.unique(tab.ent)]).tolist()
+        if len(models) == 1 and not slopes:
+            slopes[models[0]] = self.slope_  # one model: the pooled slope is its own
+            return
+        mrow = ids[tab.ent]
+        late = bool(slopes)  # a model first seen after the fleet's first window
+        for m in models:
+            if m in slopes:
+                continue
+            got = self._fit_slope(window, mrow == m, default=None)
+            if got is not None:
+                slopes[m] = got
+                if late:
+                    self.model_learned_ = {**getattr(self, "model_learned_", {}), m: float(tab.t.max())}
+                getattr(self, "_memo_keep", {}).clear()  # the features change with the slope
 
     def _reference(self, tab, power) -> tuple[np.ndarray, np.ndarray]:
         """Per row: the GPU's learned offset and the bar its excess must pass. At low power the
@@ -196,8 +233,7 @@ class CoolingDegradation(Detector):
     # ------------------------------------------------------------------ learning
     def fit(self, window: Window) -> CoolingDegradation:
         tab = window.gpu
-        if not hasattr(self, "slope_"):
-            self.slope_ = self._fit_slope(window)
+        self._fit_slopes(window)
         self.inlet_ref_ = getattr(self, "inlet_ref_", {})
         bmc = window.bmc
         if len(bmc) and "inlet" in bmc.cols:
@@ -269,12 +305,14 @@ class CoolingDegradation(Detector):
                 getattr(self, "_memo_keep", {}).pop("reference", None)  # the baselines moved
         return self
 
-    def _fit_slope(self, window: Window) -> float:
+    def _fit_slope(self, window: Window, rows: np.ndarray | None = None, default=DEFAULT_SLOPE):
         tab = window.gpu
         t, p = tab.col("temperature_gpu_celsius"), tab.col("power_watts")
         ok = np.isfinite(t) & np.isfinite(p) & (p > 50) & (thermal_bits(tab) == 0)
+        if rows is not None:
+            ok &= rows
         if ok.sum() < 50:
-            return DEFAULT_SLOPE
+            return default
         ent = tab.ent[ok]
         u, inv = np.unique(ent, return_inverse=True)
         tm = np.bincount(inv, t[ok]) / np.bincount(inv)
@@ -586,6 +624,8 @@ class CoolingDegradation(Detector):
     ):
         rows = idx.tolist()
         slope = round(getattr(self, "slope_", DEFAULT_SLOPE), 4)
+        slopes = getattr(self, "slopes_", {})
+        reg, ent = window.reg, window.gpu.ent
 
         def evidence(j):
             i = rows[j]
@@ -598,6 +638,12 @@ class CoolingDegradation(Detector):
                 "power_watts": _r(power[i]),
                 "slope_c_per_w": slope,
             }
+            if len(slopes) > 1:  # a mixed fleet: the GPU's model, judged by its own model's physics
+                mid = int(reg.model_ids()[ent[i]])
+                d["model"] = reg.gpu_model[int(ent[i])]
+                d["slope_c_per_w"] = _r(slopes.get(mid, math.nan))
+                late = mid in getattr(self, "model_learned_", {})
+                d["baseline"] = "own model" + (" (first seen here: learned its own)" if late else "")
             if below is not None:
                 d["before_throttling"] = bool(below[i])
             if count is not None:
