@@ -76,6 +76,9 @@ class CoolingDegradation(Detector):
         "margin_trend_seconds": 600.0,  # thermal margin: its fall over this span gives the time to throttling
         "fan_excess_celsius": 1.5,  # a node's GPUs this far above baseline together, its BMC fans failing
         "fan_drop_share": 0.6,  # a fan below this share of the fleet's median RPM is failing
+        "inlet_rise_seconds": 3600.0,  # a rack's inlet excess pages while it still rises over this span
+        "inlet_rise_celsius": 1.0,  # ... by this much per span (in both halves of it)
+        "near_limit_celsius": 5.0,  # ... or while a GPU of the rack is this close to its slowdown
     }
     # bmc_sensor: the inlet temperature and fan rows (the bmc and fan tables)
     fields = {
@@ -561,6 +564,13 @@ class CoolingDegradation(Detector):
         need = np.minimum(self.rack_min_nodes, hosts_all)
         flag = (rmed - others >= self.inlet_excess_celsius) & (hosts_hot >= np.maximum(need, 1))
         self._track_inlet(window, bmc.ent[ok], t, bmc.cols["inlet"][ok], rack, set(g_rack[flag].tolist()))
+        # the room is a baseline: a rack that steps to a warmer inlet and stays there is judged against
+        # its own inlet (the GPU model subtracts it) and pages only while its inlet keeps rising, or
+        # once its GPUs come near their slowdown temperature
+        rising = self._inlet_rising(g_rack, g_min, rmed - others)
+        if flag.any():
+            near = self._racks_near_limits(window)
+            flag &= rising | np.isin(g_rack, near)
         sel = np.flatnonzero(flag)
         if not len(sel):
             return Hits.none(self.kind)
@@ -590,6 +600,42 @@ class CoolingDegradation(Detector):
             g_rack[sel],
             None,
         )
+
+    def _inlet_rising(self, rack: np.ndarray, minute: np.ndarray, excess: np.ndarray) -> np.ndarray:
+        """Per (rack, minute) group: is the rack's inlet excess still rising? Over the trailing
+        ``inlet_rise_seconds`` (at least half of it seen) the excess rose by ``inlet_rise_celsius`` per
+        such span in both halves: a ramp (a failing rack cooler), not a step that then stays."""
+        hist = self.__dict__.setdefault("inlet_hist_", {})  # rack -> {minute: excess}
+        span = max(int(self.inlet_rise_seconds // 60), 2)
+        for r, m, x in zip(rack.tolist(), minute.tolist(), excess.tolist(), strict=True):
+            hist.setdefault(r, {})[m] = x
+        out = np.zeros(len(rack), bool)
+        for i, (r, m) in enumerate(zip(rack.tolist(), minute.tolist(), strict=True)):
+            h = hist[r]
+            past = [k for k in h if m - span <= k <= m]
+            first = min(past)
+            if m - first < span // 2:
+                continue
+            mid = min(past, key=lambda k: abs(k - (first + m) / 2))
+            need = self.inlet_rise_celsius * (m - first) / span / 2
+            out[i] = h[mid] - h[first] >= need and h[m] - h[mid] >= need
+        for h in hist.values():  # keep two spans
+            last = max(h)
+            for k in [k for k in h if k < last - 2 * span]:
+                del h[k]
+        return out
+
+    def _racks_near_limits(self, window: Window) -> np.ndarray:
+        """Racks with a GPU within ``near_limit_celsius`` of its slowdown temperature (or throttling
+        for heat) in this window."""
+        tab = window.gpu
+        if not len(tab):
+            return np.zeros(0, np.int64)
+        temp = tab.col("temperature_gpu_celsius")
+        slow = tab.ffill("temperature_slowdown_celsius")
+        slow = np.where(np.isfinite(slow), slow, 89.0)
+        near = tab.in_window() & ((nz(temp) >= slow - self.near_limit_celsius) | (thermal_bits(tab) > 0))
+        return np.unique(window.rack_of[tab.ent[near]])
 
     def _track_inlet(self, window, host, t, inlet, rack, hot_racks: set) -> None:
         """Move each host's tracked inlet toward this window's mean (not for hosts of a hot rack)."""

@@ -825,7 +825,13 @@ def build_manifest(fl: Fleet, gen: Generator, recs: list[Record], stats: dict) -
         "job_restarts": [
             {"job": j, "start": to_rfc3339(t0 + a), "end": to_rfc3339(t0 + b)} for j, a, b in fl.restarts
         ],
-        "warm_racks": {fl.racks[r]: round(float(fl.warm[r]), 2) for r in np.flatnonzero(fl.warm).tolist()},
+        "warm_racks": {
+            fl.racks[r]: {
+                "celsius": round(float(fl.warm[r]), 2),
+                "from": to_rfc3339(t0 + max(0.0, float(fl.warm_from[r]))),
+            }
+            for r in np.flatnonzero(fl.warm).tolist()
+        },
     }
     out = {
         "format": "gpufleet-sim/1",

@@ -195,12 +195,16 @@ class Fleet:
             t0 = float(rng.uniform(v["start"] + 600, v["end"] - 900))
             self.restarts.append((j, t0, t0 + float(rng.uniform(120, 600))))
         calm = [r for r in range(self.n_racks) if r not in faulty_racks]
+        # a warm rack: warm from the start, or from a step (a cooler's setpoint, a door, a neighbour's
+        # exhaust) of a few minutes somewhere in the run's first half, then steady
         self.warm = np.zeros(self.n_racks)
+        self.warm_from = np.full(self.n_racks, -300.0)
         for _ in range(int(nu.get("warm_racks", 0))):
             if not calm:
                 break
             r = int(calm.pop(int(rng.integers(0, len(calm)))))
             self.warm[r] = float(nu.get("warm_rack_c", 5.0)) * float(rng.uniform(0.8, 1.2))
+            self.warm_from[r] = -300.0 if rng.uniform() < 0.5 else float(rng.uniform(0.1, 0.5)) * d
 
     def limit_at(self, idx: np.ndarray, t: float):
         """The power limit (W) of GPUs ``idx`` at run time ``t``, or None where no operator changed it."""
@@ -228,7 +232,8 @@ class Fleet:
         out = nu["inlet_c"] + self.inlet_rack[None, :] + day[:, None] + drift
         warm = getattr(self, "warm", None)
         if warm is not None and warm.any():
-            out = out + warm[None, :]
+            since = getattr(self, "warm_from", np.full(self.n_racks, -300.0))
+            out = out + warm[None, :] * np.clip((t[:, None] - since[None, :]) / 300.0, 0.0, 1.0)
         for f in getattr(self, "faults", ()):
             if f.kind == "cooling_degradation" and f.scope == "rack":
                 out[:, f.rack] += RACK_INLET_RISE_C * f.severity * f.ramp(t)
