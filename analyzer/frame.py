@@ -117,6 +117,23 @@ class Registry:
         node = np.array(self.gpu_node, np.int64)
         return node, host_rack[node] if len(node) else node
 
+    def model_ids(self) -> np.ndarray:
+        """GPU id -> its model's number (models numbered in first-seen order; GPUs reporting no
+        model share one number): the peer groups of detectors that compare GPUs."""
+        cache = getattr(self, "_model_ids", None)
+        if cache is None or len(cache) != len(self.gpu_model):
+            names: dict = {}
+            for m in self.gpu_model:
+                names.setdefault(m, len(names))
+            self._model_names = list(names)
+            cache = self._model_ids = np.array([names[m] for m in self.gpu_model], np.int64).reshape(-1)
+        return cache
+
+    def model_name(self, mid: int) -> str | None:
+        """The model tag of model number ``mid`` (:meth:`model_ids`)."""
+        self.model_ids()
+        return self._model_names[mid] if 0 <= mid < len(self._model_names) else None
+
     def link_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """(link -> GPU id, link -> link number or -1) as arrays."""
         if len(self._link_arrays[0]) != len(self.link_gpu):

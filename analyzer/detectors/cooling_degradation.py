@@ -76,6 +76,9 @@ class CoolingDegradation(Detector):
         "margin_trend_seconds": 600.0,  # thermal margin: its fall over this span gives the time to throttling
         "fan_excess_celsius": 1.5,  # a node's GPUs this far above baseline together, its BMC fans failing
         "fan_drop_share": 0.6,  # a fan below this share of the fleet's median RPM is failing
+        "inlet_rise_seconds": 3600.0,  # a rack's inlet excess pages while it still rises over this span
+        "inlet_rise_celsius": 1.0,  # ... by this much per span (in both halves of it)
+        "near_limit_celsius": 5.0,  # ... or while a GPU of the rack is this close to its slowdown
     }
     # bmc_sensor: the inlet temperature and fan rows (the bmc and fan tables)
     fields = {
@@ -128,7 +131,7 @@ class CoolingDegradation(Detector):
         steady = valid & settled
         throttled = thermal_bits(tab) > 0
         inlet = self._inlet(window)
-        slope = getattr(self, "slope_", DEFAULT_SLOPE)
+        slope = self._slope_rows(window)
         # the inlet enters as its deviation from the host's usual inlet, so a host whose inlet
         # readings come and go (late, missing, a BMC that answers sometimes) does not jump by 25 °C
         node = window.node_of[tab.ent] if len(tab) else np.zeros(0, np.int64)
@@ -150,6 +153,8 @@ class CoolingDegradation(Detector):
         # levels differ by their offsets, which would move a median of raw levels
         uc = np.where(throttled | ~steady, np.nan, u)
         band = nz_ge(power, self.low_power_watts).astype(np.int64)
+        if len(getattr(self, "slopes_", {})) > 1:  # a mixed fleet: each model's own common mode
+            band = band + 2 * window.reg.model_ids()[tab.ent]
         groups = {"band": buckets(tab.t, 60.0, band)}
         own = self._reference(tab, power)[0]
         c = np.full(len(u), np.nan)
@@ -162,6 +167,41 @@ class CoolingDegradation(Detector):
                 part = {"band": buckets(tab.t[idx], 60.0, band[idx])}
                 c[idx] = np.where(few[idx], _common_mode(part, tab.t[idx], uc[idx], few[idx]), c[idx])
         return u - c, steady, throttled, temp, power
+
+    def _slope_rows(self, window: Window):
+        """The °C per W of each row's GPU model (a scalar where the fleet has one model); NaN for a
+        model whose own slope is not learned yet (its GPUs are neither learned nor judged until then,
+        rather than judged by another model's heatsinks)."""
+        slopes = getattr(self, "slopes_", {})
+        if len(slopes) <= 1 and (not len(window.gpu) or int(window.reg.model_ids().max(initial=0)) == 0):
+            return getattr(self, "slope_", DEFAULT_SLOPE)
+        return lookup(slopes, window.reg.model_ids()[window.gpu.ent])
+
+    def _fit_slopes(self, window: Window) -> None:
+        """The pooled slope (``slope_``) from the first window; per GPU model (``slopes_``), each
+        model from the first window with enough of its own rows."""
+        if not hasattr(self, "slope_"):
+            self.slope_ = self._fit_slope(window)
+        slopes = self.slopes_ = getattr(self, "slopes_", {})
+        tab = window.gpu
+        if not len(tab):
+            return
+        ids = window.reg.model_ids()
+        models = np.unique(ids[np.unique(tab.ent)]).tolist()
+        if len(models) == 1 and not slopes:
+            slopes[models[0]] = self.slope_  # one model: the pooled slope is its own
+            return
+        mrow = ids[tab.ent]
+        late = bool(slopes)  # a model first seen after the fleet's first window
+        for m in models:
+            if m in slopes:
+                continue
+            got = self._fit_slope(window, mrow == m, default=None)
+            if got is not None:
+                slopes[m] = got
+                if late:
+                    self.model_learned_ = {**getattr(self, "model_learned_", {}), m: float(tab.t.max())}
+                getattr(self, "_memo_keep", {}).clear()  # the features change with the slope
 
     def _reference(self, tab, power) -> tuple[np.ndarray, np.ndarray]:
         """Per row: the GPU's learned offset and the bar its excess must pass. At low power the
@@ -196,8 +236,7 @@ class CoolingDegradation(Detector):
     # ------------------------------------------------------------------ learning
     def fit(self, window: Window) -> CoolingDegradation:
         tab = window.gpu
-        if not hasattr(self, "slope_"):
-            self.slope_ = self._fit_slope(window)
+        self._fit_slopes(window)
         self.inlet_ref_ = getattr(self, "inlet_ref_", {})
         bmc = window.bmc
         if len(bmc) and "inlet" in bmc.cols:
@@ -269,12 +308,14 @@ class CoolingDegradation(Detector):
                 getattr(self, "_memo_keep", {}).pop("reference", None)  # the baselines moved
         return self
 
-    def _fit_slope(self, window: Window) -> float:
+    def _fit_slope(self, window: Window, rows: np.ndarray | None = None, default=DEFAULT_SLOPE):
         tab = window.gpu
         t, p = tab.col("temperature_gpu_celsius"), tab.col("power_watts")
         ok = np.isfinite(t) & np.isfinite(p) & (p > 50) & (thermal_bits(tab) == 0)
+        if rows is not None:
+            ok &= rows
         if ok.sum() < 50:
-            return DEFAULT_SLOPE
+            return default
         ent = tab.ent[ok]
         u, inv = np.unique(ent, return_inverse=True)
         tm = np.bincount(inv, t[ok]) / np.bincount(inv)
@@ -523,6 +564,13 @@ class CoolingDegradation(Detector):
         need = np.minimum(self.rack_min_nodes, hosts_all)
         flag = (rmed - others >= self.inlet_excess_celsius) & (hosts_hot >= np.maximum(need, 1))
         self._track_inlet(window, bmc.ent[ok], t, bmc.cols["inlet"][ok], rack, set(g_rack[flag].tolist()))
+        # the room is a baseline: a rack that steps to a warmer inlet and stays there is judged against
+        # its own inlet (the GPU model subtracts it) and pages only while its inlet keeps rising, or
+        # once its GPUs come near their slowdown temperature
+        rising = self._inlet_rising(g_rack, g_min, rmed - others)
+        if flag.any():
+            near = self._racks_near_limits(window)
+            flag &= rising | np.isin(g_rack, near)
         sel = np.flatnonzero(flag)
         if not len(sel):
             return Hits.none(self.kind)
@@ -552,6 +600,42 @@ class CoolingDegradation(Detector):
             g_rack[sel],
             None,
         )
+
+    def _inlet_rising(self, rack: np.ndarray, minute: np.ndarray, excess: np.ndarray) -> np.ndarray:
+        """Per (rack, minute) group: is the rack's inlet excess still rising? Over the trailing
+        ``inlet_rise_seconds`` (at least half of it seen) the excess rose by ``inlet_rise_celsius`` per
+        such span in both halves: a ramp (a failing rack cooler), not a step that then stays."""
+        hist = self.__dict__.setdefault("inlet_hist_", {})  # rack -> {minute: excess}
+        span = max(int(self.inlet_rise_seconds // 60), 2)
+        for r, m, x in zip(rack.tolist(), minute.tolist(), excess.tolist(), strict=True):
+            hist.setdefault(r, {})[m] = x
+        out = np.zeros(len(rack), bool)
+        for i, (r, m) in enumerate(zip(rack.tolist(), minute.tolist(), strict=True)):
+            h = hist[r]
+            past = [k for k in h if m - span <= k <= m]
+            first = min(past)
+            if m - first < span // 2:
+                continue
+            mid = min(past, key=lambda k: abs(k - (first + m) / 2))
+            need = self.inlet_rise_celsius * (m - first) / span / 2
+            out[i] = h[mid] - h[first] >= need and h[m] - h[mid] >= need
+        for h in hist.values():  # keep two spans
+            last = max(h)
+            for k in [k for k in h if k < last - 2 * span]:
+                del h[k]
+        return out
+
+    def _racks_near_limits(self, window: Window) -> np.ndarray:
+        """Racks with a GPU within ``near_limit_celsius`` of its slowdown temperature (or throttling
+        for heat) in this window."""
+        tab = window.gpu
+        if not len(tab):
+            return np.zeros(0, np.int64)
+        temp = tab.col("temperature_gpu_celsius")
+        slow = tab.ffill("temperature_slowdown_celsius")
+        slow = np.where(np.isfinite(slow), slow, 89.0)
+        near = tab.in_window() & ((nz(temp) >= slow - self.near_limit_celsius) | (thermal_bits(tab) > 0))
+        return np.unique(window.rack_of[tab.ent[near]])
 
     def _track_inlet(self, window, host, t, inlet, rack, hot_racks: set) -> None:
         """Move each host's tracked inlet toward this window's mean (not for hosts of a hot rack)."""
@@ -586,6 +670,8 @@ class CoolingDegradation(Detector):
     ):
         rows = idx.tolist()
         slope = round(getattr(self, "slope_", DEFAULT_SLOPE), 4)
+        slopes = getattr(self, "slopes_", {})
+        reg, ent = window.reg, window.gpu.ent
 
         def evidence(j):
             i = rows[j]
@@ -598,6 +684,12 @@ class CoolingDegradation(Detector):
                 "power_watts": _r(power[i]),
                 "slope_c_per_w": slope,
             }
+            if len(slopes) > 1:  # a mixed fleet: the GPU's model, judged by its own model's physics
+                mid = int(reg.model_ids()[ent[i]])
+                d["model"] = reg.gpu_model[int(ent[i])]
+                d["slope_c_per_w"] = _r(slopes.get(mid, math.nan))
+                late = mid in getattr(self, "model_learned_", {})
+                d["baseline"] = "own model" + (" (first seen here: learned its own)" if late else "")
             if below is not None:
                 d["before_throttling"] = bool(below[i])
             if count is not None:

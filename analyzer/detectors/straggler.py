@@ -20,6 +20,19 @@ while they waited the whole interval (a rank with more work, a data-loader stall
 collective-wait nuisance): its clock below theirs is the power cap of the one GPU working, not a
 fault, so it is not a straggler. A GPU far below its peers (under ``waiting_activity``) is the
 one waiting: not a straggler either. Without GPM the clock evidence decides alone.
+
+**Peers of the same model and power limit.** A job that spans GPU models is compared within each
+model (an A100 beside H100s is no slower H100), and GPUs whose power limit an operator lowered are
+compared with those of the same limit: a node capped at 500 W among 700 W peers runs a lower
+clock and power by setting, not by fault. The evidence names the limit where it differs from the
+job's (``power_limit_watts``, ``peers_power_limit_watts``).
+
+**Slowness from every signal**: a GPU is a candidate when its SM clock, its memory clock or its
+power sits below its peers' (``min_slowdown``, ``min_power_drop``): a GPU slowed by its memory or
+interconnect keeps its SM clock and does less work at the same utilization, drawing less power.
+
+**Scope by cause**: when at least ``node_share`` of a node's GPUs (and ``node_min_gpus``) are slow in
+the same minute, the node is the incident (gpu = null), one page listing them.
 """
 
 from __future__ import annotations
@@ -28,7 +41,16 @@ import math
 import warnings
 
 import numpy as np
-from gpufleet.analyzer.detectors.base import Detector, Hits, buckets, concat, group_median, nz_gt
+from gpufleet.analyzer.detectors.base import (
+    Detector,
+    Hits,
+    buckets,
+    concat,
+    dense_inverse,
+    group_median,
+    node_scope_hits,
+    nz_gt,
+)
 from gpufleet.analyzer.detectors.thermal_throttle import thermal_bits
 from gpufleet.analyzer.frame import Window
 
@@ -51,11 +73,15 @@ class Straggler(Detector):
         "clear_seconds": 600.0,  # kept up with its peers this long before idle stops holding it
         "peer_activity_min": 0.4,  # GPM: peers under this share of its SM activity waited: not the same work
         "waiting_activity": 0.7,  # GPM: under this share of its peers' SM activity it is the one waiting
+        "min_power_drop": 0.1,  # power this share below its peers' (same model and limit): doing less work
+        "node_share": 0.5,  # this share of a node's GPUs slow in the same minute: the node's incident
+        "node_min_gpus": 3,
     }
     # (clock_event_*_thermal: through thermal_throttle.thermal_bits)
     fields = {
         "gpu": (
             "clock_sm_mhz", "power_watts", "utilization_gpu_ratio", "job_id", "sm_active_ratio",
+            "power_limit_watts", "clock_memory_mhz",
             "clock_event_reasons", "clock_event_sw_thermal", "clock_event_hw_thermal",
             "clock_event_hw_power_brake",
         ),
@@ -75,7 +101,19 @@ class Straggler(Detector):
         jobs = tab.ffill_codes("job_id")
         node = window.node_of[tab.ent]
         group = np.where(jobs >= 0, jobs * 2, node * 2 + 1)
-        inv, ng = buckets(tab.t, self.poll_seconds, group % 1_000_003)
+        # peers: the same model and the same power limit (where either differs within the group)
+        model = window.reg.model_ids()[tab.ent] if len(tab) else np.zeros(0, np.int64)
+        limit = tab.ffill("power_limit_watts") if "power_limit_watts" in tab.cols else None
+        varies = limit is not None and np.isfinite(limit).any() and np.nanmin(limit) != np.nanmax(limit)
+        if len(tab) and (model.min() != model.max() or varies):
+            lim = 0
+            if limit is not None:
+                lim = np.where(np.isfinite(limit), np.round(limit), -1).astype(np.int64)
+            sub, _ = dense_inverse(model * 100_003 + (lim + 1) % 100_003)
+            key, _ = dense_inverse(group % 1_000_003 * 1024 + sub % 1024)
+            inv, ng = buckets(tab.t, self.poll_seconds, key)
+        else:
+            inv, ng = buckets(tab.t, self.poll_seconds, group % 1_000_003)
         return busy, inv, ng
 
     def _feature(self, window: Window, name: str):
@@ -157,6 +195,15 @@ class Straggler(Detector):
         busy, _, _ = self._peers(window)
         clock, peers = self._feature(window, "clock_sm_mhz")
         slow = clock < np.log(1 - self.min_slowdown)
+        # slowness the SM clock does not show: less power (less work done at the same utilization)
+        # or a memory clock below its peers'
+        power_f, _ = self._feature(window, "power_watts")
+        with np.errstate(invalid="ignore"):
+            slow |= power_f < np.log(1 - self.min_power_drop)
+            mclk = tab.cols.get("clock_memory_mhz")
+            # (a memory clock that is the same everywhere says nothing: not compared)
+            if mclk is not None and np.nanmax(mclk, initial=0) > np.nanmin(mclk, initial=np.inf):
+                slow |= self._feature(window, "clock_memory_mhz")[0] < np.log(1 - self.min_slowdown)
         new = tab.in_window()
         # seen where a straggler would show, and keeping up: busy beside enough peers, not slow
         judged = new & busy & (peers >= self.min_peers + 1) & ~slow
@@ -182,11 +229,38 @@ class Straggler(Detector):
             if np.isfinite(sm[i]):  # GPM: the peers wait on it for the share of time it lags
                 out["signals"].append("sm_active_ratio")
                 out["sm_active_vs_peers"] = round(float(np.exp(sm[i])), 3)
+            model = window.reg.gpu_model[int(tab.ent[i])]
+            if model:
+                out["model"] = model
+            lim = limits()
+            if lim is not None and np.isfinite(lim[0][i]):
+                out["power_limit_watts"] = round(float(lim[0][i]))
+                if np.isfinite(lim[1][i]) and abs(lim[1][i] - lim[0][i]) >= 1:
+                    out["peers_power_limit_watts"] = round(float(lim[1][i]))
             return out
+
+        memo: dict = {}
+
+        def limits():
+            """(power limit per row, the job's median limit per row), computed once when read."""
+            if "power_limit_watts" not in tab.cols:
+                return None
+            if "v" not in memo:
+                lim = tab.ffill("power_limit_watts")
+                jobs = tab.ffill_codes("job_id")
+                node = window.node_of[tab.ent]
+                g = np.where(jobs >= 0, jobs * 2, node * 2 + 1)
+                jinv, jn = buckets(tab.t, self.poll_seconds, dense_inverse(g)[0])
+                med, _ = group_median(jinv, np.where(busy, lim, np.nan), jn)
+                memo["v"] = (lim, med[jinv])
+            return memo["v"]
 
         hit_new = hit & new
         held = self._hold(window, tab, hit_new, judged, [("gpu", tab.ent, hit_new)])
-        return concat(self.kind, [self._gpu_hits(window, tab, hit, sc, False, ev), held])
+        hits = self._gpu_hits(window, tab, hit, sc, False, ev)
+        if len(hits) >= self.node_min_gpus:
+            hits = node_scope_hits(hits, window, self.node_share, self.node_min_gpus)
+        return concat(self.kind, [hits, held])
 
 
 def _mcd(X: np.ndarray, support_fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -81,7 +81,8 @@ def values(fl, rng: np.random.Generator, A: dict, jobs: np.ndarray) -> dict[str,
     nv = np.where(links > 0, row[..., 6], 0.0)
     out["nvlink_tx_bytes_per_second"] = np.round(nv, 0)
     out["nvlink_rx_bytes_per_second"] = np.round(nv, 0)
-    margin = fl.model.t_slowdown - 1 - np.rint(A["temperature_gpu"])
+    m = A.get("_m", fl.pm if phase.shape[1] == fl.n else fl.model)
+    margin = m.t_slowdown - 1 - np.rint(A["temperature_gpu"])
     out["temperature_margin_celsius"] = margin.astype(np.int64)
     return out
 

@@ -71,6 +71,7 @@ SENSOR_KEYS = (
     "reasons",
     "phase",
     "strag",
+    "limit",
 )
 
 
@@ -202,7 +203,6 @@ class Generator:
         self.fl = fleet
         self.level = level
         fl = fleet
-        m = fl.model
         self.state = SimState(fl, np.arange(fl.n))
         self.rng = np.random.default_rng(np.random.SeedSequence([fl.seed, 0xD1CE]))
         self.step_ns = int(round(fl.step * 1e9))
@@ -228,7 +228,7 @@ class Generator:
                     "host": fl.hosts[node],
                     "gpu": str(int(fl.gpu_local[g])),
                     "uuid": fl.uuids[g],
-                    "model": m.name,
+                    "model": fl.model_of(g).name,
                     "cluster": fl.clusters[int(fl.rack_cluster[rack])],
                     "rack": fl.racks[rack],
                 }
@@ -259,7 +259,8 @@ class Generator:
         self.f_full = [f for f, _ in gpu_fields({"fast", "slow"})]
         self.t_lost = "%s up=0i,health_code=2i %d\n"
         self.link_head = [
-            [head("gpu_nvlink", {**tags[g], "link": str(k)}) for k in range(m.nvlinks)] for g in range(fl.n)
+            [head("gpu_nvlink", {**tags[g], "link": str(k)}) for k in range(fl.model_of(g).nvlinks)]
+            for g in range(fl.n)
         ]
         self.t_link = "%s " + ",".join(f"{k}=%di" for k in NVLINK_FIELDS) + " %d\n"
         self.t_host = (
@@ -482,9 +483,9 @@ class Generator:
             out.extend(
                 tmpl % (heads[g][li], u[j, li], *v[j, li].tolist(), t)
                 for j, g in enumerate(gs.tolist())
-                for li in range(v.shape[1])
+                for li in range(len(heads[g]))
             )
-            rows += v.shape[0] * v.shape[1]
+            rows += sum(len(heads[g]) for g in gs.tolist())
         self._count("gpu_nvlink", rows)
         return "".join(out)
 
@@ -562,8 +563,8 @@ def gpu_values(
     fl: Fleet, rng: np.random.Generator, A: dict, B: dict, phase: np.ndarray, jobs: np.ndarray
 ) -> dict:
     """Catalogue field -> values (arrays in NVML's quantisation)."""
-    m = fl.model
     C, n = phase.shape
+    m = fl.model if len(fl.models) == 1 else (fl.pm if n == fl.n else A.get("_m", fl.pm))
     reasons = A["reasons"]
     mem = np.where(phase == 0, m.memory_idle_bytes, 0).astype(np.int64)
     has_job = jobs > 0
@@ -573,7 +574,11 @@ def gpu_values(
         )
         jit = (rng.integers(-64, 65, size=jm.shape) * 1024 * 1024).astype(np.int64)
         setup = phase[has_job] == 1
-        mem[has_job] = np.where(setup, m.memory_context_bytes, jm + jit)
+        if len(fl.models) > 1:  # a job's share of memory on a GPU with less of it
+            total = np.broadcast_to(np.asarray(m.memory_total_bytes), (C, n))[has_job]
+            jm = np.minimum(jm, (total * 0.92).astype(np.int64))
+        ctx = np.broadcast_to(np.asarray(m.memory_context_bytes), (C, n))[has_job]
+        mem[has_job] = np.where(setup, ctx, jm + jit)
     V: dict[str, object] = {
         "utilization_gpu_ratio": np.rint(A["utilization_gpu"]) / 100,
         "utilization_memory_ratio": np.rint(A["utilization_memory"]) / 100,
@@ -581,7 +586,7 @@ def gpu_values(
         "memory_total_bytes": np.full((C, n), m.memory_total_bytes, dtype=np.int64),
         "power_watts": np.rint(A["power"] * 1000) / 1000,
         "power_instant_watts": np.rint(A["power_instant"] * 1000) / 1000,
-        "power_limit_watts": np.full((C, n), float(m.power_limit)),
+        "power_limit_watts": A["limit"] if "limit" in A else np.full((C, n), float(m.power_limit)),
         "energy_joules_total": np.floor(B["energy_j"] * 1000) / 1000,
         "temperature_gpu_celsius": np.rint(A["temperature_gpu"]).astype(np.int64),
         "temperature_memory_celsius": np.rint(A["temperature_memory"]).astype(np.int64),
@@ -810,7 +815,24 @@ def build_manifest(fl: Fleet, gen: Generator, recs: list[Record], stats: dict) -
             for n, a, b in lst
         ]
 
-    return {
+    site = {
+        "power_caps": [
+            {**e, "limit_share": round(c[3], 3)}
+            for e, c in zip(ev([c[:3] for c in fl.power_caps]), fl.power_caps, strict=True)
+        ],
+        "drains": ev(fl.drains),
+        "job_restarts": [
+            {"job": j, "start": to_rfc3339(t0 + a), "end": to_rfc3339(t0 + b)} for j, a, b in fl.restarts
+        ],
+        "warm_racks": {
+            fl.racks[r]: {
+                "celsius": round(float(fl.warm[r]), 2),
+                "from": to_rfc3339(t0 + max(0.0, float(fl.warm_from[r]))),
+            }
+            for r in np.flatnonzero(fl.warm).tolist()
+        },
+    }
+    out = {
         "format": "gpufleet-sim/1",
         "generator": {"gpufleet": __version__, "numpy": np.__version__, "python": platform.python_version()},
         "seed": fl.seed,
@@ -832,6 +854,8 @@ def build_manifest(fl: Fleet, gen: Generator, recs: list[Record], stats: dict) -
             "clusters": fl.clusters,
             "model": fl.model.name,
             "nvlinks_per_gpu": fl.model.nvlinks,
+            **({"models": {fl.hosts[i]: fl.models[int(w)].name for i, w in enumerate(fl.node_model.tolist())
+                           if w}} if len(fl.models) > 1 else {}),
             "hosts": fl.hosts,
         },
         "telemetry": {
@@ -861,3 +885,6 @@ def build_manifest(fl: Fleet, gen: Generator, recs: list[Record], stats: dict) -
         "jobs": len(fl.jobs),
         "notes": fl.notes,
     }
+    # site life where the scenario has it (a manifest without it is the one it was)
+    out["nuisances"].update({k: v for k, v in site.items() if v})
+    return out

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpufleet.errors import GpufleetError
-from gpufleet.sim.physics import H200, PHASE_CODE, GpuModel
+from gpufleet.sim.physics import H200, PHASE_CODE, GpuModel, Stacked, model_named
 from gpufleet.sim.scenario import FaultSpec, Scenario
 
 RACK_INLET_RISE_C = 12.0  # a rack-scope cooling fault at severity 1 raises the rack's inlet this much
@@ -119,11 +119,104 @@ class Fleet:
         self.drift = np.cumsum(
             rng.normal(0, scenario.nuisances["inlet_drift_c"] / 2, (knots, self.n_racks)), 0
         )
+        self._generations(np.random.default_rng(np.random.SeedSequence([self.seed, 0x6E4E])))
         self._schedule(np.random.default_rng(np.random.SeedSequence([self.seed, 0x10B5])))
         self.faults: list[Fault] = []
         self.notes: list[str] = []
         self._faults(np.random.default_rng(np.random.SeedSequence([self.seed, 0xFA17])))
         self._nuisances(np.random.default_rng(np.random.SeedSequence([self.seed, 0x2015])))
+        self._site_life(np.random.default_rng(np.random.SeedSequence([self.seed, 0x0BE5])))
+
+    # -- generations ----------------------------------------------------------------------------
+    def _generations(self, rng: np.random.Generator) -> None:
+        """Which GPU model each node has: ``fleet.generations`` = [[model, share of nodes], ...]
+        places each other generation on whole racks where the fleet has several (a contiguous run of
+        nodes otherwise); the rest are ``fleet.model``. ``pm``: the per-GPU constants (the model
+        itself where the fleet has one)."""
+        models = [self.model]
+        which = np.zeros(self.n_nodes, dtype=np.int64)
+        free = np.ones(self.n_nodes, dtype=bool)
+        for name, share in self.scenario.fleet.get("generations", []):
+            m = model_named(name)
+            if m is None:
+                raise GpufleetError(f"fleet.generations: unknown GPU model {name!r}")
+            k = min(int(round(share * self.n_nodes)), int(free.sum()))
+            if k <= 0:
+                continue
+            if m not in models:
+                models.append(m)
+            npr = int(self.scenario.fleet["nodes_per_rack"])
+            starts = [i for i in range(0, self.n_nodes, npr) if free[i]] or [int(np.flatnonzero(free)[0])]
+            at = int(starts[int(rng.integers(0, len(starts)))])
+            for i in list(range(at, self.n_nodes)) + list(range(0, at)):
+                if k == 0:
+                    break
+                if free[i]:
+                    which[i], free[i], k = models.index(m), False, k - 1
+        self.models = models
+        self.node_model = which
+        self.gpu_model = which[self.gpu_node]
+        self.pm = self.model if len(models) == 1 else Stacked(models, self.gpu_model)
+
+    def model_of(self, g: int) -> GpuModel:
+        """The model of global GPU ``g``."""
+        return self.models[int(self.gpu_model[g])]
+
+    def constants(self, idx: np.ndarray):
+        """Per-GPU model constants of GPUs ``idx`` (the model itself where the fleet has one)."""
+        return self.pm if len(self.models) == 1 else self.pm.subset(idx)
+
+    # -- site life (nuisances with no truth) ------------------------------------------------------
+    def _site_life(self, rng: np.random.Generator) -> None:
+        """Operator power caps, maintenance drains, job restarts and warm racks, drawn from their own
+        stream (a scenario without them is the fleet it was)."""
+        nu = self.scenario.nuisances
+        d = self.duration
+        faulty_racks = {f.rack for f in self.faults if f.scope == "rack"}
+        # (node, t0, t1, share of the model's power limit)
+        self.power_caps = []
+        for _ in range(int(nu.get("power_caps", 0))):
+            node = int(rng.integers(0, self.n_nodes))
+            t0 = float(rng.uniform(0.05, 0.6)) * d
+            t1 = t0 + float(rng.uniform(0.3, 0.6)) * d
+            self.power_caps.append((node, t0, t1, float(rng.uniform(0.6, 0.8))))
+        self.drains = []  # (node, t0, t1): no job, idle
+        for _ in range(int(nu.get("drains", 0))):
+            node = int(rng.integers(0, self.n_nodes))
+            t0 = float(rng.uniform(0.05, 0.8)) * d
+            self.drains.append((node, t0, t0 + float(rng.uniform(1800, 3 * 3600))))
+        self.restarts = []  # (job, t0, t1): every GPU of the job idle together, then setup again
+        jobs = [j for j, v in self.jobs.items() if v["end"] - v["start"] > 1800]
+        for _ in range(int(nu.get("job_restarts", 0))):
+            if not jobs:
+                break
+            j = int(jobs[int(rng.integers(0, len(jobs)))])
+            v = self.jobs[j]
+            t0 = float(rng.uniform(v["start"] + 600, v["end"] - 900))
+            self.restarts.append((j, t0, t0 + float(rng.uniform(120, 600))))
+        calm = [r for r in range(self.n_racks) if r not in faulty_racks]
+        # a warm rack: warm from the start, or from a step (a cooler's setpoint, a door, a neighbour's
+        # exhaust) of a few minutes somewhere in the run's first half, then steady
+        self.warm = np.zeros(self.n_racks)
+        self.warm_from = np.full(self.n_racks, -300.0)
+        for _ in range(int(nu.get("warm_racks", 0))):
+            if not calm:
+                break
+            r = int(calm.pop(int(rng.integers(0, len(calm)))))
+            self.warm[r] = float(nu.get("warm_rack_c", 5.0)) * float(rng.uniform(0.8, 1.2))
+            self.warm_from[r] = -300.0 if rng.uniform() < 0.5 else float(rng.uniform(0.1, 0.5)) * d
+
+    def limit_at(self, idx: np.ndarray, t: float):
+        """The power limit (W) of GPUs ``idx`` at run time ``t``, or None where no operator changed it."""
+        caps = [c for c in getattr(self, "power_caps", ()) if c[1] <= t < c[2]]
+        if not caps:
+            return None
+        m = self.constants(idx)
+        lim = np.broadcast_to(np.asarray(m.power_limit, float), (len(idx),)).copy()
+        node = self.gpu_node[idx]
+        for nd, _a, _b, share in caps:
+            lim[node == nd] = np.round(lim[node == nd] * share / 25) * 25
+        return lim
 
     # -- time ------------------------------------------------------------------------------
     def _at(self, value: float) -> float:
@@ -137,6 +230,10 @@ class Fleet:
         day = nu["inlet_diurnal_c"] * np.sin(2 * np.pi * (self.start + t) / 86400 + self.inlet_phase)
         drift = np.stack([np.interp(t, self.drift_t, self.drift[:, r]) for r in range(self.n_racks)], 1)
         out = nu["inlet_c"] + self.inlet_rack[None, :] + day[:, None] + drift
+        warm = getattr(self, "warm", None)
+        if warm is not None and warm.any():
+            since = getattr(self, "warm_from", np.full(self.n_racks, -300.0))
+            out = out + warm[None, :] * np.clip((t[:, None] - since[None, :]) / 300.0, 0.0, 1.0)
         for f in getattr(self, "faults", ()):
             if f.kind == "cooling_degradation" and f.scope == "rack":
                 out[:, f.rack] += RACK_INLET_RISE_C * f.severity * f.ramp(t)
@@ -228,7 +325,22 @@ class Fleet:
         """(phase codes, job ids) of one node at run times ``t``."""
         i = np.searchsorted(self.seg_t[node], t, side="right") - 1
         i = np.clip(i, 0, None)
-        return self.seg_phase[node][i], self.seg_job[node][i]
+        phase, job = self.seg_phase[node][i], self.seg_job[node][i]
+        drains = [w for w in getattr(self, "drains", ()) if w[0] == node]
+        restarts = getattr(self, "restarts", ())
+        if drains or restarts:
+            t = np.asarray(t, dtype=float)
+            off = np.zeros(phase.shape, dtype=bool)
+            for _nd, a, b in drains:
+                off |= (t >= a) & (t < b)
+            for j, a, b in restarts:
+                off |= (job == j) & (t >= a) & (t < b)
+                # back from the restart: the job sets up again for a minute
+                back = (job == j) & (t >= b) & (t < b + 60) & (phase > 1)
+                phase = np.where(back, PHASE_CODE["setup"], phase)
+            phase = np.where(off, IDLE, phase).astype(self.seg_phase[node].dtype)
+            job = np.where(off, 0, job)
+        return phase, job
 
     # -- faults ------------------------------------------------------------------------------
     def _faults(self, rng: np.random.Generator) -> None:
@@ -358,6 +470,8 @@ class Fleet:
         link = None
         if spec.kind == "nvlink_degradation":
             link = spec.link if spec.link is not None else int(rng.integers(0, self.model.nvlinks))
+            if len(self.models) > 1:
+                link %= self.model_of(gpu).nvlinks
         f = Fault(
             kind=spec.kind,
             mode=spec.mode or "",

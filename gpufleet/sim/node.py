@@ -144,6 +144,7 @@ class SimNode:
         fl = self.fleet
         st = self.state
         A = {k: o[k][None, :] for k in SENSOR_KEYS}
+        A["_m"] = fl.constants(self.idx)
         B = {k: v[None, :] for k, v in st.counters().items()}
         V = gpu_values(fl, self.rng, A, B, phase[None, :], jobs[None, :])
         reloading = any(a <= self.sim_t < b for _n, a, b in self._reloads)
@@ -153,7 +154,7 @@ class SimNode:
             d: dict = {
                 "index": local,
                 "uuid": fl.uuids[g],
-                "model": fl.model.name,
+                "model": fl.model_of(g).name,
                 "pci_bus_id": fl.pci[local],
                 "health": "lost" if o["lost"][k] else "stale" if reloading else "up",
             }

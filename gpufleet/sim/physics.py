@@ -86,9 +86,82 @@ class GpuModel:
     pcie_gen: int = 5
     pcie_width: int = 16
     nvlinks: int = 18
+    dyn_scale: float = 1.0  # a phase's dynamic power at full clock, as a share of the H200's
 
 
 H200 = GpuModel()
+# Other generations, from their public specifications (NVIDIA's data sheets: board power, memory,
+# boost and memory clocks, PCIe generation, NVLink count) and scaled from the measured H200 where
+# a specification says nothing (idle power, thermal resistance: an A100 SXM4 under a 400 W GEMM
+# sits at ~65 °C with a 24 °C inlet, a steeper °C per W than the H200's 700 W heatsink)
+H100 = GpuModel(
+    name="NVIDIA H100 80GB HBM3",
+    memory_total_bytes=81559 * 1024 * 1024,
+    memory_idle_bytes=590 * 1024 * 1024,
+    p_deep_idle=71.0,
+    p_clocked_idle=116.0,
+    mem_clock=2619,
+    t_slowdown=89,
+    t_shutdown=92,
+    t_max_operating=87,
+    r_fast=0.0375,
+    r_slow=0.0066,
+    dyn_scale=0.97,
+)
+A100 = GpuModel(
+    name="NVIDIA A100-SXM4-80GB",
+    memory_total_bytes=81920 * 1024 * 1024,
+    memory_idle_bytes=4 * 1024 * 1024,
+    memory_context_bytes=3030 * 1024 * 1024,
+    power_limit=400.0,
+    cap_margin=6.0,
+    p_deep_idle=58.0,
+    p_clocked_idle=84.0,
+    f_max=1410,
+    f_idle=210,
+    mem_clock=1593,
+    t_slowdown=89,
+    t_shutdown=92,
+    t_max_operating=85,
+    t_sw_target=85.0,
+    t_offset=8.0,
+    r_fast=0.068,
+    r_slow=0.012,
+    rm_p=0.018,
+    pcie_gen=4,
+    nvlinks=12,
+    dyn_scale=0.58,
+)
+MODELS = {m.name: m for m in (H200, H100, A100)}
+_ALIASES = {"h200": H200, "h100": H100, "a100": A100}
+
+
+def model_named(name: str) -> GpuModel | None:
+    """A known model by its NVML name or a short alias (h200, h100, a100); None if unknown."""
+    return MODELS.get(name) or _ALIASES.get(str(name).lower())
+
+
+class Stacked:
+    """Several models' constants per GPU: each field an array over the GPUs (a scalar where every
+    GPU has the same value), so :class:`Physics` steps a mixed fleet as one. Time constants must
+    agree (they enter as scalars)."""
+
+    def __init__(self, models: list[GpuModel], which: np.ndarray):
+        which = np.asarray(which, dtype=np.int64)
+        self.models, self.which = list(models), which
+        for f in GpuModel.__dataclass_fields__:
+            vals = [getattr(m, f) for m in models]
+            if all(v == vals[0] for v in vals):
+                setattr(self, f, vals[0])
+            elif f.startswith("tau"):
+                raise ValueError(f"models differ in {f}: not supported")
+            elif f == "name":
+                self.name = np.array(vals, dtype=object)[which]
+            else:
+                setattr(self, f, np.asarray(vals)[which])
+
+    def subset(self, idx: np.ndarray) -> Stacked:
+        return Stacked(self.models, self.which[np.asarray(idx, dtype=np.int64)])
 
 
 class Physics:
@@ -98,7 +171,7 @@ class Physics:
         self.n = n
         self.m = model
         inlet0 = np.broadcast_to(np.asarray(inlet0, dtype=float), (n,)).copy()
-        p0 = np.full(n, model.p_deep_idle)
+        p0 = np.broadcast_to(np.asarray(model.p_deep_idle, dtype=float), (n,)).copy()
         self.xf = p0.copy()  # ema_fast(P - W_MEM*umem)
         self.xs = p0.copy()  # ema_slow(P)
         self.xmp = p0.copy()  # ema_mem(P)
@@ -122,13 +195,18 @@ class Physics:
         brake: np.ndarray,
         strag: np.ndarray,
         rng: np.random.Generator,
+        limit: np.ndarray | None = None,
+        slow_mem: np.ndarray | None = None,
     ) -> dict[str, np.ndarray]:
         """Advance by ``dt`` with constant inputs; return the sample at the end of the step.
 
         phase: phase codes; eff: dynamic-power factor (manufacturing spread, ~1); g: cooling
         factor (1 healthy); inlet: inlet air °C; brake: external power brake active; strag:
-        clock share a gray-failing GPU can reach (1 healthy). Values are float arrays, not yet
-        quantised: the caller rounds to NVML's integer units.
+        clock share a gray-failing GPU can reach (1 healthy); limit: the power limit an operator set
+        (None: the model's); slow_mem: share of its work a GPU slowed by something other than its SM
+        clock gets done (1 healthy: its memory, its interconnect), which draws that much less
+        dynamic power at a normal clock. Values are float arrays, not yet quantised: the caller
+        rounds to NVML's integer units.
         """
         m = self.m
         n = self.n
@@ -136,15 +214,22 @@ class Physics:
         util = _UTIL[phase]
         umem = _UMEM[phase]
         dyn = _DYN[phase] * eff
+        if not (isinstance(m.dyn_scale, float) and m.dyn_scale == 1.0):
+            dyn = dyn * m.dyn_scale
         idle = phase == 0
         pbase = np.where(idle, m.p_deep_idle, m.p_clocked_idle)
-        cap = m.power_limit - m.cap_margin
+        cap = (m.power_limit if limit is None else limit) - m.cap_margin
         with np.errstate(divide="ignore", invalid="ignore"):
             r_cap = np.where(dyn > 0, ((cap - pbase) / np.maximum(dyn, 1e-9)) ** (1.0 / m.alpha), 1.0)
         capped = r_cap < 1.0
         ratio = np.minimum(r_cap, 1.0)
         ratio = np.where(strag < 1.0, ratio * strag, ratio)
         capped &= strag >= 1.0
+        if slow_mem is not None:
+            # stalled on something other than its SM clock: the clock its peers run, less work done
+            # per cycle, less power (under the limit: no power-cap reason)
+            dyn = dyn * slow_mem
+            capped &= slow_mem >= 1.0
         p_dem = pbase + dyn * ratio**m.alpha
 
         # power brake: an external signal forces HW slowdown regardless of temperature
@@ -212,7 +297,7 @@ class Physics:
         reasons |= np.where(hw, HW_THERMAL | HW_SLOWDOWN, 0)
         reasons |= np.where(brake, HW_POWER_BRAKE | HW_SLOWDOWN, 0)
         ratio_end = np.where(hw, m.hw_slowdown_ratio, ratio_end)
-        clock = np.where(idle, float(m.f_idle), ratio_end * m.f_max)
+        clock = np.where(idle, m.f_idle * 1.0, ratio_end * m.f_max)
         busy = util > 0
         jitter = rng.integers(-1, 2, n) * m.f_step
         clock = np.where(capped_end, clock + jitter, clock)
@@ -247,5 +332,8 @@ class Physics:
             "t_hwth": self.t_hwth.copy(),
             "t_brake": self.t_brake.copy(),
             "phase": phase.astype(np.float64),  # as run (after the collective-wait nuisance)
-            "strag": strag.copy(),
+            "strag": strag.copy() if slow_mem is None else strag * slow_mem,  # share of its speed
+            "limit": np.broadcast_to(
+                np.asarray(m.power_limit if limit is None else limit, float), (n,)
+            ).copy(),
         }

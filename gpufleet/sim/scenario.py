@@ -25,6 +25,7 @@ FLEET = {
     "racks_per_cluster": 8,
     "start": "2026-11-20T00:00:00Z",
     "model": "NVIDIA H200",
+    "generations": [],  # other GPU models beside it: [[model, share of the nodes], ...]
 }
 WORKLOAD = {"busy": 0.85, "job_hours": [0.5, 4.0], "job_nodes": [1, 1, 2, 2, 4], "fleet_idle": []}
 # cadences as the agent's defaults (gpu.slow_interval 60 s, gpu.nvlink_interval 30 s); an integer is steps
@@ -45,6 +46,14 @@ NUISANCES = {
     "nvlink_crc_bursts_per_link_day": 0.5,
     "nvlink_replays_per_link_day": 0.1,
     "pcie_replays_per_gpu_hour": 2.0,
+    # site life (no truth): an operator lowering a node's power limit for hours, maintenance drains
+    # (a node idle, no job), job restarts (all GPUs of a job idle together for minutes), racks whose
+    # inlet runs warmer than the room's all day by about warm_rack_c
+    "power_caps": 0,
+    "drains": 0,
+    "job_restarts": 0,
+    "warm_racks": 0,
+    "warm_rack_c": 5.0,
 }
 MODES = {
     "cooling_degradation": ("gpu", "node", "rack", "node_idle"),
@@ -55,7 +64,7 @@ MODES = {
     "memory_errors": ("sbe_storm", "remap_pending", "remap_failed", "dbe", "uncontained"),
     "sdc": ("canary",),
     "gpu_lost": ("xid79",),
-    "straggler": ("slow_clock",),
+    "straggler": ("slow_clock", "slow_memory"),
 }
 FAULT_KEYS = {
     "kind",
@@ -150,6 +159,13 @@ def parse(doc: dict, name: str, src: str) -> Scenario:
         _num(sc.fleet, k, src, 1, 100_000, integer=True)
     _num(sc.fleet, "gpus_per_node", src, 1, 16, integer=True)
     sc.fleet["start"] = parse_time(sc.fleet["start"], f"{src}: fleet.start")
+    gens = sc.fleet["generations"]
+    if not isinstance(gens, list) or not all(
+        isinstance(g, list) and len(g) == 2 and isinstance(g[0], str)
+        and isinstance(g[1], int | float) and not isinstance(g[1], bool) and 0 <= g[1] <= 1
+        for g in gens
+    ):
+        raise GpufleetError(f"{src}: fleet.generations must be [[model, share 0..1], ...]")
     _num(sc.workload, "busy", src, 0, 1)
     jh = sc.workload["job_hours"]
     if not (
@@ -185,9 +201,11 @@ def parse(doc: dict, name: str, src: str) -> Scenario:
         "nvlink_crc_bursts_per_link_day",
         "nvlink_replays_per_link_day",
         "pcie_replays_per_gpu_hour",
+        "warm_rack_c",
     ):
         _num(sc.nuisances, k, src, 0, 60)
-    for k in ("driver_reloads", "agent_restarts", "late_batches", "node_churn", "collective_waits"):
+    for k in ("driver_reloads", "agent_restarts", "late_batches", "node_churn", "collective_waits",
+              "power_caps", "drains", "job_restarts", "warm_racks"):
         _num(sc.nuisances, k, src, 0, 100_000, integer=True)
     faults = doc.get("fault", [])
     if not isinstance(faults, list):

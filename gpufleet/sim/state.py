@@ -51,7 +51,9 @@ class SimState:
         self.fleet = fleet
         self.idx = np.asarray(idx, dtype=np.int64)
         n = self.n = len(self.idx)
-        m = fleet.model
+        m = fleet.constants(self.idx)
+        self.m = m
+        self.nvlinks = max(x.nvlinks for x in fleet.models)
         self.pos = {int(g): k for k, g in enumerate(self.idx)}
         self.faults = [f for f in fleet.faults if self._touches(f)]
         inlet0 = fleet.inlet(np.array([0.0]))[0][fleet.gpu_rack[self.idx]]
@@ -98,7 +100,7 @@ class SimState:
         self.bg_sbe = fleet.scenario.nuisances["background_sbe_per_gpu_day"] / 86400.0
         # what healthy links do: sporadic CRC errors (a few bursts), rare replays; PCIe replays
         nu = fleet.scenario.nuisances
-        self.link_bg = np.zeros((n, m.nvlinks, N_ERR), dtype=np.int64)  # lifetime background counts
+        self.link_bg = np.zeros((n, self.nvlinks, N_ERR), dtype=np.int64)  # lifetime background counts
         self.link_bg_off = np.zeros_like(self.link_bg)
         self.bg_rates = (
             (0, nu["nvlink_crc_per_link_hour"] / 3600.0, 0),
@@ -118,7 +120,7 @@ class SimState:
         first = int(self.idx[:1].sum())
         self.link_rng = np.random.default_rng(np.random.SeedSequence([fleet.seed, 0x11AC, first]))
         # NVLink bytes each way per link since the driver loaded (a week of traffic before the run)
-        self.link_bytes = hrng.uniform(0, 7 * 86400 * 2e9, (fleet.n, m.nvlinks))[self.idx]
+        self.link_bytes = hrng.uniform(0, 7 * 86400 * 2e9, (fleet.n, self.nvlinks))[self.idx]
         self.link_bytes_off = np.zeros_like(self.link_bytes)
 
     def _touches(self, f: Fault) -> bool:
@@ -197,6 +199,7 @@ class SimState:
         g = self.g0.copy()
         brake = np.zeros(n, dtype=bool)
         strag = np.ones(n)
+        slow_mem = None
         inlet = inlet.copy()
         t0 = t - dt
         tt = np.array([t])
@@ -218,6 +221,9 @@ class SimState:
             elif k == "power_brake":
                 if any(a <= t < b for a, b in f.params["episodes"]):
                     brake[sel] = True
+            elif k == "straggler" and f.mode == "slow_memory":
+                slow_mem = np.ones(n) if slow_mem is None else slow_mem
+                slow_mem[sel] = 1.0 - 0.15 * f.severity
             elif k == "straggler":
                 strag[sel] = 1.0 - 0.13 * f.severity
             elif k == "gpu_lost":
@@ -238,7 +244,8 @@ class SimState:
             hits = rng.random(n) < self.bg_sbe * dt
             if hits.any():
                 self.sbe += hits
-        out = self.phys.step(dt, phase, self.eff, g, inlet, brake, strag, rng)
+        limit = self.fleet.limit_at(self.idx, t)
+        out = self.phys.step(dt, phase, self.eff, g, inlet, brake, strag, rng, limit, slow_mem)
         out["lost"] = self.lost.copy()
         return out
 
@@ -294,7 +301,8 @@ class SimState:
     def _pcie(self, f: Fault, k: int, t: float, dt: float, rng) -> None:
         if not f.active(np.array([t]))[0]:
             if f.mode != "replay_storm" and f.end is not None and t >= f.end:
-                self.width[k], self.gen[k] = self.fleet.model.pcie_width, self.fleet.model.pcie_gen
+                mk = self.fleet.model_of(int(self.idx[k]))
+                self.width[k], self.gen[k] = mk.pcie_width, mk.pcie_gen
             return
         if f.mode == "replay_storm":
             r = f.params["rate"] * max(f.ramp(np.array([t]))[0], 0.05)
@@ -413,7 +421,7 @@ class SimState:
         v = self.link_bg[k] - self.link_bg_off[k]
         b = self._bytes()[k]
         out = []
-        for link in range(self.fleet.model.nvlinks):
+        for link in range(self.fleet.model_of(int(self.idx[k])).nvlinks):
             st = self.links.get((k, link))
             c = v[link] + (st["life"] - st["off"] if st is not None else 0)
             up = int(st["up"]) if st is not None else 1

@@ -1,0 +1,144 @@
+"""A site's life is not a fault: a node of another GPU generation, an operator's power cap and a warmer
+rack raise no page, while a real fault on the same node, in the same fleet, is paged once.
+
+Each fleet comes from the simulator (gpufleet.sim) with the site's life placed on the faulty node
+(its rack), then goes through ``gpufleet analyze`` and ``gpufleet eval`` as any fleet does."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from gpufleet.analyzer.evaluate import matches
+
+from gpufleet import records
+from gpufleet.cli import main
+from gpufleet.sim import scenario as scen
+from gpufleet.sim.engine import generate
+from gpufleet.sim.fleet import Fleet
+
+HOURS = 3
+
+
+def _fleet(tmp_path, toml: str, seed: int = 7, life=None) -> tuple[list, list]:
+    """(truth, incidents) of a 4-node fleet from scenario text ``toml``; ``life(fleet)`` places the
+    site's life before the fleet runs."""
+    path = tmp_path / "site.toml"
+    path.write_text(toml)
+    fl = Fleet(scen.load(str(path)), seed=seed, duration=HOURS * 3600.0, step=10.0, nodes=4, gpus_per_node=8)
+    if life is not None:
+        life(fl)
+    out = tmp_path / "sim"
+    generate(fl, out, progress=False)
+    inc = tmp_path / "incidents.jsonl"
+    assert main(["analyze", "--input", str(out / "telemetry.lp.gz"), "--out", str(inc)]) == 0
+    return records.read(out / "truth.jsonl"), records.read(inc)
+
+
+def _one_page_per_fault(truth, incidents, capsys=None):
+    """Every truth record paged by exactly one incident; no other incident but informational ones,
+    at most one per node or rack."""
+    assert truth, "the fleet has its fault"
+    pages = [r for r in incidents if r.severity != "info"]
+    for tr in truth:
+        hit = [r for r in pages if matches(r, tr)]
+        assert len(hit) == 1, (tr, [r.summary for r in pages])
+    extra = [r for r in pages if not any(matches(r, tr) for tr in truth)]
+    assert not extra, [r.summary for r in extra]
+    info = [(r.host, r.rack) for r in incidents if r.severity == "info"]
+    assert len(info) == len(set(info))
+
+
+def test_a_node_of_another_generation_is_judged_by_its_own_model(tmp_path):
+    # gpu0001 is an A100 (400 W, a steeper °C per W) among H200s; one of its GPUs' heatsinks degrades
+    toml = """
+[fleet]
+generations = [["NVIDIA A100-SXM4-80GB", 0.25]]
+[[fault]]
+kind = "cooling_degradation"
+host = "gpu0001"
+gpu = 3
+severity = 1.2
+onset = "25%"
+"""
+
+    def life(fl):
+        assert fl.model_of(0).name == "NVIDIA A100-SXM4-80GB"
+        assert fl.model_of(8).name == "NVIDIA H200"
+
+    truth, incidents = _fleet(tmp_path, toml, life=life)
+    _one_page_per_fault(truth, incidents)
+    cooling = [r for r in incidents if r.kind == "cooling_degradation"]
+    ev = cooling[0].evidence["peak"]
+    assert ev["model"] == "NVIDIA A100-SXM4-80GB" and ev["baseline"].startswith("own model")
+
+
+def test_an_operator_power_cap_is_no_straggler_and_a_slow_gpu_beside_it_is(tmp_path):
+    # the operator caps gpu0002 at ~70 % of 700 W for most of the run; GPU 5 of it is a real straggler
+    toml = """
+[workload]
+job_nodes = [2, 4]
+[[fault]]
+kind = "straggler"
+host = "gpu0002"
+gpu = 5
+onset = "20%"
+"""
+
+    def life(fl):
+        fl.power_caps = [(1, 0.1 * fl.duration, fl.duration + 1, 0.7)]
+
+    truth, incidents = _fleet(tmp_path, toml, life=life)
+    _one_page_per_fault(truth, incidents)
+    page = next(r for r in incidents if r.kind == "straggler")
+    ev = page.evidence["peak"]
+    assert ev["power_limit_watts"] == 500
+    if "peers_power_limit_watts" in ev:  # (where its job spans an uncapped node)
+        assert ev["peers_power_limit_watts"] == 700
+    # the cap is in the telemetry as the agent writes it: the limit and the SW power-cap bit
+    lines = [ln for ln in _gpu_lines(tmp_path / "sim", "gpu0002") if "power_limit_watts=500.0" in ln]
+    assert lines and any("clock_event_sw_power_cap=1i" in ln for ln in lines)
+
+
+def test_a_warm_rack_is_its_own_baseline_and_a_hot_gpu_in_it_still_pages(tmp_path):
+    # rack r001 (gpu0001, gpu0002) steps to 7 °C above the room an hour in and stays there (the room's
+    # doing, no GPU near its limits); one GPU's heatsink degrades in it
+    toml = """
+[fleet]
+nodes_per_rack = 2
+[[fault]]
+kind = "cooling_degradation"
+host = "gpu0001"
+gpu = 6
+severity = 1.2
+onset = "25%"
+"""
+
+    def life(fl):
+        fl.warm = np.zeros(fl.n_racks)
+        fl.warm[0] = 7.0
+        fl.warm_from = np.full(fl.n_racks, -300.0)
+        fl.warm_from[0] = 3600.0
+
+    truth, incidents = _fleet(tmp_path, toml, life=life)
+    _one_page_per_fault(truth, incidents)
+
+
+def _gpu_lines(out, host: str) -> list[str]:
+    import gzip
+
+    with gzip.open(out / "telemetry.lp.gz", "rt") as f:
+        return [ln for ln in f if ln.startswith("gpu,") and f"host={host}," in ln]
+
+
+def test_mixed_generations_and_operator_life_in_the_healthy_scenario(tmp_path):
+    sc = scen.load("healthy")
+    assert sc.fleet["generations"] and sc.nuisances["power_caps"] and sc.nuisances["warm_racks"]
+    fl = Fleet(sc, seed=3, duration=3600.0, step=10.0, nodes=8, gpus_per_node=2)
+    names = {fl.model_of(g).name for g in range(fl.n)}
+    assert names == {"NVIDIA H200", "NVIDIA A100-SXM4-80GB"}
+    out = tmp_path / "sim"
+    generate(fl, out, progress=False)
+    man = json.loads((out / "manifest.json").read_text())
+    assert set(man["fleet"]["models"].values()) == {"NVIDIA A100-SXM4-80GB"}
+    assert man["nuisances"]["power_caps"] and man["nuisances"]["warm_racks"]
