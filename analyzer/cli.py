@@ -71,6 +71,8 @@ def _sinks(cfg, specs):
               help="with --listen: bytes received and not yet analysed before writers get 429")
 @click.option("--grace", help="online mode: how late after its timestamp a point may arrive "
               "(default: the poll interval)")
+@click.option("--lateness", help="online mode: how far behind the analysis a host's rows may land and "
+              "still be analysed in its own time (default: [analyzer] late_bound_seconds, 24h)")
 @click.option("--out", "out_path", help="write incidents as JSON lines here")
 @click.option("--config", "config_path", help="analyzer.toml")
 @click.option("--sink", "sink_specs", multiple=True, help="alert sink TYPE=URL (repeatable)")
@@ -94,6 +96,7 @@ def analyze(
     max_body,
     max_queue,
     grace,
+    lateness,
     out_path,
     config_path,
     sink_specs,
@@ -170,6 +173,7 @@ def analyze(
             token_file,
             parse_size(max_body, "--max-body", ConfigError, minimum=1),
             parse_size(max_queue, "--max-queue", ConfigError, minimum=1),
+            parse_duration(lateness, "--lateness") if lateness else None,
         )
         return
     influx.check()
@@ -268,7 +272,7 @@ def _token(token_file) -> str | None:
 
 
 def _online(cfg, influx, shard_t, out_path, sinks, state_path, page_base_url, poll, grace, since,
-            listen_addr, token_file, max_body, max_queue) -> None:
+            listen_addr, token_file, max_body, max_queue, lateness=None) -> None:
     """--follow and --listen: see analyzer/online.py."""
     import signal
 
@@ -292,7 +296,7 @@ def _online(cfg, influx, shard_t, out_path, sinks, state_path, page_base_url, po
     keep = state_path or out_path or notifier is not None
     where = Path(_state_path(state_path, out_path)).with_suffix(".checkpoint.json")
     checkpoint = Checkpoint(where if keep else None)
-    online = Online(cfg, shard_t, influx, notifier, out_path, checkpoint, poll, grace)
+    online = Online(cfg, shard_t, influx, notifier, out_path, checkpoint, poll, grace, lateness)
     for d in online.an.detectors:  # a daemon pays its imports at start, not on the window that
         d.warm()                    # first needs them (that window's alert would wait for them)
 
