@@ -78,6 +78,8 @@ def _sinks(cfg, specs):
               help="with --listen: open connections at most (and always 64 below the open-files limit)")
 @click.option("--grace", help="online mode: how late after its timestamp a point may arrive "
               "(default: the poll interval)")
+@click.option("--lateness", help="online mode: how far behind the analysis a host's rows may land and "
+              "still be analysed in its own time (default: [analyzer] late_bound_seconds, 24h)")
 @click.option("--out", "out_path", help="write incidents as JSON lines here")
 @click.option("--config", "config_path", help="analyzer.toml")
 @click.option("--sink", "sink_specs", multiple=True, help="alert sink TYPE=URL (repeatable)")
@@ -104,6 +106,7 @@ def analyze(
     listen_timeout,
     listen_max_connections,
     grace,
+    lateness,
     out_path,
     config_path,
     sink_specs,
@@ -185,6 +188,7 @@ def analyze(
             writers_file,
             {"read_timeout": parse_duration(listen_timeout, "--listen-timeout"),
              "max_connections": listen_max_connections},
+            parse_duration(lateness, "--lateness") if lateness else None,
         )
         return
     influx.check()
@@ -291,7 +295,8 @@ def _token(token_file) -> str | None:
 
 
 def _online(cfg, influx, shard_t, out_path, sinks, state_path, page_base_url, poll, grace, since,
-            listen_addr, token_file, max_body, max_queue, writers_file=None, limits=None) -> None:
+            listen_addr, token_file, max_body, max_queue, writers_file=None, limits=None,
+            lateness=None) -> None:
     """--follow and --listen: see analyzer/online.py."""
     import signal
 
@@ -320,7 +325,7 @@ def _online(cfg, influx, shard_t, out_path, sinks, state_path, page_base_url, po
     keep = state_path or out_path or notifier is not None
     where = Path(_state_path(state_path, out_path)).with_suffix(".checkpoint.json")
     checkpoint = Checkpoint(where if keep else None)
-    online = Online(cfg, shard_t, influx, notifier, out_path, checkpoint, poll, grace)
+    online = Online(cfg, shard_t, influx, notifier, out_path, checkpoint, poll, grace, lateness)
     if notifier is not None:
         notifier.fleet = _members(online.an.reg)
     for d in online.an.detectors:  # a daemon pays its imports at start, not on the window that

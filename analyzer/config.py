@@ -38,6 +38,12 @@ ANALYZER = {
     "lateness_seconds": 900.0,  # how late a point may arrive (batch) before it is dropped and counted
     "poll_seconds": 10.0,  # expected poll interval (buckets peers, bounds gaps)
     "max_future_seconds": 86400.0,  # points stamped this far past the wall clock are dropped and counted
+    # how far behind the analysis a host's rows may arrive and still be analysed (in their own time,
+    # from memory); older ones are re-read from the store or dropped with an ``analysis_gap`` record
+    "late_bound_seconds": 86400.0,
+    # processed rows held for the late rows of a host that comes back (its peers, its own context);
+    # 0 in batch runs, whose input is in time order (online: see gpufleet.analyzer.online)
+    "peers_hold_seconds": 0.0,
 }
 
 def detector_defaults() -> dict[str, dict]:
@@ -56,6 +62,8 @@ RANGES: dict[str, tuple[float, float]] = {
     "lateness_seconds": (0.0, 7 * DAY),
     "poll_seconds": (1.0, 3600.0),
     "max_future_seconds": (0.0, 3650 * DAY),
+    "late_bound_seconds": (0.0, 30 * DAY),
+    "peers_hold_seconds": (0.0, DAY),
     "absorb_seconds": (0.0, 30 * DAY),
     "_seconds": (0.0, 365 * DAY),
     "_share": (0.0, 1.0),

@@ -75,10 +75,18 @@ class Engine:
         self._pending_first: dict[tuple, float] = {}  # per key: its earliest queued hit's time
         self._reg: Registry | None = None
         self._racks: list[str] = []
+        # online: per host id, the latest of its data analysed; its incidents resolve by it (a node
+        # whose data is late keeps them open), unless it is more than host_bound behind
+        self.host_progress: np.ndarray | None = None
+        self.host_bound = np.inf
+        self._late: dict[tuple, bool] = {}  # keys that got hits from late data -> judged without peers
 
     # ------------------------------------------------------------------ input
-    def add(self, hits: Hits, reg: Registry, rack_names: list[str]) -> None:
-        """Queue hits; they are turned into incidents, in time order per key, by :meth:`advance`."""
+    def add(self, hits: Hits, reg: Registry, rack_names: list[str], late: bool = False,
+            no_peers: bool = False) -> None:
+        """Queue hits; they are turned into incidents, in time order per key, by :meth:`advance`.
+        ``late``: found in data that landed behind the analysis (its incident says so);
+        ``no_peers``: a peer-relative detector judged them with no peer rows held."""
         if not len(hits):
             return
         self._reg, self._racks = reg, rack_names
@@ -116,6 +124,8 @@ class Engine:
             )
             first = min(x[0] for x in items)
             self._pending_first[key] = min(self._pending_first.get(key, first), first)
+            if late:
+                self._late[key] = self._late.get(key, False) or no_peers
 
     def _run(self, key: tuple, items: list) -> None:
         kind = key[0]
@@ -254,6 +264,10 @@ class Engine:
             "thresholds": {k: v for k, v in self.params.get(kind, {}).items() if not isinstance(v, list)},
         }
         rec.evidence.update(self._evidence(st))
+        if st.key in self._late:
+            rec.evidence["arrived_late"] = True  # found in data that landed behind the analysis
+            if self._late[st.key]:
+                rec.evidence["peers"] = "none held: judged without peers"
         self._consolidate(rec, st)
         return rec
 
@@ -304,8 +318,12 @@ class Engine:
                 self._pending_first[key] = min(x[0] for x in self.pending[key])
             if ready:
                 self._run(key, ready)
+        hp = self.host_progress
         for st in self.states.values():
             wm = min(self.watermark, self.progress.get(st.kind, self.watermark))
+            h = st.key[1]
+            if hp is not None and 0 <= h < len(hp) and np.isfinite(hp[h]):
+                wm = min(wm, max(hp[h], wm - self.host_bound))
             if st.incident is not None:
                 resolve = float(self.params.get(st.kind, {}).get("resolve_seconds", 900.0))
                 if wm - st.last_hit > resolve:

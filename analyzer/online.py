@@ -7,7 +7,13 @@ the notifier (whose SQLite outbox pages each incident group once, across restart
 
 Windows are ``poll`` long and a point may arrive up to ``grace`` after its timestamp; a window
 is analysed once ``now - grace`` has passed its end, so a fault is paged about two polls after
-its data lands. Points later than that are counted as late, as in batch mode.
+its data lands. A host whose rows land later than that (cut off, then its spool drains) is
+analysed in its own time as they land (event time per host: gpufleet.analyzer.pipeline), up to
+``lateness`` behind; an incident found that way keeps its true start and says how long after it
+began it was found. Rows further behind are read back from InfluxDB when there is one, else
+dropped and reported as an ``analysis_gap`` record. ``now`` is the wall clock paced by the
+monotonic clock (:class:`Clock`): a step of the analyzer's clock freezes no window, and rows a
+writer stamps ahead of it move no other host's windows.
 
 Restart: a checkpoint file beside the notifier state records how far the analysis has been
 delivered. On start the gap since then is caught up through the pull path at batch speed
@@ -29,6 +35,7 @@ from gpufleet.analyzer.pipeline import Analyzer
 from gpufleet.errors import GpufleetError
 
 MAX_REWIND = 86400.0  # the longest stretch a restart re-reads to find still-firing incidents again
+PEERS_HOLD = 600.0  # online default: analysed rows held as peers and context for a host that comes back
 
 
 def _say(msg: str) -> None:
@@ -61,11 +68,40 @@ class Checkpoint:
             raise GpufleetError(f"checkpoint {self.path}: {exc.strerror}") from None
 
 
+class Clock:
+    """The loop's "now": the wall clock, paced by the monotonic clock. A wall clock that steps away
+    from the monotonic pace (an operator, a VM resumed, a bad NTP answer) is not followed until it
+    has stayed there ``settle`` seconds: a short step neither freezes the windows (ahead) nor stalls
+    them (back); a lasting correction is taken (counted in ``steps``)."""
+
+    def __init__(self, wall=time.time, mono=time.monotonic, settle: float = 60.0, tolerance: float = 1.0):
+        self.wall, self.mono, self.settle, self.tolerance = wall, mono, settle, tolerance
+        self._anchor = (wall(), mono())
+        self._off_since: float | None = None
+        self.steps = 0
+
+    def __call__(self) -> float:
+        w, m = self.wall(), self.mono()
+        est = self._anchor[0] + (m - self._anchor[1])
+        if abs(w - est) <= self.tolerance:
+            self._off_since = None
+            self._anchor = (w, m)  # follows the wall clock's slow corrections
+            return w
+        if self._off_since is None:
+            self._off_since = m
+            _say(f"the wall clock stepped {w - est:+.1f}s; the analysis keeps the monotonic pace")
+        if m - self._off_since >= self.settle:  # a lasting step: the wall clock was set right
+            self._anchor, self._off_since = (w, m), None
+            self.steps += 1
+            return w
+        return est
+
+
 class Online:
     """The analyzer, its outputs and its position in time; driven by :meth:`cycle`."""
 
     def __init__(self, cfg, shard, influx, notifier, out_path, checkpoint: Checkpoint, poll: float,
-                 grace: float):
+                 grace: float, lateness: float | None = None, clock: Clock | None = None):
         self.cfg = cfg
         self.influx = influx
         self.notifier = notifier
@@ -76,8 +112,14 @@ class Online:
         self.batch_window = cfg.analyzer["window_seconds"]
         self.online_window = min(self.batch_window, max(poll, 1.0))
         cfg.analyzer["lateness_seconds"] = grace
+        if lateness is not None:
+            cfg.analyzer["late_bound_seconds"] = lateness
+        cfg.analyzer["peers_hold_seconds"] = cfg.analyzer.get("peers_hold_seconds") or PEERS_HOLD
+        self.clock = clock or Clock()
         self.an = Analyzer(cfg, shard)
         self.an.window = self.online_window  # batch-size windows only while catching up
+        self.an.store = influx is not None  # rows beyond the bound are read back, not dropped
+        self.an.horizon_ns = self._horizon()
         self.written: dict[str, str] = {}
         self.cursor: int | None = None  # pull mode: everything before it has been read
         self.rows_in = 0
@@ -107,7 +149,7 @@ class Online:
         from gpufleet.analyzer.sources import ahead, pull
 
         if self.cursor is None:
-            self.cursor = self.start_ns(since, time.time_ns())
+            self.cursor = self.start_ns(since, int(self.clock() * 1e9))
         if upto_ns <= self.cursor:
             return 0
         t0 = time.monotonic()
@@ -116,16 +158,20 @@ class Online:
         window = self.batch_window if catching else self.online_window
         self.an.window = window
         n = 0
+        before = self._host_latest()
         try:
             batches = pull(self.influx, self.an.wanted(), start, upto_ns, self.an.parser.series,
                            int(window * 1e9), words=self.an.tag_words(), not_hosts=self._not_mine())
             for _a, b, rows in ahead(batches) if catching else batches:
                 n += sum(len(r) for r in rows.values())
+                self.an.horizon_ns = self._horizon()
                 self.an.feed_rows(rows)
                 self.cursor = b
                 if catching:
                     self.deliver(b)
             self.cursor = upto_ns
+            if not catching:
+                self._back_again(before, start)
         finally:
             self.an.window = self.online_window
             self.rows_in += n
@@ -133,6 +179,67 @@ class Online:
             took = time.monotonic() - t0
             _say(f"caught up {(upto_ns - start) / 1e9:.0f}s of data ({n} rows) in {took:.1f}s")
         return n
+
+    def _host_latest(self):
+        """Per host id: the latest GPU row received (s), -inf where none."""
+        import numpy as np
+
+        an = self.an
+        n = len(an.recv_t)
+        latest = np.full(len(an.reg.hosts), -np.inf)
+        np.maximum.at(latest, np.asarray(an.reg.gpu_node[:n], np.int64), an.recv_t)
+        return latest
+
+    def _back_again(self, before, start_ns: int) -> None:
+        """``--follow``: a host that was quiet before this read and has rows in it may have written
+        its gap late (its spool drained into InfluxDB with the old stamps, behind the cursor): that
+        host's gap is read back and analysed in its own time. Only the gap, after its last row
+        read: no row is analysed twice."""
+        after = self._host_latest()
+        for h in range(min(len(before), len(after))):
+            last = before[h]
+            if after[h] > last and last < start_ns / 1e9 - self.an.quiet_after and last > -1e18:
+                self.an.reread.append((self.an.reg.hosts[h], int(last * 1e9) + 1000, int(start_ns)))
+        self.read_back()
+
+    def read_back(self) -> int:
+        """Read the listed ranges (host, from, to) back from InfluxDB, analysed in their host's own
+        time (rows beyond the late bound, a reappearing host's gap)."""
+        an = self.an
+        n = 0
+        while an.reread and self.influx is not None:
+            host, a, b = an.reread.pop(0)
+            step = int(3600e9)
+            bound, an.bound = an.bound, float("inf")  # read back: analysed however far behind
+            try:
+                for t in range(a, b, step):
+                    rows = self.influx.query(an.wanted(), t, min(b, t + step), an.parser.series,
+                                             an.tag_words(), host=host)
+                    k = sum(len(r) for r in rows.values())
+                    if k:
+                        n += k
+                        an.feed_rows(rows)
+            finally:
+                an.bound = bound
+            _say(f"{host}: read back {n} rows of {(b - a) / 1e9:.0f}s behind the analysis from InfluxDB")
+        self.rows_in += n
+        return n
+
+    def _horizon(self, rows: dict | None = None) -> int | None:
+        """Rows stamped after this move no stream's watermark (a writer whose clock runs ahead
+        delays nobody else's windows), unless most of the fleet is stamped ahead (a replay, a
+        generated fleet: analysed in batch-size windows, see :meth:`_size_windows`)."""
+        import numpy as np
+
+        now = self.clock()
+        h = now + self.grace + self.online_window
+        recv = self.an.recv_t
+        seen = recv[np.isfinite(recv)] if len(recv) else recv
+        if not len(seen) and rows and len(rows.get("gpu", ())):
+            seen = rows["gpu"].t / 1e9  # the first rows: judged by themselves
+        if len(seen) and float(np.median(seen)) > h:
+            return None
+        return int(h * 1e9)
 
     def _not_mine(self) -> list[str] | None:
         """Other shards' hosts, asked InfluxDB again every minute (a host that appears meanwhile
@@ -155,7 +262,8 @@ class Online:
         n = sum(len(r) for r in rows.values())
         if n:
             self.rows_in += n
-            self._size_windows(max(int(r.t.max()) for r in rows.values() if len(r)))
+            self.an.horizon_ns = self._horizon(rows)
+            self._size_windows(int(self.clock() * 1e9))
             self.an.feed_rows(rows)
 
     # ------------------------------------------------------------------ output
@@ -166,13 +274,26 @@ class Online:
         from gpufleet import records
 
         an = self.an
+        an.horizon_ns = self._horizon()
         self._size_windows(upto_ns)
         an.advance_clock(upto_ns / 1e9)
         an.engine.advance(upto_ns / 1e9 - self.grace)
+        if an.reread and self.influx is not None:
+            try:
+                self.read_back()
+            except GpufleetError as exc:
+                _say(f"read-back: {exc}; tried again next cycle")
+        for line in an.said:
+            _say(line)
+        an.said.clear()
         incs = an.incidents() + an.engine.absorbed
         changed = [r for r in incs if self.written.get(r.id) != _state(r)]
+        now = self.clock()
+        for r in changed:
+            if r.id not in self.written:
+                _found_late(r, now, self.poll + self.grace)
         if self.notifier is not None:
-            self.notifier.update(incs, time.time())
+            self.notifier.update(incs, now)
         if self.out_path and changed:
             records.write(self.out_path, an.incidents())
         if self.influx is not None and changed:
@@ -206,7 +327,7 @@ class Online:
         wm = max([upto_ns, *an.stream_wm.values()]) / 1e9
         starts = [v for v in an.window_start.values() if v is not None]
         backlog = bool(starts) and wm - self.grace - min(starts) >= self.batch_window
-        ahead = wm - time.time() > self.grace + self.online_window
+        ahead = wm - self.clock() > self.grace + self.online_window
         an.window = self.batch_window if backlog or ahead else self.online_window
 
     def wait(self, wake=None) -> None:
@@ -214,7 +335,7 @@ class Online:
         step with the windows, so a point waits at most a window and the grace. ``wake`` (a
         :class:`threading.Event`) ends the sleep early: pushed data waiting in bulk."""
         w = self.online_window
-        now = time.time()
+        now = self.clock()
         due = (int((now - self.grace) // w) + 1) * w + self.grace + 0.05
         pause = min(max(0.0, due - now), self.poll + 0.05)
         if wake is None:
@@ -225,8 +346,9 @@ class Online:
     def gauges(self) -> dict:
         an = self.an
         return {"rows_total": self.rows_in, "gpu_samples_total": an.gpu_samples, "windows_total": an.windows,
-                "late_points_total": an.late_points, "incidents": len(an.incidents()),
-                "bad_lines_total": an.parser.stats.bad_lines,
+                "late_points_total": an.late_points, "late_rows_analysed_total": an.late_rows,
+                "gap_rows_dropped_total": an.dropped_rows, "clock_steps_total": self.clock.steps,
+                "incidents": len(an.incidents()), "bad_lines_total": an.parser.stats.bad_lines,
                 "unsafe_host_series_total": an.parser.series.unsafe_series}
 
     def close(self) -> None:
@@ -240,6 +362,17 @@ def _state(r) -> str:
     return "resolved" if r.end is not None else "firing"
 
 
+def _found_late(r, now: float, due: float) -> None:
+    """An incident found in data that landed late says so, once: how long after it began it was
+    found (its start stays the truth)."""
+    if not r.evidence.get("arrived_late") or "found_after_seconds" in r.evidence:
+        return
+    after = now - r.start
+    r.evidence["found_after_seconds"] = round(after, 1)
+    if after > due and r.summary:
+        r.summary += f"; found {after / 60:.0f} min after it began: its data arrived late"
+
+
 def follow(online: Online, since: float | None) -> None:
     """``--follow``: catch up from the checkpoint (or ``since``), then pull every poll."""
     from gpufleet.analyzer.sources import backoff
@@ -251,7 +384,7 @@ def follow(online: Online, since: float | None) -> None:
             if not checked:
                 online.influx.check()
                 checked = True
-            now = time.time_ns()
+            now = int(online.clock() * 1e9)
             online.read(now - int(online.grace * 1e9), since)
             online.deliver(now)
             if attempt:
@@ -285,7 +418,7 @@ def listen(online: Online, listener, since: float | None) -> None:
             while True:
                 busy = listener.counters["refused_busy"]
                 t0 = time.monotonic()
-                online.read(time.time_ns() - int(online.grace * 1e9), since)
+                online.read(int(online.clock() * 1e9) - int(online.grace * 1e9), since)
                 if time.monotonic() - t0 < online.poll and listener.counters["refused_busy"] == busy:
                     break
         except GpufleetError as exc:
@@ -295,5 +428,5 @@ def listen(online: Online, listener, since: float | None) -> None:
     while True:
         for rows in listener.take():
             online.feed(rows, handoff)
-        online.deliver(time.time_ns())
+        online.deliver(int(online.clock() * 1e9))
         online.wait(listener.ready)

@@ -2,10 +2,22 @@
 
 Rows are buffered until the data's watermark (latest timestamp seen) is ``lateness_seconds``
 past a window's end; then that window is cut, the detectors learn from it and score it, and
-the engine turns their hits into incidents. Rows arriving later than that are dropped and
-counted (``late_points``), and so are rows stamped more than ``max_future_seconds`` after the
-wall clock (``future_points``): one absurd timestamp never drags the watermark ahead.
-Memory is bounded by window + lateness + context, not by the history.
+the engine turns their hits into incidents. Rows stamped more than ``max_future_seconds`` after
+the wall clock are dropped and counted (``future_points``): one absurd timestamp never drags the
+watermark ahead.
+
+Event time per host: rows of a host that land behind its stream's cursor (a node cut off whose
+agent drains its spool, a slow gateway) are not dropped. They wait in a late buffer and are
+analysed in that host's own time (:meth:`Analyzer._late_cut`), in windows of their own: the host's
+rows, with the peers' rows still held (``peers_hold_seconds``) and the host's own context; hits
+are kept for the late hosts only and reach the engine with their true times (an incident found
+that way says so: ``evidence.arrived_late``). A late window of a host is analysed once the host's
+own data is ``lateness_seconds`` past its end, or once its rows stop growing (online: one cycle).
+Rows more than ``late_bound_seconds`` behind the cursor are not held: with a store they are
+listed for re-reading (``reread``), without one they are dropped, counted per host and reported
+as an ``analysis_gap`` record (host, from, to, rows, why). Rows behind what their own host has
+already analysed (duplicates, a host's own reordering beyond the grace) are counted
+(``late_points``). Memory is bounded by window + lateness + context + the peers held.
 
 Time is bounded: after a stream's data stops, empty windows are walked for ``EMPTY_WALK_SECONDS``
 (a GPU that stopped reporting is noticed there); past that the next window starts at the stream's
@@ -23,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 from gpufleet.analyzer.config import Config
 from gpufleet.analyzer.detectors import REGISTRY, build
+from gpufleet.analyzer.detectors.base import Hits
 from gpufleet.analyzer.engine import Engine
 from gpufleet.analyzer.frame import Registry, Table, Window
 from gpufleet.analyzer.jobs import JobLog
@@ -65,6 +78,7 @@ MEASUREMENTS = {
 }
 
 
+NEW = "\x00new"  # a late window's own column: 1 where a row is the window's to analyse, not context
 EMPTY_WALK_SECONDS = 3600.0  # empty windows walked after a stream's last data before skipping to the next
 
 
@@ -99,6 +113,8 @@ class Analyzer:
         self.lateness = a["lateness_seconds"]
         self.poll = a["poll_seconds"]
         self.max_future = a["max_future_seconds"]
+        self.bound = a.get("late_bound_seconds", 86400.0)
+        self.hold = a.get("peers_hold_seconds", 0.0)
         self.shard = shard
         self.fields = fields()  # what the parser converts, derived from the registry when built
         self.parser = Parser(set(MEASUREMENTS), self.fields)
@@ -123,6 +139,26 @@ class Analyzer:
         self._keep_flags = np.zeros(0, np.int8)  # per series id: 1 keep, 0 drop, -1 not seen yet
         self._sid_extra: dict[int, dict] = {}
         self.jobs = JobLog()  # job ids per GPU over time, for the incidents' ``jobs``
+        # event time per host (see the module docstring)
+        self.late: dict[str, list[_Block]] = {m: [] for m in MEASUREMENTS}  # rows behind the cursor
+        self.late_ctx: dict[str, _Block | None] = {m: None for m in MEASUREMENTS}
+        self.hist: dict[str, list[_Block]] = {m: [] for m in MEASUREMENTS}  # analysed rows, peers_hold long
+        self.late_done: dict[tuple[str, int], float] = {}  # (stream, host id) -> analysed up to (s)
+        self.late_wm: dict[tuple[str, int], int] = {}  # (stream, host id) -> latest late row (ns)
+        self._late_grew: set[tuple[str, int]] = set()  # late rows arrived since the last clock tick
+        self.late_rows = 0  # rows analysed in their own host's time after landing behind the cursor
+        self.late_per_host: dict[str, int] = {}  # host -> its rows behind what it had analysed (dropped)
+        self.store = False  # a store to re-read from: rows beyond the bound are listed in ``reread``
+        self.reread: list[tuple[str, int, int]] = []  # (host, from ns, to ns) to read back from the store
+        self.notes: list = []  # analysis_gap / node_stopped_reporting records (gpufleet.records.Record)
+        self._gaps: dict[tuple[str, str], object] = {}  # (host, why) -> its latest open gap record
+        self.dropped_rows = 0  # rows beyond the bound with no store to re-read them from
+        self.said: list[str] = []  # lines for the operator's log (the online loop prints and clears them)
+        self.now_ns: int | None = None  # online: the loop's clock (None: batch, no wall clock)
+        self.recv_t = np.zeros(0)  # per GPU: the latest row received (s), whatever its path
+        self._stopped: dict[int, object] = {}  # host id -> its open node_stopped_reporting record
+        self.quiet_after = max(60.0, 6 * self.poll)
+        self.horizon_ns: int | None = None  # online: rows after this do not move a stream's watermark
 
     # ------------------------------------------------------------------ input
     def wanted(self) -> dict[str, set[str] | None]:
@@ -173,8 +209,7 @@ class Analyzer:
                     state = cols.get("state_code", np.full(len(r), np.nan))
                     t = r.t.astype(np.int64)
                     fb = _Block(ent[fan], t[fan], {"fan_rpm": value[fan], "fan_state": state[fan]}, {})
-                    self.buffer["bmc_fan"].append(fb)
-                    self.stream_wm["bmc_fan"] = max(self.stream_wm.get("bmc_fan", -(2**62)), fb.tmax)
+                    self._add("bmc_fan", fb)
                     if fan.all():
                         continue
                     ent, r = ent[~fan], r.take(~fan)
@@ -182,12 +217,272 @@ class Analyzer:
                 cols = {"inlet": value}
                 text = {}
             blk = _Block(ent, r.t.astype(np.int64), cols, text)
-            self.buffer[m].append(blk)
             self.rows += len(r)
             if m == "gpu":
                 self.gpu_samples += len(r)
-            self.stream_wm[m] = max(self.stream_wm.get(m, -(2**62)), blk.tmax)
+                self._received(blk)
+            self._add(m, blk)
         self._cut(final=False)
+
+    def _add(self, m: str, blk: _Block) -> None:
+        """Buffer a stream's rows: those behind its cursor go to the late buffer (their host's own
+        time), the rest move the stream's watermark (online: up to ``horizon_ns``, so that one
+        writer's clock set ahead drags no other host's windows)."""
+        ws = self.window_start.get(m)
+        if ws is not None and blk.tmin < int(ws * 1e9):
+            behind = blk.t < int(ws * 1e9)
+            self._add_late(m, _sub(blk, behind))
+            if behind.all():
+                return
+            blk = _sub(blk, ~behind)
+        self.buffer[m].append(blk)
+        top = blk.tmax
+        if self.horizon_ns is not None and top > self.horizon_ns:
+            ok = blk.t <= self.horizon_ns
+            top = int(blk.t[ok].max()) if ok.any() else -(2**62)
+        self.stream_wm[m] = max(self.stream_wm.get(m, -(2**62)), top)
+
+    def _received(self, blk: _Block) -> None:
+        """Per GPU, the latest row received (any path): a node whose GPUs all went quiet."""
+        n = len(self.reg.gpu_host)
+        if len(self.recv_t) < n:
+            self.recv_t = np.concatenate([self.recv_t, np.full(n - len(self.recv_t), -np.inf)])
+        t = blk.t / 1e9
+        # rows in time order within a block as a rule: the last assignment per GPU is its latest row
+        self.recv_t[blk.ent] = np.maximum(self.recv_t[blk.ent], t)
+
+    # ------------------------------------------------------------------ event time per host
+    def host_of(self, m: str, ent: np.ndarray) -> np.ndarray:
+        """Host id per row of stream ``m`` (entity ids of its kind)."""
+        kind = MEASUREMENTS[m]
+        if kind == "host":
+            return ent
+        node = np.asarray(self.reg.gpu_node, np.int64)
+        if kind == "gpu":
+            return node[ent]
+        return node[self.reg.link_arrays()[0][ent]]
+
+    def _add_late(self, m: str, blk: _Block) -> None:
+        hosts = self.host_of(m, blk.ent)
+        cursor = self.window_start[m]
+        bound_ns = int((cursor - self.bound) * 1e9) if math.isfinite(self.bound) else -(2**62)
+        keep = np.ones(len(blk.t), bool)
+        for h in np.unique(hosts).tolist():
+            idx = np.flatnonzero(hosts == h)
+            t = blk.t[idx]
+            drop = np.zeros(len(idx), bool)
+            done = self.late_done.get((m, h))
+            if done is not None:
+                drop = t < int(done * 1e9)  # behind what this host has analysed already
+                if drop.any():
+                    name = self.reg.hosts[h]
+                    self.late_points += int(drop.sum())
+                    self.late_per_host[name] = self.late_per_host.get(name, 0) + int(drop.sum())
+            old = (t < bound_ns) & ~drop
+            if old.any():
+                self._beyond(h, t[old], "more than the late bound behind the analysis")
+                drop |= old
+            keep[idx[drop]] = False
+            t = t[~drop]
+            if len(t):
+                self.late_wm[(m, h)] = max(self.late_wm.get((m, h), -(2**62)), int(t.max()))
+                self._late_grew.add((m, h))
+        if not keep.all():
+            blk = _sub(blk, keep)
+        if len(blk.t):
+            self.late[m].append(blk)
+
+    def _beyond(self, h: int, t: np.ndarray, why: str) -> None:
+        """Rows of host ``h`` that cannot be analysed from memory: re-read from the store, or
+        dropped and reported (one ``analysis_gap`` record per host and stretch)."""
+        from gpufleet.records import Record, to_rfc3339
+
+        name = self.reg.hosts[h]
+        t1, t2 = int(t.min()), int(t.max())
+        if self.store:
+            self.reread.append((name, t1, t2 + 1))
+            return
+        self.dropped_rows += len(t)
+        rec = self._gaps.get((name, why))
+        if rec is not None and t1 / 1e9 <= rec.end + self.quiet_after:
+            rec.end = max(rec.end, t2 / 1e9)
+            rec.evidence["rows"] += len(t)
+            rec.start = min(rec.start, t1 / 1e9)
+        else:
+            rec = Record(kind="analysis_gap", host=name, gpu=None, link=None, start=t1 / 1e9, end=t2 / 1e9,
+                         severity="warning", rack=self.reg.host_rack[h], cluster=self.reg.host_cluster[h])
+            rec.evidence = {"rows": len(t), "why": why}
+            self._gaps[(name, why)] = rec
+            self.notes.append(rec)
+        rec.summary = (f"analysis gap: host {name}, from {to_rfc3339(rec.start)} to {to_rfc3339(rec.end)}, "
+                       f"{rec.evidence['rows']} rows, {why}")
+        from gpufleet.analyzer.engine import incident_id
+
+        rec.id = incident_id(Record(kind=rec.kind, host=name, gpu=None, link=None, start=rec.start, end=None,
+                                    severity="warning", rack=rec.rack, cluster=rec.cluster))
+        if rec.evidence["rows"] == len(t):
+            self.said.append(rec.summary)  # a new gap: the online loop logs it once
+
+    def _late_cut(self, final: bool) -> None:
+        """Analyse late rows in their own host's time: per window of the grid, the late rows of the
+        hosts that are ready, with the peers' rows still held and the hosts' own context."""
+        for m in STREAMS:
+            if not self.late[m]:
+                continue
+            blk = _concat(self.late[m])
+            hosts = self.host_of(m, blk.ent)
+            w = self.window
+            wide = self.config.analyzer["window_seconds"]
+            if blk.tmax - blk.tmin >= wide * 1e9:  # a backlog: analysed at batch speed
+                w = wide
+            cursor = self.window_start.get(m) or 0.0
+            uh = np.unique(hosts)
+            ready = np.empty(len(uh))
+            for i, h in enumerate(uh.tolist()):
+                if final:
+                    ready[i] = np.inf
+                elif (m, h) not in self._late_grew:  # its rows stopped growing: all of them are due
+                    ready[i] = cursor
+                else:
+                    ready[i] = min(cursor, self.late_wm[(m, h)] / 1e9 - self.lateness)
+            r = ready[np.searchsorted(uh, hosts)]
+            win = np.floor(blk.t / 1e9 / w)
+            due = (win + 1) * w <= r
+            if not due.any():
+                continue
+            now = _sub(blk, due)
+            self.late[m] = [_sub(blk, ~due)] if not due.all() else []
+            nwin = win[due]
+            for k in np.unique(nwin).tolist():
+                sel = nwin == k
+                self._late_window(m, k * w, (k + 1) * w, _sub(now, sel))
+            for h in np.unique(hosts[due]).tolist():
+                left = [b for b in self.late[m] if len(b.t) and (self.host_of(m, b.ent) == h).any()]
+                if not left:
+                    self.late_wm.pop((m, h), None)
+
+    def _held(self, m: str, lo: float, hi: float) -> _Block | None:
+        """Analysed rows of stream ``m`` still held with ``lo <= t < hi``."""
+        lo_ns, hi_ns = int(lo * 1e9), int(hi * 1e9)
+        parts = []
+        for b in self.hist[m]:
+            if b.tmax < lo_ns or b.tmin >= hi_ns:
+                continue
+            parts.append(_sub(b, (b.t >= lo_ns) & (b.t < hi_ns)))
+        return _concat(parts)
+
+    def _late_table(self, m: str, start: float, end: float, cur: _Block | None, hosts: set[int]):
+        """A late window's table: held rows of ``[start - context, end)``, the late hosts' own
+        context and their rows; the late hosts' own earlier held rows are context only."""
+        held = self._held(m, start - self.context, end)
+        ctx = self.late_ctx.get(m)
+        if ctx is not None:
+            ctx = _sub(ctx, (ctx.t >= int((start - self.context) * 1e9)) & (ctx.t < int(start * 1e9)))
+        # new rows: the late rows and the peers' rows of the window; the late hosts' own held rows
+        # and their context are context only (analysed already)
+        if held is not None and len(held.t):
+            own = np.isin(self.host_of(m, held.ent), list(hosts))
+            held = _Block(held.ent, held.t, {**held.cols, NEW: (~own).astype(float)}, held.text)
+        if ctx is not None and len(ctx.t):
+            ctx = _Block(ctx.ent, ctx.t, {**ctx.cols, NEW: np.zeros(len(ctx.t))}, ctx.text)
+        if cur is not None and len(cur.t):
+            cur_new = _Block(cur.ent, cur.t, {**cur.cols, NEW: np.ones(len(cur.t))}, cur.text)
+        else:
+            cur_new = cur
+        parts = [p for p in (held, ctx, cur_new) if p is not None and len(p.t)]
+        if cur is not None and len(cur.t):
+            keep = cur.t >= int((end - self.context) * 1e9)
+            old = self.late_ctx.get(m)
+            if old is not None:
+                old = _sub(old, old.t >= int((end - self.context) * 1e9))
+            self.late_ctx[m] = _concat([old, _sub(cur, keep)])
+        blk = _concat(parts)
+        peers = held is not None and bool(
+            (~np.isin(self.host_of(m, held.ent), list(hosts))).any())
+        if blk is None:
+            tab = Table.empty()
+            tab.new = np.zeros(0, bool)
+            return tab, peers
+        tab = Table.build(blk.ent, blk.t, blk.cols, blk.text)
+        flag = tab.cols.pop(NEW)
+        tab.new = (tab.t >= start) & (flag == 1.0)
+        return tab, peers
+
+    def _late_window(self, m: str, start: float, end: float, cur: _Block) -> None:
+        hosts = set(np.unique(self.host_of(m, cur.ent)).tolist())
+        for h in hosts:
+            self.late_done[(m, h)] = max(self.late_done.get((m, h), -np.inf), end)
+        self.late_rows += len(cur.t)
+        if m in ("bmc_sensor", "bmc_fan", "host"):
+            # read through the gpu stream's late windows: held as context for them
+            old = self.late_ctx.get(m)
+            self.late_ctx[m] = _concat([old, cur])
+            return
+        tab, peers = self._late_table(m, start, end, cur, hosts)
+        empty = Table.empty()
+        empty.new = np.zeros(0, bool)
+        tables = {k: empty for k in ("gpu", "gpu_nvlink", "gpu_event", "gpu_canary", "host", "bmc_sensor")}
+        tables[m] = tab
+        self._grow_last_seen()
+        last_seen = self.last_seen.copy()
+        fan = None
+        if m == "gpu":
+            if len(tab):
+                last = np.flatnonzero(np.append(tab.ent[1:] != tab.ent[:-1], True))
+                g = tab.ent[last]
+                mine = np.isin(np.asarray(self.reg.gpu_node)[g], list(hosts))
+                # the late hosts' GPUs as of this window's end (the main path may be past it)
+                node = np.asarray(self.reg.gpu_node, np.int64)
+                theirs = np.isin(node, list(hosts))
+                last_seen[theirs & (last_seen >= start)] = -np.inf
+                last_seen[g[mine]] = np.maximum(last_seen[g[mine]], tab.t[last][mine])
+                self.last_seen[g[mine]] = np.maximum(self.last_seen[g[mine]], tab.t[last][mine])
+                job = tab.text.get("job_id")
+                new = tab.in_window() & np.isin(node[tab.ent], list(hosts))
+                self.jobs.add(tab.ent[new], tab.t[new], job[new] if job is not None else None)
+            for k in ("bmc_sensor", "bmc_fan"):
+                held = self._held(k, start - self.context, end)
+                lc = self.late_ctx.get(k)
+                if lc is not None:
+                    lc = _sub(lc, (lc.t >= int((start - self.context) * 1e9)) & (lc.t < int(end * 1e9)))
+                blk = _concat([held, lc])
+                t = Table.empty() if blk is None else Table.build(blk.ent, blk.t, blk.cols, blk.text)
+                t.new = t.t >= start
+                if k == "bmc_sensor":
+                    tables[k] = t
+                else:
+                    fan = t
+        node_of, rack_of = self.reg.arrays()
+        w = Window(start, end, self.reg, tables["gpu"], tables["gpu_nvlink"], tables["gpu_event"],
+                   tables["gpu_canary"], tables["host"], tables["bmc_sensor"], node_of, rack_of, last_seen,
+                   seq=self.windows)
+        if m == "gpu":
+            w.fan = fan
+        rack_names = list(dict.fromkeys(r for r in self.reg.host_rack if r is not None))
+        for det in self.detectors:
+            if m not in det.tables:
+                continue
+            if getattr(det, "fit_late", False):
+                det.fit(w)
+            hits = _only_hosts(det.detect(w), hosts)
+            self.engine.add(hits, self.reg, rack_names, late=True,
+                            no_peers=not peers and getattr(det, "peers", False))
+        self.windows += 1
+
+    def _grow_last_seen(self) -> None:
+        n_gpu = len(self.reg.gpu_host)
+        if len(self.last_seen) < n_gpu:
+            self.last_seen = np.concatenate([self.last_seen, np.full(n_gpu - len(self.last_seen), -np.inf)])
+
+    def _keep_held(self, m: str, cur: list[_Block], end: float) -> None:
+        """Hold a window's analysed rows ``peers_hold_seconds`` (for late rows of other hosts)."""
+        if self.hold <= 0:
+            return
+        hist = self.hist[m]
+        hist.extend(b for b in cur if len(b.t))
+        lo = int((end - self.hold) * 1e9)
+        if hist and hist[0].tmax < lo:
+            self.hist[m] = [b for b in hist if b.tmax >= lo]
 
     def _per_series(self, sids: np.ndarray, fn, dtype) -> np.ndarray:
         """Per row: ``fn`` of its series' extra labels (``_sid_extra``), called once per series."""
@@ -277,6 +572,8 @@ class Analyzer:
                         continue
                 self._process(m, start, end)
                 self.window_start[m] = end
+        self._late_cut(final)
+        self._host_progress()
         if final:
             self.engine.progress.clear()
             self.engine.advance(max(self.stream_wm.values(), default=0) / 1e9)
@@ -293,10 +590,65 @@ class Analyzer:
 
     def advance_clock(self, now: float) -> None:
         """Online mode: wall-clock time ``now`` (seconds) has passed; windows whose data should all
-        be in by now are analysed even if no newer point arrived (a quiet stream, a lost GPU)."""
+        be in by now are analysed even if no newer point arrived (a quiet stream, a lost GPU), and
+        so are a late host's rows once they stop growing."""
+        self.now_ns = int(now * 1e9)
         for m in list(self.stream_wm):
             self.stream_wm[m] = max(self.stream_wm[m], int(now * 1e9))
         self._cut(final=False)
+        self._late_grew.clear()
+        self._quiet_nodes(now)
+
+    def _host_progress(self) -> None:
+        """Online: per host, the latest of its GPU rows analysed; its incidents resolve by its own
+        time (a node cut off keeps them open until its rows say otherwise), within the bound."""
+        if self.now_ns is None or not len(self.last_seen):
+            return
+        n_hosts = len(self.reg.hosts)
+        hp = np.full(n_hosts, -np.inf)
+        node = np.asarray(self.reg.gpu_node, np.int64)[: len(self.last_seen)]
+        np.maximum.at(hp, node, self.last_seen[: len(node)])
+        self.engine.host_progress = hp
+        self.engine.host_bound = self.bound
+
+    def _quiet_nodes(self, now: float) -> None:
+        """Online: a node none of whose GPUs sent a row for ``quiet_after`` while others did is one
+        ``node_stopped_reporting`` record (the node, its agent or its network: not a GPU fault),
+        resolved when its rows flow again (the gap then analysed from them)."""
+        from gpufleet.records import Record, to_rfc3339
+
+        n = len(self.recv_t)
+        if not n:
+            return
+        node = np.asarray(self.reg.gpu_node[:n], np.int64)
+        latest = np.full(len(self.reg.hosts), -np.inf)
+        np.maximum.at(latest, node, self.recv_t)
+        live = latest >= now - self.quiet_after
+        for h, rec in list(self._stopped.items()):
+            if latest[h] > rec.start:
+                rec.end = now
+                rec.evidence["quiet_seconds"] = round(now - rec.start, 1)
+                rec.summary = (f"{rec.host}: node stopped reporting from {to_rfc3339(rec.start)}; reporting "
+                               f"again, its rows since then analysed as they arrive")
+                del self._stopped[h]
+        if not live.any():
+            return  # the whole fleet quiet: the feed or the analyzer's input, not a node
+        quiet = np.flatnonzero(np.isfinite(latest) & ~live)
+        for h in quiet.tolist():
+            if h in self._stopped or latest[h] < now - self.bound:
+                continue
+            from gpufleet.analyzer.engine import incident_id
+
+            name = self.reg.hosts[h]
+            rec = Record(kind="node_stopped_reporting", host=name, gpu=None, link=None,
+                         start=float(latest[h]), end=None, severity="warning", rack=self.reg.host_rack[h],
+                         cluster=self.reg.host_cluster[h])
+            rec.summary = (f"{name}: node stopped reporting (no row from any of its GPUs since "
+                           f"{to_rfc3339(rec.start)}: the node, its agent or its network, not a GPU fault)")
+            rec.evidence = {"signals": ["absence"], "quiet_after_seconds": self.quiet_after}
+            rec.id = incident_id(rec)
+            self._stopped[h] = rec
+            self.notes.append(rec)
 
     def finish(self) -> None:
         self._cut(final=True)
@@ -323,7 +675,8 @@ class Analyzer:
             inw = b.t < end_ns
             if consume:
                 late = b.t < start_ns
-                self.late_points += int(late.sum())
+                if late.any():  # behind the cursor: analysed in its host's own time
+                    self._add_late(m, _sub(b, late))
                 take = inw & ~late
             else:
                 take = inw & (b.t >= lo_ns)
@@ -333,6 +686,7 @@ class Analyzer:
                 rest.append(_sub(b, ~inw))
         if consume:
             self.buffer[m] = rest
+            self._keep_held(m, cur, end)
         ctx = self.ctx.get(m)
         blk = _concat(([ctx] if ctx is not None else []) + cur)
         if blk is None:
@@ -360,9 +714,7 @@ class Analyzer:
         empty.new = np.zeros(0, bool)
         tables = {k: empty for k in ("gpu", "gpu_nvlink", "gpu_event", "gpu_canary", "host", "bmc_sensor")}
         tables[m] = tab
-        n_gpu = len(self.reg.gpu_host)
-        if len(self.last_seen) < n_gpu:
-            self.last_seen = np.concatenate([self.last_seen, np.full(n_gpu - len(self.last_seen), -np.inf)])
+        self._grow_last_seen()
         if m == "gpu":
             if len(tab):
                 # rows in (entity, time) order: an entity's last row is its latest
@@ -402,10 +754,28 @@ class Analyzer:
         self.windows += 1
 
     def incidents(self):
-        """The engine's incidents, each with the job ids on its GPUs during it (``jobs``)."""
+        """The engine's incidents, each with the job ids on its GPUs during it (``jobs``), and the
+        analysis's own records (``analysis_gap``, ``node_stopped_reporting``)."""
         recs = self.engine.incidents()
         self.jobs.annotate(recs + self.engine.absorbed, self.reg.gpu_host, self.reg.gpu_index)
-        return recs
+        return recs + self.notes if self.notes else recs
+
+
+def _only_hosts(hits: Hits, hosts: set[int]) -> Hits:
+    """The hits on ``hosts`` (a late window's own hosts: the peers' were found in their own time)."""
+    if not len(hits):
+        return hits
+    keep = np.isin(np.asarray(hits.host, np.int64), list(hosts))
+    if keep.all():
+        return hits
+    idx = np.flatnonzero(keep)
+
+    def part(a):
+        return None if a is None else np.asarray(a)[idx]
+
+    ev = [hits.evidence[i] for i in idx.tolist()] if len(hits.evidence) else []
+    return Hits(hits.kind, part(hits.host), part(hits.gpu), part(hits.link), part(hits.t), part(hits.score),
+                part(hits.critical), ev, part(hits.rack), part(hits.began), part(hits.sustain))
 
 
 def _sub(b: _Block, mask) -> _Block:

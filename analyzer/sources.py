@@ -379,6 +379,7 @@ class Influx:
         series: SeriesIndex,
         words: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] | None = None,
         not_hosts: list[str] | None = None,
+        host: str | None = None,
     ) -> dict[str, Rows]:
         """Every point of the ``wanted`` measurements in [start, end) as Rows, in one request.
 
@@ -388,9 +389,11 @@ class Influx:
         column (numpy), never value by value. ``words``: measurement -> (tags, words): only rows
         where one of those tags contains one of the words (any case) are asked for. ``not_hosts``: hosts
         not asked for (another shard's; a host not listed, e.g. new, is asked for and left to the
-        analyzer's own shard filter).
+        analyzer's own shard filter). ``host``: that host's rows only (a late host's gap read back).
         """
         skip = ""
+        if host is not None:
+            skip = ' AND "host" = \'' + host.replace("\\", "\\\\").replace("'", "\\'") + "'"
         if not_hosts:
             skip = ' AND "host" !~ /^(' + "|".join(_regex(h) for h in not_hosts) + ")$/"
         stmts, order = [], []

@@ -105,6 +105,11 @@ class Detector:
     fields: dict[str, tuple[str, ...]] = {}
     summary = ""  # what its incident means, in words (after "WHERE: ")
     severity = "warning"  # an incident's severity unless one of its hits is critical
+    # judges a GPU against its peers' rows of the same time (a late window with none held says so)
+    peers = False
+    # fit() on a late host's windows too (its learning is per entity and order-free); otherwise
+    # a late window is scored against what was learned so far
+    fit_late = False
     # its incident page's panels: (measurement, field, label, "value" | "rate" | "share")
     panels: tuple[tuple[str, str, str, str], ...] = (
         ("gpu", "utilization_gpu_ratio", "GPU utilization", "value"),

@@ -53,6 +53,7 @@ DEFAULT_SLOPE = 0.04  # °C per W, from the real H200 trace (39 -> 61 °C for 80
 
 class CoolingDegradation(Detector):
     kind = "cooling_degradation"
+    peers = True
     params = {
         "min_power_watts": 50.0,
         "min_learn_samples": 120,

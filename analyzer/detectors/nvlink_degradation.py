@@ -34,6 +34,7 @@ from gpufleet.analyzer.frame import Window
 
 class NvlinkDegradation(Detector):
     kind = "nvlink_degradation"
+    peers = True
     tables = ("gpu_nvlink",)
     params = {
         "crc_rate_max": 100.0,

@@ -21,6 +21,7 @@ def _grow(a: np.ndarray, n: int, fill: float) -> np.ndarray:
 
 class CanaryUnchecked(Detector):
     kind = "canary_unchecked"
+    fit_late = True
     tables = ("gpu", "gpu_canary")
     params = {
         "max_age_seconds": 21600.0,  # the agents' canary.max_age

@@ -59,6 +59,7 @@ EXPLAINED = 0x20 | 0x40 | 0x80 | 0x8  # thermal, power brake, hw slowdown: a kno
 
 class Straggler(Detector):
     kind = "straggler"
+    peers = True
     # set from the analyzer's [analyzer] poll_seconds, not a [detectors.straggler] key
     context = {"poll_seconds": 10.0}
     params = {
