@@ -318,6 +318,9 @@ class Notifier:
             db.execute("DELETE FROM outbox WHERE grp=?", (k,))
             db.execute("DELETE FROM incident WHERE grp=?", (k,))
             db.execute("DELETE FROM grp WHERE key=?", (k,))
+        # the sinks' own pages (page(): a refused action, a spent budget) have no group
+        db.execute("DELETE FROM outbox WHERE state!='pending' AND created < ? AND NOT EXISTS "
+                   "(SELECT 1 FROM grp WHERE grp.key=outbox.grp)", (time.time() - self.retention,))
 
     def page(self, alert: Alert) -> bool:
         """Send ``alert`` (a page of the sinks' own: a refused action, an exhausted budget) to
