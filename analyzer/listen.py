@@ -148,9 +148,12 @@ class Listener:
         return self
 
     def stop(self) -> None:
+        started = self.thread.is_alive()
         self.server.stop()
-        if self.thread.is_alive():
-            self.thread.join(5)
+        if started:
+            self.thread.join(5)  # the loop closes every socket on its way out
+        else:
+            self.server.close()
 
     def count(self, key: str, n: int = 1) -> None:
         with self.stats_lock:
@@ -392,12 +395,15 @@ class _Server:
                             self._close(key.data)
                 self._expire(time.monotonic())
         finally:
-            for c in [*self.waiting, *self.lingering]:
-                self._close(c)
-            self.sel.close()
-            self.sock.close()
-            self._wake_r.close()
-            self._wake_w.close()
+            self.close()
+
+    def close(self) -> None:
+        for c in [*self.waiting, *self.lingering]:
+            self._close(c)
+        self.sel.close()
+        self.sock.close()
+        self._wake_r.close()
+        self._wake_w.close()
 
     def _accept(self) -> None:
         for _ in range(512):  # then serve the others: a flood of connects cannot starve them
