@@ -358,3 +358,31 @@ def test_unauthenticated_uploads_cost_no_memory(tmp_path):
     finally:
         p.terminate()
         assert p.wait(30) == 0
+
+
+def test_keep_alive_pipelining_chunked_and_head_requests(listener):
+    """The HTTP/1.1 a writer relies on: a session reuses its connection, pipelined requests are
+    answered in order, a chunked body is taken, HEAD has no body, a bad request line is a 400."""
+    ls = listener
+    with requests.Session() as s:
+        for _ in range(3):
+            r = s.post(ls.url + "/write", data=LINE, headers={"Authorization": f"Token {TOKEN}"}, timeout=5)
+            assert r.status_code == 204
+    assert ls.counters["connections"] == 1
+    r = requests.post(ls.url + "/write", data=iter([LINE[:10], LINE[10:]]),  # chunked
+                      headers={"Authorization": f"Token {TOKEN}"}, timeout=5)
+    assert r.status_code == 204
+    sock = connect(ls.address[1])
+    one = b"POST /write?p=tok3n HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(LINE), LINE)
+    sock.sendall(b"\r\n" + one + one + b"HEAD /health HTTP/1.1\r\nHost: x\r\n\r\n"
+                 b"GET /ping HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    got = answer_of(sock)
+    sock.close()
+    heads = [line for line in got.split(b"\r\n") if line.startswith(b"HTTP/1.1")]
+    assert heads == [b"HTTP/1.1 204 No Content"] * 2 + [b"HTTP/1.1 200 OK", b"HTTP/1.1 204 No Content"]
+    assert b"pass" not in got  # HEAD: headers only
+    sock = connect(ls.address[1])
+    sock.sendall(b"NONSENSE\r\n\r\n")
+    assert answer_of(sock).startswith(b"HTTP/1.1 400 ")
+    sock.close()
+    assert ls.counters["accepted_points"] == 6
