@@ -110,12 +110,12 @@ def test_token_and_size_are_checked_on_the_head_before_any_body_byte(listener):
 def test_idle_and_trickling_connections_are_closed_at_the_timeout_and_writers_go_on(listener):
     ls = listener
     port = ls.address[1]
+    t0 = time.monotonic()
     idle = [connect(port) for _ in range(40)]
     trickle = [connect(port) for _ in range(10)]
     half = [connect(port) for _ in range(10)]
     for s in half:
         s.sendall(b"POST /write HTTP/1.1\r\nHost: x\r\n")  # a head that never ends
-    t0 = time.monotonic()
     stop = threading.Event()
 
     def drip():
@@ -140,7 +140,7 @@ def test_idle_and_trickling_connections_are_closed_at_the_timeout_and_writers_go
         t.join()
         for s in idle + trickle + half:
             s.close()
-    assert 0.9 < took < 3.0  # at the timeout (1 s), not before nor long after
+    assert 1.0 <= took < 3.0  # at the timeout (1 s), not before nor long after
     assert ls.counters["timeouts"] >= 60
     r = requests.get(ls.url + "/metrics", timeout=5).text
     assert "gpufleet_analyzer_listen_timeouts_total" in r
