@@ -401,6 +401,9 @@ class _Server:
     def close(self) -> None:
         for c in [*self.waiting, *self.lingering]:
             self._close(c)
+        with self.guard:
+            while self.back:  # handed back by a worker after the last round
+                self.back.popleft().sock.close()
         self.sel.close()
         self.sock.close()
         self._wake_r.close()
