@@ -152,9 +152,12 @@ class Listener:
         return self
 
     def stop(self) -> None:
+        started = self.thread.is_alive()
         self.server.stop()
-        if self.thread.is_alive():
-            self.thread.join(5)
+        if started:
+            self.thread.join(5)  # the loop closes every socket on its way out
+        else:
+            self.server.close()
 
     def count(self, key: str, n: int = 1) -> None:
         with self.stats_lock:
@@ -313,11 +316,12 @@ class Listener:
 class _Conn:
     """One client connection: its socket, the bytes of a head not yet complete, its deadline."""
 
-    __slots__ = ("sock", "buf", "deadline", "linger", "discarded")
+    __slots__ = ("sock", "buf", "scan", "deadline", "linger", "discarded")
 
     def __init__(self, sock: socket.socket, deadline: float):
         self.sock = sock
-        self.buf = b""
+        self.buf = bytearray()  # appended in place, searched from where the last search ended:
+        self.scan = 0  # a head trickled a byte at a time costs linear time, not quadratic
         self.deadline = deadline
         self.linger = False  # an answer was sent without reading the body: discard what follows
         self.discarded = 0
@@ -405,12 +409,18 @@ class _Server:
                             self._close(key.data)
                 self._expire(time.monotonic())
         finally:
-            for c in [*self.waiting, *self.lingering]:
-                self._close(c)
-            self.sel.close()
-            self.sock.close()
-            self._wake_r.close()
-            self._wake_w.close()
+            self.close()
+
+    def close(self) -> None:
+        for c in [*self.waiting, *self.lingering]:
+            self._close(c)
+        with self.guard:
+            while self.back:  # handed back by a worker after the last round
+                self.back.popleft().sock.close()
+        self.sel.close()
+        self.sock.close()
+        self._wake_r.close()
+        self._wake_w.close()
 
     def _accept(self) -> None:
         for _ in range(512):  # then serve the others: a flood of connects cannot starve them
@@ -483,11 +493,12 @@ class _Server:
         self._dispatch_if_complete(c)
 
     def _dispatch_if_complete(self, c: _Conn) -> None:
-        if not c.buf.strip(b"\r\n"):
-            c.buf = b""  # blank lines between requests are allowed (RFC 9112, 2.2)
-            return
-        end = c.buf.find(b"\r\n\r\n")
+        if c.buf[:1] in (b"\r", b"\n"):  # blank lines before a request are allowed (RFC 9112, 2.2)
+            del c.buf[:len(c.buf) - len(c.buf.lstrip(b"\r\n"))]
+            c.scan = 0
+        end = c.buf.find(b"\r\n\r\n", c.scan)
         if end < 0:
+            c.scan = max(0, len(c.buf) - 3)
             if len(c.buf) > MAX_HEAD:
                 sock = c.sock
                 self.waiting.pop(c, None)
@@ -498,7 +509,7 @@ class _Server:
         self.sel.unregister(c.sock)
         with self.guard:
             self.busy.add(c)
-        head, c.buf = c.buf[:end + 4].lstrip(b"\r\n"), c.buf[end + 4:]
+        head, c.buf, c.scan = bytes(c.buf[:end + 4]), bytes(c.buf[end + 4:]), 0
         self.work.put((c, head))
 
     def _take_back(self) -> None:
@@ -516,6 +527,7 @@ class _Server:
                 c.sock.close()
                 continue
             c.sock.setblocking(False)
+            c.buf, c.scan = bytearray(c.buf), 0
             c.deadline = time.monotonic() + (LINGER if c.linger else self.ls.read_timeout)
             (self.lingering if c.linger else self.waiting)[c] = None
             self.sel.register(c.sock, selectors.EVENT_READ, c)

@@ -311,6 +311,13 @@ class Influx:
             self.s.headers["Authorization"] = f"Token {token}"
         elif username:
             self.s.auth = (username, password or "")
+        self._secrets = [token or "", password or ""]  # never in a message (gpufleet.net.redact)
+
+    def _answer(self, r) -> str:
+        """The start of an error answer, without the credentials (a proxy may echo them)."""
+        from gpufleet.net import redact
+
+        return redact(r.text[:1000], self._secrets)[:200].strip()
 
     def _get(self, q: str, chunked: bool = True):
         import requests
@@ -331,7 +338,7 @@ class Influx:
         if r.status_code in (401, 403):
             raise GpufleetError(f"InfluxDB at {self.url}: not authorised (HTTP {r.status_code})")
         if r.status_code >= 400:
-            raise GpufleetError(f"InfluxDB at {self.url}: HTTP {r.status_code}: {r.text[:200].strip()}")
+            raise GpufleetError(f"InfluxDB at {self.url}: HTTP {r.status_code}: {self._answer(r)}")
         return r
 
     def check(self) -> None:
@@ -468,7 +475,8 @@ class Influx:
         except requests.RequestException as exc:
             raise GpufleetError(f"InfluxDB at {self.url} unreachable: {type(exc).__name__}") from None
         if r.status_code != 204:
-            raise GpufleetError(f"InfluxDB at {self.url}: write failed: HTTP {r.status_code} {r.text[:200]}")
+            raise GpufleetError(f"InfluxDB at {self.url}: write failed: HTTP {r.status_code} "
+                                f"{self._answer(r)}")
 
 
 def pull(

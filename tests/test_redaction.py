@@ -38,13 +38,16 @@ class Echo(BaseHTTPRequestHandler):
 
     def do_POST(self):  # noqa: N802 - the base class's name
         self.rfile.read(int(self.headers.get("Content-Length", "0") or 0))
-        body = json.dumps({"error": f"cannot handle {self.command} {self.path}",
+        body = json.dumps({"authorization": self.headers.get("Authorization"),  # first: within any cut
+                           "error": f"cannot handle {self.command} {self.path}",
                            "headers": dict(self.headers)}).encode()
         self.send_response(self.status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+
+    do_GET = do_POST  # noqa: N815 - the base class's naming
 
     def log_message(self, *args):
         pass
@@ -114,3 +117,18 @@ def test_a_sink_logs_no_echoed_credentials(echo):
         sink.close()
     assert out.status == "retry" and "HTTP 500" in out.detail and "headers" in out.detail
     assert not leaks(out.detail) and "T0KEN-path-42" not in out.detail, out.detail
+
+
+def test_the_analyzers_influxdb_client_reports_no_echoed_credentials(echo):
+    """The pull path's client (basic auth or a token) against a server that echoes the request in
+    a 500: the error line the analyzer prints holds no form of the secret."""
+    from gpufleet.analyzer.sources import Influx
+
+    from gpufleet.errors import GpufleetError
+
+    for kw in ({"username": "alice", "password": SECRET}, {"token": SECRET}):
+        influx = Influx(f"http://{echo}", "fleet", **kw)
+        for call, args in ((influx.check, ()), (influx.write, (["m v=1i 1"],))):
+            with pytest.raises(GpufleetError) as err:
+                call(*args)
+            assert "HTTP 500" in str(err.value) and not leaks(str(err.value)), str(err.value)
