@@ -147,6 +147,7 @@ def test_simulate_analyze_and_report(full):
 @pytest.mark.parametrize("args, extra", [
     (["canary", "--gpu", "all"], "agent"),
     (["agent", "once"], "agent"),
+    (["agent", "run", "--backend", "sim"], "agent"),
     (["analyze", "--input", "x.lp"], "analyzer"),
 ])
 def test_a_missing_extra_is_one_line_naming_it(bare, args, extra):
