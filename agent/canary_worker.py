@@ -1,4 +1,7 @@
-"""The SDC canary's check, run in a short-lived child process: ``python -m gpufleet.agent.canary_worker``.
+"""The SDC canary's check, run in a short-lived child process: ``PYTHON -P .../agent/canary_worker.py``.
+
+Run as a script, by any interpreter that has numpy and the engine (``canary.python``): it imports
+nothing of gpufleet. ``-P`` keeps its own folder off the import path.
 
 One run = one check on one device: import the engine (torch, cupy, or numpy on the CPU), build
 seeded inputs on the device, run one GEMM and a memory pattern check (write, read back:
@@ -308,7 +311,7 @@ def _inject(text: str) -> tuple[int, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gpufleet.agent.canary_worker",
+    p = argparse.ArgumentParser(prog="canary_worker.py",
                                 description=__doc__.splitlines()[0])
     p.add_argument("--engine", default="auto", choices=ENGINE_NAMES)
     p.add_argument("--size", type=int, default=0)

@@ -32,13 +32,16 @@ def _run_command():
 
         return run_command
     except (ImportError, AttributeError) as exc:
+        from gpufleet.extras import message
+
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        line = message(getattr(exc, "name", None), "agent run")
 
         @click.command("run", help="Run the node agent (not available in this installation).",
                        context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
         @click.argument("args", nargs=-1, type=click.UNPROCESSED)
         def unavailable(args):
-            raise GpufleetError(f"'gpufleet agent run' is not available here ({reason})")
+            raise GpufleetError(line or f"'gpufleet agent run' is not available here ({reason})")
 
         return unavailable
 

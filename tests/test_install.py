@@ -127,15 +127,15 @@ def test_the_default_canary_without_a_gpu_is_not_checked_exit_3(full):
 def test_simulate_analyze_and_report(full):
     bindir, tmp = full
     sim = tmp / "sim"
-    p = gpufleet(bindir, tmp, "sim", "--nodes", "2", "--duration", "1h", "--step", "10s", "--seed", "5",
-                 "--scenario", "mixed", "--out", str(sim), "--no-progress")
+    p = gpufleet(bindir, tmp, "sim", "--nodes", "1", "--duration", "1h", "--step", "10s", "--seed", "5",
+                 "--scenario", "thermal", "--out", str(sim), "--no-progress")
     assert p.returncode == 0, p.stderr[-2000:]
     inc = tmp / "incidents.jsonl"
     p = gpufleet(bindir, tmp, "analyze", "--input", str(sim / "telemetry.lp.gz"), "--out", str(inc))
     no_traceback(p)
     assert p.returncode == 0, p.stderr[-2000:]
     incidents = [json.loads(ln) for ln in inc.read_text().splitlines() if ln.strip()]
-    assert incidents, "the mixed scenario injects faults: the analyzer finds some"
+    assert incidents, "the thermal scenario injects a fault: the analyzer finds it"
     p = gpufleet(bindir, tmp, "report", "--incidents", str(inc), "--input", str(sim), "--out",
                  str(tmp / "pages"))
     no_traceback(p)
@@ -147,6 +147,7 @@ def test_simulate_analyze_and_report(full):
 @pytest.mark.parametrize("args, extra", [
     (["canary", "--gpu", "all"], "agent"),
     (["agent", "once"], "agent"),
+    (["agent", "run", "--backend", "sim"], "agent"),
     (["analyze", "--input", "x.lp"], "analyzer"),
 ])
 def test_a_missing_extra_is_one_line_naming_it(bare, args, extra):

@@ -183,24 +183,36 @@ def _installed(package: str) -> bool:
     return proc.returncode == 0 and "installed" in proc.stdout and "not-installed" not in proc.stdout
 
 
+_BUILT: dict[str, tuple[Path, float]] = {}
+
+
+def built_deb(tmp_path_factory) -> tuple[Path, float]:
+    """The agent .deb of this checkout, built once per test session (the tests that install it
+    share it): its path and the build's seconds."""
+    if "agent" not in _BUILT:
+        out = tmp_path_factory.mktemp("deb")
+        started = time.monotonic()
+        build = subprocess.run(
+            [str(ROOT / "packaging" / "build-deb.sh"), "--extras", "agent", "--compress", "gzip",
+             "--out", str(out)],
+            capture_output=True, text=True, timeout=900,
+        )
+        assert build.returncode == 0, build.stderr[-3000:]
+        deb = Path(build.stdout.strip().splitlines()[-1])
+        assert deb.is_file() and deb.parent == out
+        _BUILT["agent"] = (deb, time.monotonic() - started)
+    return _BUILT["agent"]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="installs a .deb: needs root (CI runs as root)")
 @pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="not a Debian system")
-def test_deb_builds_installs_runs_and_purges(tmp_path):
+def test_deb_builds_installs_runs_and_purges(tmp_path, tmp_path_factory):
     with open("/tmp/gpufleet-deb-test.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if _installed("gpufleet"):
             pytest.skip("a gpufleet package is already installed here; not touching it")
-        started = time.monotonic()
-        build = subprocess.run(
-            [str(ROOT / "packaging" / "build-deb.sh"), "--extras", "agent", "--compress", "gzip",
-             "--out", str(tmp_path)],
-            capture_output=True, text=True, timeout=600,
-        )
-        assert build.returncode == 0, build.stderr[-3000:]
-        deb = Path(build.stdout.strip().splitlines()[-1])
-        assert deb.is_file() and deb.parent == tmp_path
-        build_s = time.monotonic() - started
+        deb, build_s = built_deb(tmp_path_factory)
 
         contents = subprocess.run(["dpkg-deb", "-c", str(deb)], capture_output=True, text=True,
                                   check=True).stdout

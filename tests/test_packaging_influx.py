@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.servers import InfluxDB1, skip_unless
-from tests.test_packaging import BINARY, ROOT, _dpkg, _installed
+from tests.test_packaging import BINARY, _dpkg, _installed, built_deb
 
 CONF = Path("/etc/gpufleet/agent.toml")
 PASSWORD = Path("/etc/gpufleet/influx-password")
@@ -47,18 +47,15 @@ SERVICE_USER = {"user": "gpufleet", "group": "gpufleet", "extra_groups": []}
 @pytest.mark.skipif(os.geteuid() != 0, reason="installs a .deb: needs root (CI runs as root)")
 @pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="not a Debian system")
 @skip_unless("influxd")
-def test_readme_install_then_url_and_credentials_deliver_rows_to_influxdb(tmp_path):
+def test_readme_install_then_url_and_credentials_deliver_rows_to_influxdb(tmp_path, tmp_path_factory):
     with open("/tmp/gpufleet-deb-test.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if _installed("gpufleet"):
             pytest.skip("a gpufleet package is already installed here; not touching it")
-        build = subprocess.run([str(ROOT / "packaging" / "build-deb.sh"), "--extras", "agent", "--compress",
-                                "none", "--out", str(tmp_path)], capture_output=True, text=True, timeout=900)
-        assert build.returncode == 0, build.stderr[-3000:]
-        deb = build.stdout.strip().splitlines()[-1]
+        deb, _ = built_deb(tmp_path_factory)  # the one test_packaging.py installs too
         agent = None
         try:
-            inst = _dpkg("-i", deb)
+            inst = _dpkg("-i", str(deb))
             assert inst.returncode == 0, inst.stdout + inst.stderr
             # postinst ran `gpufleet agent check`: the packaged config without a url writes files
             assert "exporter file: /var/lib/gpufleet-agent/telemetry ([influx] url is not set)" in inst.stdout
