@@ -404,8 +404,11 @@ class PrometheusExporter(MetricExporter):
                 self._jobs.pop(uuid, None)
         stale = tick_ns - self.hold_ns
         if present:  # the GPU collector reported: a held group of a GPU it no longer reports goes
+            # a slow poll of a GPU replaces all its slow groups (a job-tag change leaves none behind)
             for gk in [gk for gk, (t, _, u) in held.items()
-                       if (t < stale and gk[1] != "event") or (u is not None and u not in present)]:
+                       if (t < stale and gk[1] != "event") or (u is not None and u not in present)
+                       or (t != tick_ns and gk[1] == "slow" and u in slow_read
+                           and gk[0][0] in ("gpu", "dcgm"))]:
                 del held[gk]
             for u in [u for u in self._jobs if u not in present]:
                 del self._jobs[u]
