@@ -168,7 +168,7 @@ class Agent:
                                float(cfg["canary"]["status_every"])) + self.interval
                 self.prom = PrometheusExporter(pc["listen"], pc["names"], hold_s=hold)
                 exps.append(self.prom)
-            self.pipeline = Pipeline(self.host, cfg["labels"], exps)
+            self.pipeline = Pipeline(self.host, cfg["labels"], exps, identity="otlp" in exporters)
             if self.prom is not None:
                 self.prom.start()
         except BaseException:

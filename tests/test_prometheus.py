@@ -229,6 +229,49 @@ def test_a_reloaded_agent_serves_again_on_the_same_port(tmp_path):
         requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
 
 
+def test_held_values_stay_while_their_gpu_is_reported_and_no_longer():
+    """Slow-tier values are served between the polls that read them; a GPU no longer reported
+    takes all its series along; a held value older than hold_s goes too (never stale forever)."""
+    from gpufleet.agent.model import Sample
+    from gpufleet.agent.pipeline import Pipeline
+    from gpufleet.agent.pipeline.prometheus import PrometheusExporter
+
+    exp = PrometheusExporter("127.0.0.1:0", "both", hold_s=30)
+    pipe = Pipeline("n1", {}, [exp])
+
+    def tick(t_s: int, gpus, slow: bool):
+        rows = []
+        for g in gpus:
+            f = {"temperature_gpu_celsius": 40 + g}
+            if slow:
+                f["memory_total_bytes"] = 2**30 * (g + 1)
+            rows.append(Sample("gpu", {"gpu": str(g), "uuid": f"GPU-{g}", "model": "M"}, f, t_s * 10**9))
+        pipe.observe(rows)
+        pipe.collect(t_s * 10**9)
+        return {(s.name, s.labels.get("gpu")): s.value for s in samples(exp.render().decode())}
+
+    try:
+        got = tick(0, (0, 1), slow=True)
+        assert got[("DCGM_FI_DEV_FB_TOTAL", "1")] == 2048 and got[("gpu_memory_total_bytes", "0")] == 2**30
+        got = tick(10, (0, 1), slow=False)  # a fast poll: the slow values are still served
+        assert got[("DCGM_FI_DEV_FB_TOTAL", "1")] == 2048 and got[("DCGM_FI_DEV_GPU_TEMP", "1")] == 41
+        # a job-tag change: the GPU's row has new tags; its slow poll leaves no series of the old ones
+        pipe.observe([Sample("gpu", {"gpu": "0", "uuid": "GPU-0", "model": "M", "user": "u2"},
+                             {"temperature_gpu_celsius": 40, "memory_total_bytes": 2**30}, 15 * 10**9),
+                      Sample("gpu", {"gpu": "1", "uuid": "GPU-1", "model": "M"},
+                             {"temperature_gpu_celsius": 41, "memory_total_bytes": 2**31}, 15 * 10**9)])
+        pipe.collect(15 * 10**9)
+        total = [s for s in samples(exp.render().decode()) if s.name == "gpu_memory_total_bytes"]
+        assert sorted((s.labels["gpu"], s.labels.get("user")) for s in total) == [("0", "u2"), ("1", None)]
+        got = tick(20, (0,), slow=False)  # GPU 1 no longer reported: every series of it goes
+        assert {g for _, g in got} == {"0"} and got[("DCGM_FI_DEV_FB_TOTAL", "0")] == 1024
+        got = tick(50, (0,), slow=False)  # read 35 s ago, hold_s 30: gone, never stale forever
+        assert ("DCGM_FI_DEV_FB_TOTAL", "0") not in got and ("gpu_memory_total_bytes", "0") not in got
+        assert got[("DCGM_FI_DEV_GPU_TEMP", "0")] == 40
+    finally:
+        pipe.shutdown()
+
+
 # ---------------------------------------------------------------------------- a recorded real GPU
 def test_recorded_h100_served_as_dcgm_gives_what_nvml_answered(tmp_path):
     """The H100 recording through names = "dcgm": each value is what its NVML answer implies in

@@ -148,7 +148,7 @@ class PrometheusExporter(MetricExporter):
         self._gpufleet = names in ("gpufleet", "both")
         self._dcgm = names in ("dcgm", "both")
         self._reset()
-        self._held: dict[tuple, tuple[int, dict]] = {}  # group -> (tick read, {sid: value})
+        self._held: dict[tuple, tuple] = {}  # group -> (tick read, {sid: value}, its GPU's uuid)
         self._jobs: dict[str, str] = {}
         self.snapshot = Snapshot(0, {}, {}, ())
         self._cache: dict[tuple, bytes] = {}  # (snapshot id, format) -> rendered body
@@ -394,24 +394,26 @@ class PrometheusExporter(MetricExporter):
                             else:
                                 target[o.sid] = x
         held = self._held
-        for gk, vals in groups.items():
-            held[gk] = (tick_ns, vals)
+        uuid_of = self._series_uuid
+        for gk, vals in groups.items():  # a group's series are one entity's: one GPU
+            held[gk] = (tick_ns, vals, uuid_of[next(iter(vals))])
         for uuid in slow_read:  # a slow poll of the GPU: its job is what that poll said
             if uuid in jobs_seen and jobs_seen[uuid]:
                 self._jobs[uuid] = jobs_seen[uuid]
             else:
                 self._jobs.pop(uuid, None)
-        uuid_of = self._series_uuid
         stale = tick_ns - self.hold_ns
         if present:  # the GPU collector reported: a held group of a GPU it no longer reports goes
-            for gk in [gk for gk, (t, vals) in held.items()
-                       if (t < stale and gk[1] != "event")
-                       or any(uuid_of[s] is not None and uuid_of[s] not in present for s in vals)]:
+            # a slow poll of a GPU replaces all its slow groups (a job-tag change leaves none behind)
+            for gk in [gk for gk, (t, _, u) in held.items()
+                       if (t < stale and gk[1] != "event") or (u is not None and u not in present)
+                       or (t != tick_ns and gk[1] == "slow" and u in slow_read
+                           and gk[0][0] in ("gpu", "dcgm"))]:
                 del held[gk]
             for u in [u for u in self._jobs if u not in present]:
                 del self._jobs[u]
         values = dict(cur)
-        for _, vals in held.values():
+        for _, vals, _ in held.values():
             values.update(vals)
         if len(self._prefix) != self._layout_len:
             self._layout = tuple((fam, tuple(fam.series)) for fam in self._families)
