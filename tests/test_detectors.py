@@ -796,6 +796,7 @@ def test_failed_cooling_that_goes_idle_stays_one_incident():
     assert incs[0].end is None  # still open: the fault never went away
 
 
+@pytest.mark.slow
 def test_cooling_incident_resolves_once_judged_healthy_at_load():
     # the same fault, repaired while idle: back at work it runs cool, so the incident resolves
     def busy(n, s):
