@@ -28,9 +28,10 @@ import math
 import warnings
 
 import numpy as np
-from gpufleet.analyzer.detectors.base import Detector, Hits, buckets, concat, group_median, nz_gt
+from gpufleet.analyzer.detectors.base import Detector, Hits, concat, nan_as_zero_gt
 from gpufleet.analyzer.detectors.thermal_throttle import thermal_bits
 from gpufleet.analyzer.frame import Window
+from gpufleet.analyzer.groupby import buckets, group_median
 
 EXPLAINED = 0x20 | 0x40 | 0x80 | 0x8  # thermal, power brake, hw slowdown: a known reason
 
@@ -152,7 +153,8 @@ class Straggler(Detector):
         reasons = tab.col("clock_event_reasons")
         r = np.where(np.isfinite(reasons) & (reasons >= 0), reasons, 0).astype(np.int64)
         explained = (
-            ((r & EXPLAINED) != 0) | (thermal_bits(tab) > 0) | nz_gt(tab.col("clock_event_hw_power_brake"), 0)
+            ((r & EXPLAINED) != 0) | (thermal_bits(tab) > 0)
+            | nan_as_zero_gt(tab.col("clock_event_hw_power_brake"), 0)
         )
         busy, _, _ = self._peers(window)
         clock, peers = self._feature(window, "clock_sm_mhz")
@@ -169,7 +171,7 @@ class Straggler(Detector):
         with np.errstate(invalid="ignore"):
             not_same_work = (sm > -np.log(self.peer_activity_min)) | (sm < np.log(self.waiting_activity))
         candidate = valid & slow & ~explained & ~not_same_work
-        hit = candidate & nz_gt(sc, self.distance)
+        hit = candidate & nan_as_zero_gt(sc, self.distance)
 
         def ev(i):
             out = {
