@@ -2,7 +2,10 @@
 
 The folders the project is known by, ``agent/``, ``analyzer/`` and ``dashboards/``, are installed
 as ``gpufleet.agent``, ``gpufleet.analyzer`` and ``gpufleet.dashboards`` (setuptools
-``package_dir``): nothing of gpufleet lands in site-packages under a generic top-level name.
+``package_dir``): nothing of gpufleet lands in site-packages under a generic top-level name. In a
+checkout the links ``gpufleet/agent -> ../agent`` (and the other two) show the installed layout
+to tools that read files rather than import them (mypy, editors); the packages are built from
+the folders, never through the links.
 
 The analyzer's line-protocol tokenizer is C and optional: without a C compiler and Python's
 headers the install goes on and the analyzer uses its numpy tokenizer (the same rows, slower)."""
@@ -11,7 +14,8 @@ from setuptools import Extension, find_packages, setup
 
 FOLDERS = {"gpufleet.agent": "agent", "gpufleet.analyzer": "analyzer", "gpufleet.dashboards": "dashboards"}
 
-packages = find_packages(include=["gpufleet", "gpufleet.*"])
+packages = find_packages(include=["gpufleet", "gpufleet.*"],
+                         exclude=[p for name in FOLDERS for p in (name, f"{name}.*")])
 for name, folder in FOLDERS.items():
     packages += [name] + [f"{name}.{sub}" for sub in find_packages(folder)]
 

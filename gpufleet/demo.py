@@ -161,9 +161,10 @@ def _analyze(store: Path, influx: dict, start_ns: int, end_ns: int):
 def demo(nodes, gpus_per_node, duration, step, scenario, seed, out_dir, influx_url, influx_db, sinks,
          parallel, progress, as_json):
     """Run the whole pipeline on a synthetic fleet: agents -> store -> analyzer -> alerts -> scores."""
-    from gpufleet import records
     from gpufleet.analyzer.alerting import Notifier, load_sinks, write_pages
     from gpufleet.analyzer.evaluate import evaluate, table
+
+    from gpufleet import records
     from gpufleet.sim.units import parse_duration
 
     t_start = time.monotonic()

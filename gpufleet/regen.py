@@ -31,6 +31,8 @@ def _scale_arithmetic(root: Path):
     name = "scale_arithmetic"
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise SystemExit(f"regen: cannot load {path}")
         mod = importlib.util.module_from_spec(spec)
         sys.modules[name] = mod  # dataclasses look their module up there
         spec.loader.exec_module(mod)

@@ -35,7 +35,10 @@ def agent_cmd(*args: str) -> list[str]:
 
 
 def start_agent(tmp: Path, *args: str, env: dict | None = None, log: str = "agent.log") -> subprocess.Popen:
-    e = dict(os.environ)
+    """Start ``gpufleet agent run ARGS`` in its own session, logging to ``tmp/log``. Its temporary
+    folders go under ``tmp/agent-tmp``, so a test that SIGKILLs it leaves nothing elsewhere."""
+    (tmp / "agent-tmp").mkdir(exist_ok=True)
+    e = {**os.environ, "TMPDIR": str(tmp / "agent-tmp")}
     e.update(env or {})
     logf = open(tmp / log, "ab")
     return subprocess.Popen(agent_cmd(*args), stdout=logf, stderr=subprocess.STDOUT, cwd=ROOT, env=e,

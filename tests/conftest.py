@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
+_RUN_TMP = pytest.StashKey[str]()
 
 
 @pytest.fixture
@@ -22,3 +24,37 @@ def victoria(tmp_path):
 
     with VictoriaMetrics(tmp_path / "vm") as server:
         yield server
+
+
+# Tests clean up after themselves: the code under test and the processes it starts take their
+# temporary folders (tempfile, $TMPDIR) from one folder per run, made here and removed at the end;
+# a gpufleet-* folder still in it when the run ends is a leak and fails the run. pytest's own
+# tmp_path folders stay in the system temporary directory (PYTEST_DEBUG_TEMPROOT), kept as usual.
+# With pytest-xdist the controller makes the folder and its workers inherit it.
+def pytest_configure(config):
+    if hasattr(config, "workerinput"):
+        return
+    import tempfile
+
+    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
+    run_tmp = tempfile.mkdtemp(prefix="pytest-run-tmp-")
+    config.stash[_RUN_TMP] = run_tmp
+    os.environ["TMPDIR"] = run_tmp
+    tempfile.tempdir = None  # read $TMPDIR again
+
+
+def pytest_sessionfinish(session, exitstatus):
+    run_tmp = session.config.stash.get(_RUN_TMP, None)
+    if run_tmp is None:
+        return
+    import gc
+    import shutil
+
+    gc.collect()  # objects that remove their folder when collected
+    left = sorted(n for n in os.listdir(run_tmp) if n.startswith("gpufleet-"))
+    shutil.rmtree(run_tmp, ignore_errors=True)
+    if left:
+        session.config.get_terminal_writer().line(
+            f"tests left {len(left)} temporary folder(s) behind: {', '.join(left[:10])}", red=True)
+        if exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED

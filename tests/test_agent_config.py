@@ -88,6 +88,7 @@ _doc = st.dictionaries(st.sampled_from(list(config.SCHEMA) + ["extra"]), _sectio
                        max_size=3)
 
 
+@pytest.mark.slow
 @settings(max_examples=3000, deadline=None, suppress_health_check=list(HealthCheck))
 @given(_doc)
 def test_fuzz_never_anything_but_config_error(doc):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import signal
 import time
 
+import pytest
+
 from tests.agent_support import NotifySocket, read_lp_dir, start_agent, stop_agent, wait_for
 
 
@@ -49,6 +51,7 @@ def test_notify_reload_stop_and_failing_collector(tmp_path):
     assert any(p.measurement == "gpu" for p in points)
 
 
+@pytest.mark.slow
 def test_sigterm_with_backend_down_exits_within_5s(tmp_path):
     from tests.servers import free_port
 

@@ -9,6 +9,7 @@ import threading
 import time
 from collections import Counter
 
+import pytest
 import requests
 from gpufleet.agent.spool import Spool
 
@@ -46,6 +47,7 @@ def _check_exactly_once(tmp_path, server) -> None:
     assert compare(points, server, "fleet") == len(points)
 
 
+@pytest.mark.slow
 @skip_unless("influxd")
 def test_outage_of_30s_with_a_batch_in_flight(tmp_path, influxdb):
     influxdb.create_db("fleet")
@@ -108,6 +110,7 @@ class _FaultProxy(http.server.ThreadingHTTPServer):
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
 
+@pytest.mark.slow
 def test_500s_then_429_then_a_400_batch_moved_aside(tmp_path, influxdb):
     influxdb.create_db("fleet")
     # one malformed batch already waiting in the spool, oldest of all
@@ -136,6 +139,7 @@ def test_500s_then_429_then_a_400_batch_moved_aside(tmp_path, influxdb):
     assert dropped["results"][0]["series"][0]["values"][0][1] == len(rejected[0].read_text().splitlines())
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_moments_loses_nothing(tmp_path, influxdb):
     influxdb.create_db("fleet")
     influxdb.stop()  # down while the agent is being killed: everything waits in the spool

@@ -174,6 +174,7 @@ def _agent_rows(db, exporter: str, since_ns: int = 0) -> list[dict]:
     return [dict(zip(cols, v, strict=True)) for v in res["series"][0]["values"]]
 
 
+@pytest.mark.slow
 @skip_unless("influxd")
 @skip_unless("prometheus-alertmanager")
 def test_one_agent_feeds_influxdb_and_the_listening_analyzer_and_a_dead_analyzer_loses_nothing(tmp_path):

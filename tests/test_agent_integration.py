@@ -234,6 +234,7 @@ x.close()
 """
 
 
+@pytest.mark.slow
 def test_unreadable_kernel_log_falls_back_to_the_journal_then_to_nvml_events_only(tmp_path):
     kmsg = tmp_path / "kmsg"
     kmsg.write_text("")

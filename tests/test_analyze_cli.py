@@ -135,6 +135,7 @@ def test_influxdb_batch_matches_files_and_bad_database(tmp_path, capsys):
         assert "does not exist" in err and len(err.splitlines()) == 1
 
 
+@pytest.mark.slow
 @skip_unless("influxd")
 def test_follow_writes_incidents_and_survives_a_restart(tmp_path):
     now = int(time.time())

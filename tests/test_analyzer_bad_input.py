@@ -9,6 +9,7 @@ import string
 import subprocess
 import sys
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -286,6 +287,7 @@ def _argvs(draw):
     return argv
 
 
+@pytest.mark.slow
 @settings(max_examples=1500, deadline=None, suppress_health_check=list(HealthCheck))
 @given(text=_configs(), argv=_argvs(), with_input=st.booleans())
 def test_fuzz_analyzer_configs_and_arguments_never_traceback(tmp_path_factory, text, argv, with_input):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 
+import pytest
 from gpufleet.analyzer.sources import merged_chunks, read_chunks
 
 from gpufleet import records
@@ -43,6 +44,7 @@ def _split_store(src, d, segment_s=2400):
     return len(files)
 
 
+@pytest.mark.slow
 def test_store_of_many_hosts_matches_the_single_file(tmp_path, capsys):
     sim = tmp_path / "sim"
     assert main(["sim", "--nodes", "4", "--duration", "2h", "--step", "10s", "--seed", "11",

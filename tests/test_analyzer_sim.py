@@ -32,6 +32,7 @@ def _seed() -> int:
     return secrets.randbelow(2**31) if seed == "random" else int(seed)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scenario,nodes,duration", SUITE, ids=[f"{s[0]}-{s[1]}" for s in SUITE])
 def test_scenario_scores(scenario, nodes, duration, tmp_path, capsys):
     seed = _seed()
@@ -65,6 +66,7 @@ def test_scenario_scores(scenario, nodes, duration, tmp_path, capsys):
                 assert first - t.impact_at <= limit, f"{t.kind} {t.host}/{t.gpu}: {where}"
 
 
+@pytest.mark.slow
 def test_online_pages_each_fault_once(tmp_path):
     """Online, the analysis runs as the data arrives and the notifier sees every pass: a fault
     pages once, as in batch (an acute heat-sink loss throttles at once and is paged; the cooling

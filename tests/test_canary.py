@@ -18,6 +18,7 @@ def rows_of(col, now_ns):
     return [s for s in col.collect(now_ns) if s.measurement == "gpu_canary"]
 
 
+@pytest.mark.slow
 def test_cpu_known_answer_and_planted_bitflips():
     col = CanaryCollector(engine="numpy", size=128, interval=0, wait=60)
     first = rows_of(col, 1)

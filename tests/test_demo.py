@@ -9,9 +9,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.agent_support import ROOT
 
 
+@pytest.mark.slow
 def test_demo_finds_every_injected_fault_through_the_agents(tmp_path):
     out = tmp_path / "demo"
     # one agent at a time: the second starts while the first one's segment is still open
@@ -44,6 +47,7 @@ def test_demo_finds_every_injected_fault_through_the_agents(tmp_path):
     assert "could not start" not in (out / "logs" / "agent-gpu0001.log").read_text()
 
 
+@pytest.mark.slow
 def test_demo_through_a_real_influxdb(tmp_path, influxdb):
     """With --influx-url the agents write through the spool into InfluxDB 1.6.7 (v1 /write) and the
     analyzer reads the fleet back with InfluxQL."""

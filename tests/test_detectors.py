@@ -470,8 +470,8 @@ def test_table_derived_arrays_are_computed_once_and_read_only():
 
 
 def test_group_median_buckets_and_lookup_match_the_sorting_versions():
-    from gpufleet.analyzer.detectors.base import buckets, group_median, lookup
     from gpufleet.analyzer.detectors.cooling_degradation import _leave_one_out_median
+    from gpufleet.analyzer.groupby import buckets, group_median, lookup
 
     rng = np.random.default_rng(4)
     for trial in range(40):
@@ -539,7 +539,7 @@ def test_straggler_chi_square_is_scipys():
 
 
 def test_group_median_of_uneven_groups_matches_numpy():
-    from gpufleet.analyzer.detectors.base import group_median
+    from gpufleet.analyzer.groupby import group_median
 
     rng = np.random.default_rng(7)
     # one wide group among many small ones (no padded layout), and many groups of a few rows
@@ -796,6 +796,7 @@ def test_failed_cooling_that_goes_idle_stays_one_incident():
     assert incs[0].end is None  # still open: the fault never went away
 
 
+@pytest.mark.slow
 def test_cooling_incident_resolves_once_judged_healthy_at_load():
     # the same fault, repaired while idle: back at work it runs cool, so the incident resolves
     def busy(n, s):

@@ -6,6 +6,7 @@ import gzip
 import re
 
 import numpy as np
+import pytest
 from gpufleet.analyzer.alerting import write_pages
 from gpufleet.analyzer.jobs import JobLog
 
@@ -43,6 +44,7 @@ def test_joblog_spans_overlap_node_and_rack_scope():
     assert 0 not in small.spans and small.spans[1] == {"x": [5000.0, 5000.0]}
 
 
+@pytest.mark.slow
 def test_analyzer_incidents_name_the_jobs_the_telemetry_shows(tmp_path, capsys):
     out = tmp_path / "sim"
     assert main(["sim", "--nodes", "4", "--duration", "3h", "--step", "10s", "--seed", "7",

@@ -15,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import requests
 
 from tests.agent_support import ROOT, start_agent, stop_agent, wait_for
@@ -102,6 +103,7 @@ class AlertSeen(threading.Thread):
             time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_live_agents_subscription_and_follow_page_once_across_sigkill(tmp_path):
     token = "s3cret-listen-token"
     (tmp_path / "token").write_text(token + "\n")

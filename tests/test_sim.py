@@ -351,6 +351,7 @@ def test_memory_signatures(memory):
             assert r.severity == ("critical" if hard else "warning"), r.detail
 
 
+@pytest.mark.slow
 def test_healthy_fleet_at_full_load_never_thermal_throttles(tmp_path):
     f = tmp_path / "hot.toml"
     f.write_text(
@@ -370,6 +371,7 @@ def test_healthy_fleet_at_full_load_never_thermal_throttles(tmp_path):
     assert all(c.fields["passed"] == 1 for c in p.by["gpu_canary"])
 
 
+@pytest.mark.slow
 def test_chaos_nuisances_are_visible_but_not_in_truth(tmp_path):
     p = Parsed(run_sim(tmp_path, "chaos", nodes=16, duration=3 * 3600.0))
     nu = p.manifest["nuisances"]
@@ -486,6 +488,7 @@ def test_scenario_target_errors():
         Fleet(sc, seed=1, duration=3600.0, step=10.0, nodes=2)
 
 
+@pytest.mark.slow
 def test_thermal_scenario_scopes_and_early_signal(tmp_path):
     p = Parsed(run_sim(tmp_path, "thermal", nodes=8, duration=4 * 3600.0))
     cool = [r for r in p.truth if r.kind == "cooling_degradation"]
@@ -554,6 +557,7 @@ def test_link_scenario_modes(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_node_faults_idle_cooling_and_power_brake(tmp_path):
     """A node cooling failure on an idle node and a node-wide power brake: one node record each."""
     f = tmp_path / "nodes.toml"

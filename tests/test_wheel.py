@@ -78,6 +78,7 @@ def extra_requirements(meta, extra: str, seen: frozenset = frozenset()) -> set[s
     return names
 
 
+@pytest.mark.slow
 def test_wheel_declares_extras_and_entry_point(wheel):
     meta = _metadata(wheel)
     assert meta["Name"] == "gpufleet"
@@ -107,6 +108,7 @@ def test_wheel_declares_extras_and_entry_point(wheel):
         assert not any(n.startswith(outsider) for n in names), f"{outsider} shipped in the wheel"
 
 
+@pytest.mark.slow
 def test_wheel_installs_beside_another_top_level_agent_package(wheel, tmp_path):
     """Another project's top-level ``agent`` package in the same environment: no clash, both import."""
     import sysconfig
@@ -135,6 +137,7 @@ def test_wheel_installs_beside_another_top_level_agent_package(wheel, tmp_path):
     assert Path(model).is_relative_to(site) and Path(parse).is_relative_to(site)
 
 
+@pytest.mark.slow
 def test_agent_extra_resolves_without_heavy_packages(wheel, tmp_path):
     """What pip would really install for gpufleet[agent] (transitive dependencies included)."""
     report = tmp_path / "report.json"
@@ -186,6 +189,7 @@ print(json.dumps({"rc": rc, "heavy": heavy}))
 """
 
 
+@pytest.mark.slow
 def test_analysing_a_fleet_imports_neither_scikit_learn_nor_scipy(tmp_path):
     # the straggler scenario fits the detector's robust covariance (FastMCD, numpy alone)
     from gpufleet.cli import main

@@ -53,6 +53,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -389,6 +390,7 @@ class CanaryCollector:
                 log.warning("canary.state_dir %s: %s; first answers kept for this run only", state_dir,
                             exc.strerror or exc)
         self._tmp_state = tempfile.mkdtemp(prefix="gpufleet-canary-")
+        weakref.finalize(self, shutil.rmtree, self._tmp_state, True)  # also when never closed
         return self._tmp_state
 
     def _driver(self) -> str:

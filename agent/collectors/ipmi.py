@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+import weakref
 from pathlib import Path
 
 from gpufleet.agent.model import Sample, register
@@ -170,6 +171,7 @@ class IpmiCollector:
         self.sel, self.sel_every, self.dcmi = bool(sel), max(1, int(sel_every)), bool(dcmi)
         self._clock = clock
         self._own_dir = tempfile.mkdtemp(prefix="gpufleet-ipmi-")
+        weakref.finalize(self, shutil.rmtree, self._own_dir, True)  # also when never closed, or refused
         self.cache_dir = cache_dir or self._own_dir
         secret = read_secret("ipmi.password", password_file, password_env) or password
         self._secret = secret or ""

@@ -36,17 +36,14 @@ from gpufleet.analyzer.detectors.base import (
     Detector,
     Evidence,
     Hits,
-    buckets,
     concat,
-    distinct_count,
-    group_median,
-    lookup,
+    nan_as_zero_ge,
+    nan_as_zero_gt,
     nz,
-    nz_ge,
-    nz_gt,
 )
 from gpufleet.analyzer.detectors.thermal_throttle import thermal_bits
 from gpufleet.analyzer.frame import Window
+from gpufleet.analyzer.groupby import buckets, distinct_count, group_median, lookup
 
 DEFAULT_SLOPE = 0.04  # °C per W, from the real H200 trace (39 -> 61 °C for 80 -> 690 W)
 
@@ -153,7 +150,7 @@ class CoolingDegradation(Detector):
         # band changes from minute to minute (a node going idle joins the idle band) and their raw
         # levels differ by their offsets, which would move a median of raw levels
         uc = np.where(throttled | ~steady, np.nan, u)
-        band = nz_ge(power, self.low_power_watts).astype(np.int64)
+        band = nan_as_zero_ge(power, self.low_power_watts).astype(np.int64)
         if len(getattr(self, "slopes_", {})) > 1:  # a mixed fleet: each model's own common mode
             band = band + 2 * window.reg.model_ids()[tab.ent]
         groups = {"band": buckets(tab.t, 60.0, band)}
@@ -355,13 +352,13 @@ class CoolingDegradation(Detector):
         out = np.full(n, np.nan)
         if not n:
             return out
-        high = nz_gt(raw, thr / 2)
+        high = nan_as_zero_gt(raw, thr / 2)
         first = tab.first_of_entity()
         prev_high = np.concatenate([[False], high[:-1]])
         opened = high & ~first & ~prev_high
         prev_raw = tab.prev(raw)
         # the run opened at a jump: from a measured normal poll straight past the full bar
-        jump = opened & nz_gt(raw, thr) & np.isfinite(prev_raw) & (prev_raw < thr / 2)
+        jump = opened & nan_as_zero_gt(raw, thr) & np.isfinite(prev_raw) & (prev_raw < thr / 2)
         pt = tab.prev(tab.t)
         idx = np.where(opened | (high & first), np.arange(n), 0)
         np.maximum.accumulate(idx, out=idx)
@@ -379,18 +376,18 @@ class CoolingDegradation(Detector):
         slow = tab.ffill("temperature_slowdown_celsius")
         slow = np.where(np.isfinite(slow), slow, 89.0)
         below = ~throttled & (temp < slow - self.throttle_margin_celsius)
-        hot = (nz_gt(r, thr) | nz_gt(from_fleet, 0)) & np.isfinite(v)
+        hot = (nan_as_zero_gt(r, thr) | nan_as_zero_gt(from_fleet, 0)) & np.isfinite(v)
         # a node whose BMC reports its fans failing (RPM well below the fleet's, or the sensor's
         # state critical): its GPUs warmer than their own baselines by fan_excess_celsius together
         # are a node cooling fault even at idle, where a fan failure warms a GPU by only a few °C.
         # Rows that pass only by this bar count towards the node, never towards a GPU incident.
         fan_rpm, fan_state, fan_bad = self._fan(window)
-        by_fan = fan_bad & nz_gt(r, self.fan_excess_celsius) & np.isfinite(v) & ~hot
+        by_fan = fan_bad & nan_as_zero_gt(r, self.fan_excess_celsius) & np.isfinite(v) & ~hot
         hot |= by_fan
         sc = self.score(window)
         # the drift began where the excess last rose above half the bar and stayed there
         # (at most 3/4 of a smoothing span back: about what the smoothing delays a sudden step by)
-        began = np.fmax(tab.run_start(nz_gt(r, thr / 2)), tab.t - 0.75 * self.smooth_seconds)
+        began = np.fmax(tab.run_start(nan_as_zero_gt(r, thr / 2)), tab.t - 0.75 * self.smooth_seconds)
         # a step (the raw excess jumped from below half the bar to above it between two polls): the
         # fault began after the last normal poll, and that is the best onset the data can give (the
         # smoothed excess may have wandered above half the bar earlier: noise, not the fault)
@@ -407,7 +404,7 @@ class CoolingDegradation(Detector):
         inlet_hits = self._inlet_hits(window)
         node = window.node_of[tab.ent] if len(tab) else np.zeros(0, np.int64)
         # rows where failed cooling would show plainly: steady load, modelled, not throttling
-        judged = new & steady & np.isfinite(v) & ~throttled & nz_ge(power, self.low_power_watts)
+        judged = new & steady & np.isfinite(v) & ~throttled & nan_as_zero_ge(power, self.low_power_watts)
         if not hot.any():
             held = self._hold(window, tab, hot, judged, [("gpu", tab.ent, hot), ("node", node, hot)])
             return concat(self.kind, [inlet_hits, held])

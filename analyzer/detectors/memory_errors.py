@@ -11,8 +11,9 @@ pattern read back wrong: critical, device memory returned other data than was wr
 from __future__ import annotations
 
 import numpy as np
-from gpufleet.analyzer.detectors.base import Detector, Hits, concat, dense_inverse, nz
+from gpufleet.analyzer.detectors.base import Detector, Hits, concat, nz
 from gpufleet.analyzer.frame import Window
+from gpufleet.analyzer.groupby import dense_inverse
 
 CRITICAL_XIDS = {48, 64, 95}
 

@@ -28,8 +28,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from gpufleet.analyzer.detectors.base import Detector, Hits, concat, dense_inverse, group_median, nz
+from gpufleet.analyzer.detectors.base import Detector, Hits, concat, nz
 from gpufleet.analyzer.frame import Window
+from gpufleet.analyzer.groupby import dense_inverse, group_median
 
 
 class NvlinkDegradation(Detector):

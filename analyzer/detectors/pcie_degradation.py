@@ -20,8 +20,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from gpufleet.analyzer.detectors.base import Detector, Hits, concat, lookup, nz, nz_ge
+from gpufleet.analyzer.detectors.base import Detector, Hits, concat, nan_as_zero_ge, nz
 from gpufleet.analyzer.frame import Window
+from gpufleet.analyzer.groupby import lookup
 
 # PCIe link-layer error counters summed into one link error rate (slow tier; absent where the GPU
 # does not report them: counted as no error). Lane errors (183) are left out: a lane error is the
@@ -105,7 +106,7 @@ class PcieDegradation(Detector):
         allowance = np.where(allowance > 0, allowance, self.replay_allowance_per_s)
         with np.errstate(invalid="ignore", divide="ignore"):
             rate = tab.rolling_mean(tab.delta("pcie_replay_total") / tab.dt(), 60.0)
-        load = nz_ge(tab.col("utilization_gpu_ratio"), self.load_utilization) | nz_ge(
+        load = nan_as_zero_ge(tab.col("utilization_gpu_ratio"), self.load_utilization) | nan_as_zero_ge(
             tab.col("power_watts"), self.load_power_watts
         )
         # the generation may drop at idle (link power management), the width does not: a link trained

@@ -16,14 +16,14 @@ from gpufleet.analyzer.detectors.base import (
     Evidence,
     Hits,
     concat,
+    nan_as_zero_gt,
     node_together,
     nz,
-    nz_gt,
-    per_key_minute,
     share,
 )
 from gpufleet.analyzer.detectors.thermal_throttle import _f
 from gpufleet.analyzer.frame import Window
+from gpufleet.analyzer.groupby import per_key_minute
 
 HW_POWER_BRAKE = 0x80
 
@@ -60,7 +60,7 @@ class PowerBrake(Detector):
         ok = np.isfinite(reasons) & (reasons >= 0) & (reasons < 2**63)
         bits = np.zeros(len(tab))
         bits[ok] = (reasons[ok].astype(np.int64) & HW_POWER_BRAKE) != 0
-        return np.fmax(nz_gt(tab.col("clock_event_hw_power_brake"), 0), bits).astype(float)
+        return np.fmax(nan_as_zero_gt(tab.col("clock_event_hw_power_brake"), 0), bits).astype(float)
 
     def score(self, window: Window) -> np.ndarray:
         tab = window.gpu

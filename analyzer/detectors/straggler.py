@@ -41,18 +41,10 @@ import math
 import warnings
 
 import numpy as np
-from gpufleet.analyzer.detectors.base import (
-    Detector,
-    Hits,
-    buckets,
-    concat,
-    dense_inverse,
-    group_median,
-    node_scope_hits,
-    nz_gt,
-)
+from gpufleet.analyzer.detectors.base import Detector, Hits, concat, nan_as_zero_gt, node_scope_hits
 from gpufleet.analyzer.detectors.thermal_throttle import thermal_bits
 from gpufleet.analyzer.frame import Window
+from gpufleet.analyzer.groupby import buckets, dense_inverse, group_median
 
 EXPLAINED = 0x20 | 0x40 | 0x80 | 0x8  # thermal, power brake, hw slowdown: a known reason
 
@@ -191,7 +183,8 @@ class Straggler(Detector):
         reasons = tab.col("clock_event_reasons")
         r = np.where(np.isfinite(reasons) & (reasons >= 0), reasons, 0).astype(np.int64)
         explained = (
-            ((r & EXPLAINED) != 0) | (thermal_bits(tab) > 0) | nz_gt(tab.col("clock_event_hw_power_brake"), 0)
+            ((r & EXPLAINED) != 0) | (thermal_bits(tab) > 0)
+            | nan_as_zero_gt(tab.col("clock_event_hw_power_brake"), 0)
         )
         busy, _, _ = self._peers(window)
         clock, peers = self._feature(window, "clock_sm_mhz")
@@ -217,7 +210,7 @@ class Straggler(Detector):
         with np.errstate(invalid="ignore"):
             not_same_work = (sm > -np.log(self.peer_activity_min)) | (sm < np.log(self.waiting_activity))
         candidate = valid & slow & ~explained & ~not_same_work
-        hit = candidate & nz_gt(sc, self.distance)
+        hit = candidate & nan_as_zero_gt(sc, self.distance)
 
         def ev(i):
             out = {

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from gpufleet.analyzer.detectors.base import Detector, Hits, concat, nz, nz_ge, nz_gt, share
+from gpufleet.analyzer.detectors.base import Detector, Hits, concat, nan_as_zero_ge, nan_as_zero_gt, nz, share
 from gpufleet.analyzer.frame import Window
 
 SW_THERMAL, HW_THERMAL = 0x20, 0x40
@@ -32,7 +32,7 @@ def _thermal_bits(tab) -> np.ndarray:
     bits = np.zeros(len(tab), float)
     r = reasons[ok].astype(np.int64)
     bits[ok] = ((r & (SW_THERMAL | HW_THERMAL)) != 0).astype(float)
-    return np.fmax(nz_gt(flags, 0), bits).astype(float)
+    return np.fmax(nan_as_zero_gt(flags, 0), bits).astype(float)
 
 
 class ThermalThrottle(Detector):
@@ -94,8 +94,8 @@ class ThermalThrottle(Detector):
         limit = tab.ffill("power_limit_watts")
         busy = np.where(
             np.isfinite(limit),
-            nz_ge(tab.col("power_watts"), self.load_share * limit),
-            nz_ge(tab.col("utilization_gpu_ratio"), self.busy_utilization),
+            nan_as_zero_ge(tab.col("power_watts"), self.load_share * limit),
+            nan_as_zero_ge(tab.col("utilization_gpu_ratio"), self.busy_utilization),
         )
         # ... and with headroom: a GPU at its slowdown temperature that happens not to throttle this
         # minute is no evidence that the problem is gone
