@@ -76,8 +76,8 @@ class CoolingDegradation(Detector):
         "margin_trend_seconds": 600.0,  # thermal margin: its fall over this span gives the time to throttling
         "fan_excess_celsius": 1.5,  # a node's GPUs this far above baseline together, its BMC fans failing
         "fan_drop_share": 0.6,  # a fan below this share of the fleet's median RPM is failing
-        "inlet_rise_seconds": 3600.0,  # a rack's inlet excess pages while it still rises over this span
-        "inlet_rise_celsius": 1.0,  # ... by this much per span (in both halves of it)
+        "inlet_rise_seconds": 2700.0,  # a rack's inlet excess pages while it still rises over this span
+        "inlet_rise_celsius": 1.5,  # ... by this much, a third in each third of it
         "near_limit_celsius": 5.0,  # ... or while a GPU of the rack is this close to its slowdown
     }
     # bmc_sensor: the inlet temperature and fan rows (the bmc and fan tables)
@@ -603,22 +603,21 @@ class CoolingDegradation(Detector):
 
     def _inlet_rising(self, rack: np.ndarray, minute: np.ndarray, excess: np.ndarray) -> np.ndarray:
         """Per (rack, minute) group: is the rack's inlet excess still rising? Over the trailing
-        ``inlet_rise_seconds`` (at least half of it seen) the excess rose by ``inlet_rise_celsius`` per
-        such span in both halves: a ramp (a failing rack cooler), not a step that then stays."""
+        ``inlet_rise_seconds``, cut in three, it rose by a third of ``inlet_rise_celsius`` in each
+        part: a ramp (a failing rack cooler), not a step that then stays (one part holds all of it)."""
         hist = self.__dict__.setdefault("inlet_hist_", {})  # rack -> {minute: excess}
-        span = max(int(self.inlet_rise_seconds // 60), 2)
+        span = max(int(self.inlet_rise_seconds // 60), 3)
         for r, m, x in zip(rack.tolist(), minute.tolist(), excess.tolist(), strict=True):
             hist.setdefault(r, {})[m] = x
         out = np.zeros(len(rack), bool)
+        need = self.inlet_rise_celsius / 3
         for i, (r, m) in enumerate(zip(rack.tolist(), minute.tolist(), strict=True)):
             h = hist[r]
-            past = [k for k in h if m - span <= k <= m]
-            first = min(past)
-            if m - first < span // 2:
+            at = [m - span + k * span // 3 for k in range(3)] + [m]
+            got = [h.get(k, h.get(k - 1, h.get(k + 1))) for k in at]
+            if any(x is None for x in got):
                 continue
-            mid = min(past, key=lambda k: abs(k - (first + m) / 2))
-            need = self.inlet_rise_celsius * (m - first) / span / 2
-            out[i] = h[mid] - h[first] >= need and h[m] - h[mid] >= need
+            out[i] = all(b - a >= need for a, b in zip(got[:-1], got[1:], strict=True))
         for h in hist.values():  # keep two spans
             last = max(h)
             for k in [k for k in h if k < last - 2 * span]:
@@ -626,8 +625,9 @@ class CoolingDegradation(Detector):
         return out
 
     def _racks_near_limits(self, window: Window) -> np.ndarray:
-        """Racks with a GPU within ``near_limit_celsius`` of its slowdown temperature (or throttling
-        for heat) in this window."""
+        """Racks where GPUs of ``rack_min_nodes`` nodes (every node, in a smaller rack) came within
+        ``near_limit_celsius`` of their slowdown temperature (or throttled for heat) in this window:
+        the room's heat reaching the GPUs, not one GPU's own fault."""
         tab = window.gpu
         if not len(tab):
             return np.zeros(0, np.int64)
@@ -635,7 +635,15 @@ class CoolingDegradation(Detector):
         slow = tab.ffill("temperature_slowdown_celsius")
         slow = np.where(np.isfinite(slow), slow, 89.0)
         near = tab.in_window() & ((nz(temp) >= slow - self.near_limit_celsius) | (thermal_bits(tab) > 0))
-        return np.unique(window.rack_of[tab.ent[near]])
+        if not near.any():
+            return np.zeros(0, np.int64)
+        racks, nodes = window.rack_of[tab.ent], window.node_of[tab.ent]
+        pairs = np.unique(racks * 10**7 + nodes)
+        per_rack = np.bincount(np.searchsorted(np.unique(racks), pairs // 10**7))  # nodes seen per rack
+        got = np.unique(racks[near] * 10**7 + nodes[near]) // 10**7
+        r, n = np.unique(got, return_counts=True)
+        seen = per_rack[np.searchsorted(np.unique(racks), r)]
+        return r[n >= np.minimum(self.rack_min_nodes, seen)]
 
     def _track_inlet(self, window, host, t, inlet, rack, hot_racks: set) -> None:
         """Move each host's tracked inlet toward this window's mean (not for hosts of a hot rack)."""
