@@ -567,7 +567,7 @@ class CoolingDegradation(Detector):
         # the room is a baseline: a rack that steps to a warmer inlet and stays there is judged against
         # its own inlet (the GPU model subtracts it) and pages only while its inlet keeps rising, or
         # once its GPUs come near their slowdown temperature
-        rising = self._inlet_rising(g_rack, g_min, rmed - others)
+        rising = self._inlet_rising(g_rack, g_min, rmed - others, flag)
         if flag.any():
             near = self._racks_near_limits(window)
             flag &= rising | np.isin(g_rack, near)
@@ -601,7 +601,7 @@ class CoolingDegradation(Detector):
             None,
         )
 
-    def _inlet_rising(self, rack: np.ndarray, minute: np.ndarray, excess: np.ndarray) -> np.ndarray:
+    def _inlet_rising(self, rack: np.ndarray, minute: np.ndarray, excess: np.ndarray, ask: np.ndarray):
         """Per (rack, minute) group: is the rack's inlet excess still rising? Over the trailing
         ``inlet_rise_seconds``, cut in three, it rose by a third of ``inlet_rise_celsius`` in each
         part: a ramp (a failing rack cooler), not a step that then stays (one part holds all of it)."""
@@ -611,17 +611,19 @@ class CoolingDegradation(Detector):
             hist.setdefault(r, {})[m] = x
         out = np.zeros(len(rack), bool)
         need = self.inlet_rise_celsius / 3
-        for i, (r, m) in enumerate(zip(rack.tolist(), minute.tolist(), strict=True)):
+        for i in np.flatnonzero(ask).tolist():  # (only where asked: the flagged groups)
+            r, m = int(rack[i]), int(minute[i])
             h = hist[r]
             at = [m - span + k * span // 3 for k in range(3)] + [m]
             got = [h.get(k, h.get(k - 1, h.get(k + 1))) for k in at]
             if any(x is None for x in got):
                 continue
             out[i] = all(b - a >= need for a, b in zip(got[:-1], got[1:], strict=True))
-        for h in hist.values():  # keep two spans
-            last = max(h)
-            for k in [k for k in h if k < last - 2 * span]:
-                del h[k]
+        for h in hist.values():  # keep two spans (pruned once a rack holds four)
+            if len(h) > 4 * span:
+                last = max(h)
+                for k in [k for k in h if k < last - 2 * span]:
+                    del h[k]
         return out
 
     def _racks_near_limits(self, window: Window) -> np.ndarray:
