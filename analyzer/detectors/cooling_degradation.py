@@ -568,14 +568,25 @@ class CoolingDegradation(Detector):
         # its own inlet (the GPU model subtracts it) and pages only while its inlet keeps rising, or
         # once its GPUs come near their slowdown temperature
         rising = self._inlet_rising(g_rack, g_min, rmed - others, flag)
+        since = self.__dict__.setdefault("inlet_since_", {})  # rack -> when its excess crossed the bar
+        if not flag.any() and not since:
+            return Hits.none(self.kind)
+        tmax = np.full(ng, -np.inf)
+        np.maximum.at(tmax, inv, t)
+        # an incident the gate delayed still begins where the rack's excess crossed the bar
+        began = np.full(ng, np.nan)
+        for g in np.lexsort((g_min, g_rack)).tolist():
+            r = int(g_rack[g])
+            if flag[g]:
+                began[g] = since.setdefault(r, float(tmax[g]))
+            else:
+                since.pop(r, None)
         if flag.any():
             near = self._racks_near_limits(window)
             flag &= rising | np.isin(g_rack, near)
         sel = np.flatnonzero(flag)
         if not len(sel):
             return Hits.none(self.kind)
-        tmax = np.full(ng, -np.inf)
-        np.maximum.at(tmax, inv, t)
         ev = [
             {
                 "signals": ["bmc_sensor.value (inlet)"],
@@ -584,6 +595,7 @@ class CoolingDegradation(Detector):
                 "threshold_celsius": self.inlet_excess_celsius,
                 "other_racks_celsius": _r(others[g]),
                 "hot_nodes": int(hosts_hot[g]),
+                "inlet_rising": bool(rising[g]),
             }
             for g in sel.tolist()
         ]
@@ -598,7 +610,7 @@ class CoolingDegradation(Detector):
             np.zeros(n, bool),
             ev,
             g_rack[sel],
-            None,
+            began[sel],
         )
 
     def _inlet_rising(self, rack: np.ndarray, minute: np.ndarray, excess: np.ndarray, ask: np.ndarray):
