@@ -197,6 +197,10 @@ class CoolingDegradation(Detector):
             if m in slopes:
                 continue
             got = self._fit_slope(window, mrow == m, default=None)
+            waited = self.__dict__.setdefault("slope_wait_", {})
+            waited[m] = waited.get(m, 0) + 1
+            if got is None and waited[m] >= 12:  # its power never moved: the physical default
+                got = DEFAULT_SLOPE
             if got is not None:
                 slopes[m] = got
                 if late:
@@ -322,8 +326,8 @@ class CoolingDegradation(Detector):
         pm = np.bincount(inv, p[ok]) / np.bincount(inv)
         dt_, dp = t[ok] - tm[inv], p[ok] - pm[inv]
         var = float((dp * dp).sum())
-        if var < 1e4 * len(u):  # power barely moves: keep the physical default
-            return DEFAULT_SLOPE
+        if var < 1e4 * len(u):  # power barely moves: keep the physical default (a model of a mixed
+            return default  # fleet waits for a window where its own power moves)
         return float(np.clip((dt_ * dp).sum() / var, 0.01, 0.1))
 
     # ------------------------------------------------------------------ scoring
