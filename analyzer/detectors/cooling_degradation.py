@@ -153,8 +153,8 @@ class CoolingDegradation(Detector):
         # levels differ by their offsets, which would move a median of raw levels
         uc = np.where(throttled | ~steady, np.nan, u)
         band = nz_ge(power, self.low_power_watts).astype(np.int64)
-        if len(getattr(self, "slopes_", {})) > 1:  # a mixed fleet: each model's own common mode
-            band = band + 2 * window.reg.model_ids()[tab.ent]
+        # (over deviations from each GPU's own baseline the room's common mode is the same for every
+        # model; split by model it would be a few nodes' own, and absorb a node's fault)
         groups = {"band": buckets(tab.t, 60.0, band)}
         own = self._reference(tab, power)[0]
         c = np.full(len(u), np.nan)
@@ -162,6 +162,8 @@ class CoolingDegradation(Detector):
             c = _common_mode(groups, tab.t, uc - own, np.isfinite(u))
         few = np.isnan(c) & np.isfinite(u)
         if few.any():  # minutes where too few GPUs have a baseline yet: their raw levels
+            if len(getattr(self, "slopes_", {})) > 1:  # a mixed fleet: raw levels per model
+                band = band + 2 * window.reg.model_ids()[tab.ent]
             idx = np.flatnonzero(_same_minute(tab.t, few))
             if np.isfinite(uc[idx]).any():  # (not so in a table's first minute: nothing steady yet)
                 part = {"band": buckets(tab.t[idx], 60.0, band[idx])}
