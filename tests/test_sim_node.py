@@ -48,7 +48,8 @@ def test_time_advances_counters_and_repeats_snapshots():
     b = node.gpus(T0 + 130)
     for x, y in zip(a, b, strict=True):
         de = y["energy_joules_total"] - x["energy_joules_total"]
-        assert 120 * 70 < de < 120 * 710  # energy integrates power over the elapsed 120 s
+        # energy integrates power over the elapsed 120 s (an idle A100 of the healthy fleet draws 58 W)
+        assert 120 * 50 < de < 120 * 710
         assert y["throttle_sw_thermal_ns_total"] == 0
 
 

@@ -74,8 +74,8 @@ class CoolingDegradation(Detector):
         "margin_trend_seconds": 600.0,  # thermal margin: its fall over this span gives the time to throttling
         "fan_excess_celsius": 1.5,  # a node's GPUs this far above baseline together, its BMC fans failing
         "fan_drop_share": 0.6,  # a fan below this share of the fleet's median RPM is failing
-        "inlet_rise_seconds": 3600.0,  # a rack's inlet excess pages while it still rises over this span
-        "inlet_rise_celsius": 1.0,  # ... by this much per span (in both halves of it)
+        "inlet_rise_seconds": 2700.0,  # a rack's inlet excess pages while it still rises over this span
+        "inlet_rise_celsius": 1.5,  # ... by this much, a third in each third of it
         "near_limit_celsius": 5.0,  # ... or while a GPU of the rack is this close to its slowdown
     }
     # bmc_sensor: the inlet temperature and fan rows (the bmc and fan tables)
@@ -151,8 +151,8 @@ class CoolingDegradation(Detector):
         # levels differ by their offsets, which would move a median of raw levels
         uc = np.where(throttled | ~steady, np.nan, u)
         band = nan_as_zero_ge(power, self.low_power_watts).astype(np.int64)
-        if len(getattr(self, "slopes_", {})) > 1:  # a mixed fleet: each model's own common mode
-            band = band + 2 * window.reg.model_ids()[tab.ent]
+        # (over deviations from each GPU's own baseline the room's common mode is the same for every
+        # model; split by model it would be a few nodes' own, and absorb a node's fault)
         groups = {"band": buckets(tab.t, 60.0, band)}
         own = self._reference(tab, power)[0]
         c = np.full(len(u), np.nan)
@@ -160,6 +160,8 @@ class CoolingDegradation(Detector):
             c = _common_mode(groups, tab.t, uc - own, np.isfinite(u))
         few = np.isnan(c) & np.isfinite(u)
         if few.any():  # minutes where too few GPUs have a baseline yet: their raw levels
+            if len(getattr(self, "slopes_", {})) > 1:  # a mixed fleet: raw levels per model
+                band = band + 2 * window.reg.model_ids()[tab.ent]
             idx = np.flatnonzero(_same_minute(tab.t, few))
             if np.isfinite(uc[idx]).any():  # (not so in a table's first minute: nothing steady yet)
                 part = {"band": buckets(tab.t[idx], 60.0, band[idx])}
@@ -195,6 +197,10 @@ class CoolingDegradation(Detector):
             if m in slopes:
                 continue
             got = self._fit_slope(window, mrow == m, default=None)
+            waited = self.__dict__.setdefault("slope_wait_", {})
+            waited[m] = waited.get(m, 0) + 1
+            if got is None and waited[m] >= 12:  # its power never moved: the physical default
+                got = DEFAULT_SLOPE
             if got is not None:
                 slopes[m] = got
                 if late:
@@ -320,8 +326,8 @@ class CoolingDegradation(Detector):
         pm = np.bincount(inv, p[ok]) / np.bincount(inv)
         dt_, dp = t[ok] - tm[inv], p[ok] - pm[inv]
         var = float((dp * dp).sum())
-        if var < 1e4 * len(u):  # power barely moves: keep the physical default
-            return DEFAULT_SLOPE
+        if var < 1e4 * len(u):  # power barely moves: keep the physical default (a model of a mixed
+            return default  # fleet waits for a window where its own power moves)
         return float(np.clip((dt_ * dp).sum() / var, 0.01, 0.1))
 
     # ------------------------------------------------------------------ scoring
@@ -565,15 +571,26 @@ class CoolingDegradation(Detector):
         # the room is a baseline: a rack that steps to a warmer inlet and stays there is judged against
         # its own inlet (the GPU model subtracts it) and pages only while its inlet keeps rising, or
         # once its GPUs come near their slowdown temperature
-        rising = self._inlet_rising(g_rack, g_min, rmed - others)
+        rising = self._inlet_rising(g_rack, g_min, rmed - others, flag)
+        since = self.__dict__.setdefault("inlet_since_", {})  # rack -> when its excess crossed the bar
+        if not flag.any() and not since:
+            return Hits.none(self.kind)
+        tmax = np.full(ng, -np.inf)
+        np.maximum.at(tmax, inv, t)
+        # an incident the gate delayed still begins where the rack's excess crossed the bar
+        began = np.full(ng, np.nan)
+        for g in np.lexsort((g_min, g_rack)).tolist():
+            r = int(g_rack[g])
+            if flag[g]:
+                began[g] = since.setdefault(r, float(tmax[g]))
+            else:
+                since.pop(r, None)
         if flag.any():
             near = self._racks_near_limits(window)
             flag &= rising | np.isin(g_rack, near)
         sel = np.flatnonzero(flag)
         if not len(sel):
             return Hits.none(self.kind)
-        tmax = np.full(ng, -np.inf)
-        np.maximum.at(tmax, inv, t)
         ev = [
             {
                 "signals": ["bmc_sensor.value (inlet)"],
@@ -582,6 +599,7 @@ class CoolingDegradation(Detector):
                 "threshold_celsius": self.inlet_excess_celsius,
                 "other_racks_celsius": _r(others[g]),
                 "hot_nodes": int(hosts_hot[g]),
+                "inlet_rising": bool(rising[g]),
             }
             for g in sel.tolist()
         ]
@@ -596,36 +614,38 @@ class CoolingDegradation(Detector):
             np.zeros(n, bool),
             ev,
             g_rack[sel],
-            None,
+            began[sel],
         )
 
-    def _inlet_rising(self, rack: np.ndarray, minute: np.ndarray, excess: np.ndarray) -> np.ndarray:
+    def _inlet_rising(self, rack: np.ndarray, minute: np.ndarray, excess: np.ndarray, ask: np.ndarray):
         """Per (rack, minute) group: is the rack's inlet excess still rising? Over the trailing
-        ``inlet_rise_seconds`` (at least half of it seen) the excess rose by ``inlet_rise_celsius`` per
-        such span in both halves: a ramp (a failing rack cooler), not a step that then stays."""
+        ``inlet_rise_seconds``, cut in three, it rose by a third of ``inlet_rise_celsius`` in each
+        part: a ramp (a failing rack cooler), not a step that then stays (one part holds all of it)."""
         hist = self.__dict__.setdefault("inlet_hist_", {})  # rack -> {minute: excess}
-        span = max(int(self.inlet_rise_seconds // 60), 2)
+        span = max(int(self.inlet_rise_seconds // 60), 3)
         for r, m, x in zip(rack.tolist(), minute.tolist(), excess.tolist(), strict=True):
             hist.setdefault(r, {})[m] = x
         out = np.zeros(len(rack), bool)
-        for i, (r, m) in enumerate(zip(rack.tolist(), minute.tolist(), strict=True)):
+        need = self.inlet_rise_celsius / 3
+        for i in np.flatnonzero(ask).tolist():  # (only where asked: the flagged groups)
+            r, m = int(rack[i]), int(minute[i])
             h = hist[r]
-            past = [k for k in h if m - span <= k <= m]
-            first = min(past)
-            if m - first < span // 2:
+            at = [m - span + k * span // 3 for k in range(3)] + [m]
+            got = [h.get(k, h.get(k - 1, h.get(k + 1))) for k in at]
+            if any(x is None for x in got):
                 continue
-            mid = min(past, key=lambda k: abs(k - (first + m) / 2))
-            need = self.inlet_rise_celsius * (m - first) / span / 2
-            out[i] = h[mid] - h[first] >= need and h[m] - h[mid] >= need
-        for h in hist.values():  # keep two spans
-            last = max(h)
-            for k in [k for k in h if k < last - 2 * span]:
-                del h[k]
+            out[i] = all(b - a >= need for a, b in zip(got[:-1], got[1:], strict=True))
+        for h in hist.values():  # keep two spans (pruned once a rack holds four)
+            if len(h) > 4 * span:
+                last = max(h)
+                for k in [k for k in h if k < last - 2 * span]:
+                    del h[k]
         return out
 
     def _racks_near_limits(self, window: Window) -> np.ndarray:
-        """Racks with a GPU within ``near_limit_celsius`` of its slowdown temperature (or throttling
-        for heat) in this window."""
+        """Racks where GPUs of ``rack_min_nodes`` nodes (every node, in a smaller rack) came within
+        ``near_limit_celsius`` of their slowdown temperature (or throttled for heat) in this window:
+        the room's heat reaching the GPUs, not one GPU's own fault."""
         tab = window.gpu
         if not len(tab):
             return np.zeros(0, np.int64)
@@ -633,7 +653,15 @@ class CoolingDegradation(Detector):
         slow = tab.ffill("temperature_slowdown_celsius")
         slow = np.where(np.isfinite(slow), slow, 89.0)
         near = tab.in_window() & ((nz(temp) >= slow - self.near_limit_celsius) | (thermal_bits(tab) > 0))
-        return np.unique(window.rack_of[tab.ent[near]])
+        if not near.any():
+            return np.zeros(0, np.int64)
+        racks, nodes = window.rack_of[tab.ent], window.node_of[tab.ent]
+        pairs = np.unique(racks * 10**7 + nodes)
+        per_rack = np.bincount(np.searchsorted(np.unique(racks), pairs // 10**7))  # nodes seen per rack
+        got = np.unique(racks[near] * 10**7 + nodes[near]) // 10**7
+        r, n = np.unique(got, return_counts=True)
+        seen = per_rack[np.searchsorted(np.unique(racks), r)]
+        return r[n >= np.minimum(self.rack_min_nodes, seen)]
 
     def _track_inlet(self, window, host, t, inlet, rack, hot_racks: set) -> None:
         """Move each host's tracked inlet toward this window's mean (not for hosts of a hot rack)."""

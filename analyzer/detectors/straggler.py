@@ -223,14 +223,14 @@ class Straggler(Detector):
             if np.isfinite(sm[i]):  # GPM: the peers wait on it for the share of time it lags
                 out["signals"].append("sm_active_ratio")
                 out["sm_active_vs_peers"] = round(float(np.exp(sm[i])), 3)
-            model = window.reg.gpu_model[int(tab.ent[i])]
-            if model:
-                out["model"] = model
+            if int(window.reg.model_ids().max(initial=0)) > 0:  # a mixed fleet: its peers' model
+                out["model"] = window.reg.gpu_model[int(tab.ent[i])]
             lim = limits()
-            if lim is not None and np.isfinite(lim[0][i]):
+            if lim is not None and np.isfinite(lim[0][i]) and np.isfinite(lim[1][i]) and (
+                abs(lim[1][i] - lim[0][i]) >= 1
+            ):  # a limit an operator set: "power limit 500 W (peers 700 W)"
                 out["power_limit_watts"] = round(float(lim[0][i]))
-                if np.isfinite(lim[1][i]) and abs(lim[1][i] - lim[0][i]) >= 1:
-                    out["peers_power_limit_watts"] = round(float(lim[1][i]))
+                out["peers_power_limit_watts"] = round(float(lim[1][i]))
             return out
 
         memo: dict = {}

@@ -180,9 +180,15 @@ class Fleet:
             t0 = float(rng.uniform(0.05, 0.6)) * d
             t1 = t0 + float(rng.uniform(0.3, 0.6)) * d
             self.power_caps.append((node, t0, t1, float(rng.uniform(0.6, 0.8))))
-        self.drains = []  # (node, t0, t1): no job, idle
+        # (node, t0, t1): no job, idle. A drained node shows none of the faults that show under load
+        # only (a straggler, a slow heatsink): drains land on nodes without a fault
+        self.drains = []
+        faulty = {f.node for f in self.faults if f.node is not None}
+        free = [i for i in range(self.n_nodes) if i not in faulty and self.node_rack[i] not in faulty_racks]
         for _ in range(int(nu.get("drains", 0))):
-            node = int(rng.integers(0, self.n_nodes))
+            if not free:
+                break
+            node = int(free[int(rng.integers(0, len(free)))])
             t0 = float(rng.uniform(0.05, 0.8)) * d
             self.drains.append((node, t0, t0 + float(rng.uniform(1800, 3 * 3600))))
         self.restarts = []  # (job, t0, t1): every GPU of the job idle together, then setup again
