@@ -142,6 +142,11 @@ class Analyzer:
         self.late_ctx: dict[str, _Block | None] = {m: None for m in MEASUREMENTS}
         self.hist: dict[str, list[_Block]] = {m: [] for m in MEASUREMENTS}  # analysed rows, peers_hold long
         self.late_done: dict[tuple[str, int], float] = {}  # (stream, host id) -> analysed up to (s)
+        # stream -> per host id, the current stretch of its rows analysed in time (from, to: s); and
+        # (stream, host id) -> its earlier stretches (closed by a gap): see _analysed
+        self.covered: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self.closed: dict[tuple[str, int], list[tuple[float, float]]] = {}
+        self.join = 3 * self.poll  # rows further apart than this leave a gap
         self.late_wm: dict[tuple[str, int], int] = {}  # (stream, host id) -> latest late row (ns)
         self._late_grew: set[tuple[str, int]] = set()  # late rows arrived since the last clock tick
         self.late_rows = 0  # rows analysed in their own host's time after landing behind the cursor
@@ -227,9 +232,15 @@ class Analyzer:
         time), the rest move the stream's watermark (online: up to ``horizon_ns``, so that one
         writer's clock set ahead drags no other host's windows)."""
         ws = self.window_start.get(m)
-        if ws is not None and blk.tmin < int(ws * 1e9):
+        pending = [h for (mm, h) in self.late_wm if mm == m]
+        if ws is not None and (pending or blk.tmin < int(ws * 1e9)):
+            # behind the cursor, or of a host whose late rows are still pending (its rows are
+            # analysed in its own time order: the engine sees its hits in order)
             behind = blk.t < int(ws * 1e9)
-            self._add_late(m, _sub(blk, behind))
+            if pending:
+                behind |= np.isin(self.host_of(m, blk.ent), pending)
+            if behind.any():
+                self._add_late(m, _sub(blk, behind))
             if behind.all():
                 return
             blk = _sub(blk, ~behind)
@@ -269,13 +280,14 @@ class Analyzer:
             idx = np.flatnonzero(hosts == h)
             t = blk.t[idx]
             drop = np.zeros(len(idx), bool)
-            done = self.late_done.get((m, h))
+            done = self.late_done.get((m, h))  # its late windows analysed up to (exclusive)
+            drop = self._copies(m, h, t)
             if done is not None:
-                drop = t < int(done * 1e9)  # behind what this host has analysed already
-                if drop.any():
-                    name = self.reg.hosts[h]
-                    self.late_points += int(drop.sum())
-                    self.late_per_host[name] = self.late_per_host.get(name, 0) + int(drop.sum())
+                drop |= t < int(done * 1e9)
+            if drop.any():  # behind what this host has analysed already (a copy, a reorder)
+                name = self.reg.hosts[h]
+                self.late_points += int(drop.sum())
+                self.late_per_host[name] = self.late_per_host.get(name, 0) + int(drop.sum())
             old = (t < bound_ns) & ~drop
             if old.any():
                 self._beyond(h, t[old], "more than the late bound behind the analysis")
@@ -346,18 +358,30 @@ class Analyzer:
             r = ready[np.searchsorted(uh, hosts)]
             win = np.floor(blk.t / 1e9 / w)
             due = (win + 1) * w <= r
-            if not due.any():
-                continue
-            now = _sub(blk, due)
-            self.late[m] = [_sub(blk, ~due)] if not due.all() else []
-            nwin = win[due]
-            for k in np.unique(nwin).tolist():
-                sel = nwin == k
-                self._late_window(m, k * w, (k + 1) * w, _sub(now, sel))
-            for h in np.unique(hosts[due]).tolist():
-                left = [b for b in self.late[m] if len(b.t) and (self.host_of(m, b.ent) == h).any()]
-                if not left:
+            if due.any():
+                now = _sub(blk, due)
+                self.late[m] = [_sub(blk, ~due)] if not due.all() else []
+                nwin = win[due]
+                for k in np.unique(nwin).tolist():
+                    sel = nwin == k
+                    self._late_window(m, k * w, (k + 1) * w, _sub(now, sel))
+            else:
+                self.late[m] = [blk]
+            # a host whose late rows left are all at or after the cursor has caught up: they go
+            # back to the stream's own windows
+            rest = self.late[m][0] if self.late[m] else None
+            rest_hosts = self.host_of(m, rest.ent) if rest is not None else np.zeros(0, np.int64)
+            cur_ns = int(cursor * 1e9)
+            for h in [h for (mm, h) in list(self.late_wm) if mm == m]:
+                mine = rest_hosts == h
+                if not mine.any():
                     self.late_wm.pop((m, h), None)
+                elif int(rest.t[mine].min()) >= cur_ns:
+                    self.buffer[m].append(_sub(rest, mine))
+                    rest = _sub(rest, ~mine)
+                    rest_hosts = rest_hosts[~mine]
+                    self.late_wm.pop((m, h), None)
+            self.late[m] = [rest] if rest is not None and len(rest.t) else []
 
     def _held(self, m: str, lo: float, hi: float) -> _Block | None:
         """Analysed rows of stream ``m`` still held with ``lo <= t < hi``."""
@@ -466,6 +490,51 @@ class Analyzer:
             self.engine.add(hits, self.reg, rack_names, late=True,
                             no_peers=not peers and getattr(det, "peers", False))
         self.windows += 1
+
+    def _analysed(self, m: str, tab: Table) -> None:
+        """Per host, the stretches of stream ``m`` analysed in time (``covered``): rows no more than
+        a few polls apart are one stretch. A row of the host landing later inside one is a copy (or
+        the host's own reordering), not backlog; one in a gap between stretches is backlog."""
+        new = tab.in_window()
+        if not len(tab) or not new.any():
+            return
+        ent, t = tab.ent[new], tab.t[new]
+        first = np.flatnonzero(np.append(True, ent[1:] != ent[:-1]))
+        last = np.append(first[1:] - 1, len(ent) - 1)
+        hosts = self.host_of(m, ent[first])
+        n = len(self.reg.hosts)
+        lo, hi = np.full(n, np.inf), np.full(n, -np.inf)
+        np.minimum.at(lo, hosts, t[first])
+        np.maximum.at(hi, hosts, t[last])
+        cov = self.covered.get(m)
+        if cov is None or len(cov[0]) < n:
+            a = np.full(n, np.inf)
+            z = np.full(n, -np.inf)
+            if cov is not None:
+                a[: len(cov[0])], z[: len(cov[1])] = cov
+            cov = self.covered[m] = (a, z)
+        a, z = cov
+        has = np.flatnonzero(np.isfinite(lo))
+        gap = lo[has] - z[has] > self.join
+        for h in has[gap].tolist():
+            if np.isfinite(z[h]):  # a gap in the host's rows: the stretch before it is closed
+                self.closed.setdefault((m, h), []).append((a[h], z[h]))
+            a[h] = lo[h]
+        z[has] = np.maximum(z[has], hi[has])
+
+    def _copies(self, m: str, h: int, t: np.ndarray) -> np.ndarray:
+        """Which of host ``h``'s late rows (ns) lie inside a stretch already analysed."""
+        cov = self.covered.get(m)
+        out = np.zeros(len(t), bool)
+        if cov is None or h >= len(cov[0]):
+            return out
+        eps = 1e-6
+        ts = t / 1e9
+        stretches = [(cov[0][h], cov[1][h]), *self.closed.get((m, h), [])]
+        for a, z in stretches:
+            if np.isfinite(a):
+                out |= (ts >= a - eps) & (ts <= z + eps)
+        return out
 
     def _grow_last_seen(self) -> None:
         n_gpu = len(self.reg.gpu_host)
@@ -708,6 +777,7 @@ class Analyzer:
             self._table(m, start, end, build=False)
             return
         tab = self._table(m, start, end)
+        self._analysed(m, tab)
         empty = Table.empty()
         empty.new = np.zeros(0, bool)
         tables = {k: empty for k in ("gpu", "gpu_nvlink", "gpu_event", "gpu_canary", "host", "bmc_sensor")}
