@@ -213,3 +213,40 @@ def test_a_step_of_the_analyzer_s_clock_freezes_no_window():
             found = s - 62
     assert found is not None and found <= 2, found
     assert online.an.late_points == 0 and online.an.late_rows == 0
+
+
+# ---------------------------------------------------------------- --follow
+@pytest.mark.skipif(__import__("shutil").which("influxd") is None, reason="needs influxd")
+def test_follow_reads_back_a_reappearing_host_s_gap(tmp_path):
+    """``--follow`` reads ``[cursor, now - grace)`` each poll; host b is cut off, then its spool
+    drains into InfluxDB with the old stamps, behind the cursor. When b reappears its gap is read
+    back and analysed in its own time: the XID 79 inside the gap is found with its true start;
+    nothing is read twice."""
+    from gpufleet.analyzer.sources import Influx
+
+    from tests.servers import InfluxDB1
+
+    t0 = T
+    with InfluxDB1(tmp_path / "influx") as db:
+        db.create_db("fleet")
+        now = FakeClock(t0)
+        online = Online(Config(), None, Influx(db.url, "fleet"), None, None, Checkpoint(None), 10.0, 10.0,
+                        clock=Clock(wall=now, mono=now))
+        held = []
+        for s in range(0, 900, 10):
+            t = t0 + s
+            db.write("fleet", _rows("a", t))
+            gap = 200 <= s < 500
+            (held.append if gap else lambda b: db.write("fleet", b))(_rows("b", t, xid=s == 300))
+            if s == 500:  # b is back: its spool drains with the old stamps, behind the cursor
+                db.write("fleet", b"".join(held))
+            now.t = t + 10.5
+            online.read(int((now.t - 10) * 1e9), since=30)
+            online.deliver(int(now.t * 1e9))
+        got = [r for r in online.an.incidents() if r.kind == "gpu_lost"]
+        assert [(r.host, r.gpu) for r in got] == [("b", 0)], got
+        assert abs(got[0].start - (t0 + 300)) <= 10
+        assert online.an.late_points == 0
+        assert online.an.gpu_samples == 2 * 2 * 90  # every row read once
+        stopped = [r for r in online.an.incidents() if r.kind == "node_stopped_reporting"]
+        assert [r.host for r in stopped] == ["b"] and stopped[0].end is not None
