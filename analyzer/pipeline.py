@@ -12,7 +12,8 @@ analysed in that host's own time (:meth:`Analyzer._late_cut`), in windows of the
 rows, with the peers' rows still held (``peers_hold_seconds``) and the host's own context; hits
 are kept for the late hosts only and reach the engine with their true times (an incident found
 that way says so: ``evidence.arrived_late``). A late window of a host is analysed once the host's
-own data is ``lateness_seconds`` past its end, or once its rows stop growing (online: one cycle).
+own data is ``lateness_seconds`` past its end, its complete windows once its rows stop growing
+for a cycle (online), all of them after two.
 Rows more than ``late_bound_seconds`` behind the cursor are not held: with a store they are
 listed for re-reading (``reread``), without one they are dropped, counted per host and reported
 as an ``analysis_gap`` record (host, from, to, rows, why). Rows behind what their own host has
@@ -149,6 +150,7 @@ class Analyzer:
         self.join = 3 * self.poll  # rows further apart than this leave a gap
         self.late_wm: dict[tuple[str, int], int] = {}  # (stream, host id) -> latest late row (ns)
         self._late_grew: set[tuple[str, int]] = set()  # late rows arrived since the last clock tick
+        self._late_idle: dict[tuple[str, int], int] = {}  # clock ticks since they last grew
         self.late_rows = 0  # rows analysed in their own host's time after landing behind the cursor
         self.late_per_host: dict[str, int] = {}  # host -> its rows behind what it had analysed (dropped)
         self.store = False  # a store to re-read from: rows beyond the bound are listed in ``reread``
@@ -349,10 +351,11 @@ class Analyzer:
             uh = np.unique(hosts)
             ready = np.empty(len(uh))
             for i, h in enumerate(uh.tolist()):
-                if final:
-                    ready[i] = np.inf
-                elif (m, h) not in self._late_grew:  # its rows stopped growing: all of them are due
-                    ready[i] = cursor
+                idle = self._late_idle.get((m, h), 0)
+                if final or idle >= 2:  # its rows stopped growing two cycles ago: all of them are due
+                    ready[i] = np.inf if final else cursor
+                elif idle == 1 and (m, h) not in self._late_grew:  # a cycle ago: its complete windows
+                    ready[i] = min(cursor, self.late_wm[(m, h)] / 1e9)
                 else:
                     ready[i] = min(cursor, self.late_wm[(m, h)] / 1e9 - self.lateness)
             r = ready[np.searchsorted(uh, hosts)]
@@ -663,6 +666,9 @@ class Analyzer:
         for m in list(self.stream_wm):
             self.stream_wm[m] = max(self.stream_wm[m], int(now * 1e9))
         self._cut(final=False)
+        for k in self.late_wm:  # cycles since a late host's rows last grew
+            self._late_idle[k] = 0 if k in self._late_grew else self._late_idle.get(k, 0) + 1
+        self._late_idle = {k: v for k, v in self._late_idle.items() if k in self.late_wm}
         self._late_grew.clear()
         self._quiet_nodes(now)
 
