@@ -338,7 +338,8 @@ class Analyzer:
     def _late_cut(self, final: bool) -> None:
         """Analyse late rows in their own host's time: per window of the grid, the late rows of the
         hosts that are ready, with the peers' rows still held and the hosts' own context."""
-        for m in STREAMS:
+        # the host-level streams first: their rows are the gpu late windows' context
+        for m in ("host", "bmc_sensor", "bmc_fan", *(x for x in STREAMS if MEASUREMENTS[x] != "host")):
             if not self.late[m]:
                 continue
             blk = _concat(self.late[m])
@@ -439,8 +440,11 @@ class Analyzer:
             self.late_done[(m, h)] = max(self.late_done.get((m, h), -np.inf), end)
         self.late_rows += len(cur.t)
         if m in ("bmc_sensor", "bmc_fan", "host"):
-            # read through the gpu stream's late windows: held as context for them
+            # read through the gpu stream's late windows (cut after these): held as context for them
             old = self.late_ctx.get(m)
+            if old is not None:
+                keep = end - self.context - self.config.analyzer["window_seconds"] - self.lateness
+                old = _sub(old, old.t >= int(keep * 1e9))
             self.late_ctx[m] = _concat([old, cur])
             return
         tab, peers = self._late_table(m, start, end, cur, hosts)
