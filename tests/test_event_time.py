@@ -105,6 +105,12 @@ def test_beyond_the_bound_without_a_store_is_a_gap_record(fleet):
     assert g.start == pytest.approx(cut, abs=10) and g.end < back - 600 + POLL
     assert "analysis gap: host gpu0001, from 20" in g.summary and f"{an.dropped_rows} rows" in g.summary
     assert "late bound" in g.summary
+    # the notifier's state and --out read it back (a record of the analysis, not a fault kind)
+    import json
+
+    from gpufleet.records import Record
+
+    assert Record.from_dict(json.loads(g.to_json())).summary == g.summary
 
 
 @st.composite
