@@ -23,6 +23,8 @@ from gpufleet.analyzer.frame import Registry
 
 from gpufleet.records import Record
 
+EARLY_KEEP = 86400.0  # how long late hits not chained to a run wait for the hits between (s)
+
 
 def kind_summary(kind: str) -> str:
     """What an incident of ``kind`` means, in words: its detector's ``summary`` (the kind itself
@@ -51,6 +53,7 @@ class _State:
     peak_evidence: dict = field(default_factory=dict)
     began: float = np.inf  # earliest onset the detector reported for the current run
     stale: bool = False  # the incident's evidence lags the hits (brought up to date when read)
+    early: list = field(default_factory=list)  # late hits before the run, not (yet) chained to it
 
 
 class Engine:
@@ -136,7 +139,10 @@ class Engine:
         st = self.states.get(key)
         if st is None:
             st = self.states[key] = _State(kind, key)
-        for t, score, critical, e, began, sustain in sorted(items, key=lambda x: x[0]):
+        items = sorted(items, key=lambda x: x[0])
+        if self._late and (st.incident is not None or st.run_hits):
+            items = self._early(st, items, gap, dwell)
+        for t, score, critical, e, began, sustain in items:
             if sustain:  # holds an open incident open; never opens one, never evidence
                 if st.incident is not None and t - st.last_hit <= resolve:
                     st.last_hit = max(st.last_hit, t)
@@ -171,6 +177,38 @@ class Engine:
                     st.run_hits = 0
                     continue
                 st.incident = self._open(st, self._reg, self._racks)
+
+    def _early(self, st: _State, items: list, gap: float, dwell: float) -> list:
+        """Hits from late data before the current run or incident (a host's backlog analysed after
+        its newer rows): those that chain back from its start, ``gap`` by ``gap``, move the start
+        back (the true start); the rest are returned, in time order, for the usual walk."""
+        anchor = st.incident.start if st.incident is not None else st.run_start
+        early = [x for x in items if x[0] < anchor and not x[5]]
+        if not early:
+            return items
+        rest = [x for x in items if not (x[0] < anchor and not x[5])]
+        # hits not chained yet wait for the late hits between them and the run (a backlog arrives
+        # in pieces, newest piece not always last)
+        early = sorted(st.early + early, key=lambda x: x[0])
+        st.early = []
+        start = anchor
+        for i in range(len(early) - 1, -1, -1):
+            t, score, critical, e, began, _sus = early[i]
+            if start - t > gap:
+                st.early = [x for x in early[: i + 1] if anchor - x[0] <= EARLY_KEEP]
+                break
+            start = t
+            if st.incident is not None:
+                st.incident.start = min(st.incident.start, t, began)
+            else:
+                st.run_start, st.run_hits = t, st.run_hits + 1
+                st.first_evidence = e or st.first_evidence
+                st.began = min(st.began, began)
+            self._extend(st, t, score, critical, e)
+        if st.incident is None and st.run_hits and st.last_hit - st.run_start >= dwell:
+            if self._cover(st) is None:
+                st.incident = self._open(st, self._reg, self._racks)
+        return rest
 
     def _cover(self, st: _State) -> Record | None:
         kind, host, gpu, link, rack = st.key

@@ -12,7 +12,8 @@ analysed in that host's own time (:meth:`Analyzer._late_cut`), in windows of the
 rows, with the peers' rows still held (``peers_hold_seconds``) and the host's own context; hits
 are kept for the late hosts only and reach the engine with their true times (an incident found
 that way says so: ``evidence.arrived_late``). A late window of a host is analysed once the host's
-own data is ``lateness_seconds`` past its end, or once its rows stop growing (online: one cycle).
+own data is ``lateness_seconds`` past its end, its complete windows once its rows stop growing
+for a cycle (online), all of them after two.
 Rows more than ``late_bound_seconds`` behind the cursor are not held: with a store they are
 listed for re-reading (``reread``), without one they are dropped, counted per host and reported
 as an ``analysis_gap`` record (host, from, to, rows, why). Rows behind what their own host has
@@ -144,8 +145,14 @@ class Analyzer:
         self.late_ctx: dict[str, _Block | None] = {m: None for m in MEASUREMENTS}
         self.hist: dict[str, list[_Block]] = {m: [] for m in MEASUREMENTS}  # analysed rows, peers_hold long
         self.late_done: dict[tuple[str, int], float] = {}  # (stream, host id) -> analysed up to (s)
+        # stream -> per host id, the current stretch of its rows analysed in time (from, to: s); and
+        # (stream, host id) -> its earlier stretches (closed by a gap): see _analysed
+        self.covered: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self.closed: dict[tuple[str, int], list[tuple[float, float]]] = {}
+        self.join = 3 * self.poll  # rows further apart than this leave a gap
         self.late_wm: dict[tuple[str, int], int] = {}  # (stream, host id) -> latest late row (ns)
         self._late_grew: set[tuple[str, int]] = set()  # late rows arrived since the last clock tick
+        self._late_idle: dict[tuple[str, int], int] = {}  # clock ticks since they last grew
         self.late_rows = 0  # rows analysed in their own host's time after landing behind the cursor
         self.late_per_host: dict[str, int] = {}  # host -> its rows behind what it had analysed (dropped)
         self.store = False  # a store to re-read from: rows beyond the bound are listed in ``reread``
@@ -229,9 +236,15 @@ class Analyzer:
         time), the rest move the stream's watermark (online: up to ``horizon_ns``, so that one
         writer's clock set ahead drags no other host's windows)."""
         ws = self.window_start.get(m)
-        if ws is not None and blk.tmin < int(ws * 1e9):
+        pending = [h for (mm, h) in self.late_wm if mm == m]
+        if ws is not None and (pending or blk.tmin < int(ws * 1e9)):
+            # behind the cursor, or of a host whose late rows are still pending (its rows are
+            # analysed in its own time order: the engine sees its hits in order)
             behind = blk.t < int(ws * 1e9)
-            self._add_late(m, _sub(blk, behind))
+            if pending:
+                behind |= np.isin(self.host_of(m, blk.ent), pending)
+            if behind.any():
+                self._add_late(m, _sub(blk, behind))
             if behind.all():
                 return
             blk = _sub(blk, ~behind)
@@ -271,13 +284,14 @@ class Analyzer:
             idx = np.flatnonzero(hosts == h)
             t = blk.t[idx]
             drop = np.zeros(len(idx), bool)
-            done = self.late_done.get((m, h))
+            done = self.late_done.get((m, h))  # its late windows analysed up to (exclusive)
+            drop = self._copies(m, h, t)
             if done is not None:
-                drop = t < int(done * 1e9)  # behind what this host has analysed already
-                if drop.any():
-                    name = self.reg.hosts[h]
-                    self.late_points += int(drop.sum())
-                    self.late_per_host[name] = self.late_per_host.get(name, 0) + int(drop.sum())
+                drop |= t < int(done * 1e9)
+            if drop.any():  # behind what this host has analysed already (a copy, a reorder)
+                name = self.reg.hosts[h]
+                self.late_points += int(drop.sum())
+                self.late_per_host[name] = self.late_per_host.get(name, 0) + int(drop.sum())
             old = (t < bound_ns) & ~drop
             if old.any():
                 self._beyond(h, t[old], "more than the late bound behind the analysis")
@@ -326,7 +340,8 @@ class Analyzer:
     def _late_cut(self, final: bool) -> None:
         """Analyse late rows in their own host's time: per window of the grid, the late rows of the
         hosts that are ready, with the peers' rows still held and the hosts' own context."""
-        for m in STREAMS:
+        # the host-level streams first: their rows are the gpu late windows' context
+        for m in ("host", "bmc_sensor", "bmc_fan", *(x for x in STREAMS if MEASUREMENTS[x] != "host")):
             if not self.late[m]:
                 continue
             blk = _concat(self.late[m])
@@ -339,27 +354,40 @@ class Analyzer:
             uh = np.unique(hosts)
             ready = np.empty(len(uh))
             for i, h in enumerate(uh.tolist()):
-                if final:
-                    ready[i] = np.inf
-                elif (m, h) not in self._late_grew:  # its rows stopped growing: all of them are due
-                    ready[i] = cursor
+                idle = self._late_idle.get((m, h), 0)
+                if final or idle >= 2:  # its rows stopped growing two cycles ago: all of them are due
+                    ready[i] = np.inf if final else cursor
+                elif idle == 1 and (m, h) not in self._late_grew:  # a cycle ago: its complete windows
+                    ready[i] = min(cursor, self.late_wm[(m, h)] / 1e9)
                 else:
                     ready[i] = min(cursor, self.late_wm[(m, h)] / 1e9 - self.lateness)
             r = ready[np.searchsorted(uh, hosts)]
             win = np.floor(blk.t / 1e9 / w)
             due = (win + 1) * w <= r
-            if not due.any():
-                continue
-            now = _sub(blk, due)
-            self.late[m] = [_sub(blk, ~due)] if not due.all() else []
-            nwin = win[due]
-            for k in np.unique(nwin).tolist():
-                sel = nwin == k
-                self._late_window(m, k * w, (k + 1) * w, _sub(now, sel))
-            for h in np.unique(hosts[due]).tolist():
-                left = [b for b in self.late[m] if len(b.t) and (self.host_of(m, b.ent) == h).any()]
-                if not left:
+            if due.any():
+                now = _sub(blk, due)
+                self.late[m] = [_sub(blk, ~due)] if not due.all() else []
+                nwin = win[due]
+                for k in np.unique(nwin).tolist():
+                    sel = nwin == k
+                    self._late_window(m, k * w, (k + 1) * w, _sub(now, sel))
+            else:
+                self.late[m] = [blk]
+            # a host whose late rows left are all at or after the cursor has caught up: they go
+            # back to the stream's own windows
+            rest = self.late[m][0] if self.late[m] else None
+            rest_hosts = self.host_of(m, rest.ent) if rest is not None else np.zeros(0, np.int64)
+            cur_ns = int(cursor * 1e9)
+            for h in [h for (mm, h) in list(self.late_wm) if mm == m]:
+                mine = rest_hosts == h
+                if not mine.any():
                     self.late_wm.pop((m, h), None)
+                elif int(rest.t[mine].min()) >= cur_ns:
+                    self.buffer[m].append(_sub(rest, mine))
+                    rest = _sub(rest, ~mine)
+                    rest_hosts = rest_hosts[~mine]
+                    self.late_wm.pop((m, h), None)
+            self.late[m] = [rest] if rest is not None and len(rest.t) else []
 
     def _held(self, m: str, lo: float, hi: float) -> _Block | None:
         """Analysed rows of stream ``m`` still held with ``lo <= t < hi``."""
@@ -414,8 +442,11 @@ class Analyzer:
             self.late_done[(m, h)] = max(self.late_done.get((m, h), -np.inf), end)
         self.late_rows += len(cur.t)
         if m in ("bmc_sensor", "bmc_fan", "host"):
-            # read through the gpu stream's late windows: held as context for them
+            # read through the gpu stream's late windows (cut after these): held as context for them
             old = self.late_ctx.get(m)
+            if old is not None:
+                keep = end - self.context - self.config.analyzer["window_seconds"] - self.lateness
+                old = _sub(old, old.t >= int(keep * 1e9))
             self.late_ctx[m] = _concat([old, cur])
             return
         tab, peers = self._late_table(m, start, end, cur, hosts)
@@ -468,6 +499,51 @@ class Analyzer:
             self.engine.add(hits, self.reg, rack_names, late=True,
                             no_peers=not peers and getattr(det, "peers", False))
         self.windows += 1
+
+    def _analysed(self, m: str, tab: Table) -> None:
+        """Per host, the stretches of stream ``m`` analysed in time (``covered``): rows no more than
+        a few polls apart are one stretch. A row of the host landing later inside one is a copy (or
+        the host's own reordering), not backlog; one in a gap between stretches is backlog."""
+        new = tab.in_window()
+        if not len(tab) or not new.any():
+            return
+        ent, t = tab.ent[new], tab.t[new]
+        first = np.flatnonzero(np.append(True, ent[1:] != ent[:-1]))
+        last = np.append(first[1:] - 1, len(ent) - 1)
+        hosts = self.host_of(m, ent[first])
+        n = len(self.reg.hosts)
+        lo, hi = np.full(n, np.inf), np.full(n, -np.inf)
+        np.minimum.at(lo, hosts, t[first])
+        np.maximum.at(hi, hosts, t[last])
+        cov = self.covered.get(m)
+        if cov is None or len(cov[0]) < n:
+            a = np.full(n, np.inf)
+            z = np.full(n, -np.inf)
+            if cov is not None:
+                a[: len(cov[0])], z[: len(cov[1])] = cov
+            cov = self.covered[m] = (a, z)
+        a, z = cov
+        has = np.flatnonzero(np.isfinite(lo))
+        gap = lo[has] - z[has] > self.join
+        for h in has[gap].tolist():
+            if np.isfinite(z[h]):  # a gap in the host's rows: the stretch before it is closed
+                self.closed.setdefault((m, h), []).append((a[h], z[h]))
+            a[h] = lo[h]
+        z[has] = np.maximum(z[has], hi[has])
+
+    def _copies(self, m: str, h: int, t: np.ndarray) -> np.ndarray:
+        """Which of host ``h``'s late rows (ns) lie inside a stretch already analysed."""
+        cov = self.covered.get(m)
+        out = np.zeros(len(t), bool)
+        if cov is None or h >= len(cov[0]):
+            return out
+        eps = 1e-6
+        ts = t / 1e9
+        stretches = [(cov[0][h], cov[1][h]), *self.closed.get((m, h), [])]
+        for a, z in stretches:
+            if np.isfinite(a):
+                out |= (ts >= a - eps) & (ts <= z + eps)
+        return out
 
     def _grow_last_seen(self) -> None:
         n_gpu = len(self.reg.gpu_host)
@@ -596,6 +672,9 @@ class Analyzer:
         for m in list(self.stream_wm):
             self.stream_wm[m] = max(self.stream_wm[m], int(now * 1e9))
         self._cut(final=False)
+        for k in self.late_wm:  # cycles since a late host's rows last grew
+            self._late_idle[k] = 0 if k in self._late_grew else self._late_idle.get(k, 0) + 1
+        self._late_idle = {k: v for k, v in self._late_idle.items() if k in self.late_wm}
         self._late_grew.clear()
         self._quiet_nodes(now)
 
@@ -710,6 +789,7 @@ class Analyzer:
             self._table(m, start, end, build=False)
             return
         tab = self._table(m, start, end)
+        self._analysed(m, tab)
         empty = Table.empty()
         empty.new = np.zeros(0, bool)
         tables = {k: empty for k in ("gpu", "gpu_nvlink", "gpu_event", "gpu_canary", "host", "bmc_sensor")}

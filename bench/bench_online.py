@@ -144,7 +144,7 @@ def _pull(url: str, s_ns: int, e_ns: int, analyse: bool):
 def bench_paths(quick: bool, tmp: Path) -> list[dict]:
     from gpufleet.analyzer.pipeline import MEASUREMENTS
 
-    from tests.servers import InfluxDB1, answers_ping, free_port
+    from tests.servers import InfluxDB1
 
     nodes, dur = (4, "1h") if quick else (16, "2h")
     fl = tmp / "fleet"
@@ -294,6 +294,60 @@ def bench_paths(quick: bool, tmp: Path) -> list[dict]:
     fl2 = tmp / "fleet-live"
     man2 = _agent_shaped(fl2, nodes, dur, start=now)
     body = gzip.decompress((fl2 / "telemetry.lp.gz").read_bytes()).splitlines(keepends=True)
+    n_all = man2["telemetry"]["lines"].get("gpu", 0)
+    n, cpu, took, refused, got, rss, nb = _listen_path(tmp, body, n_all, "listen")
+    rows.append(
+        _row(
+            "--listen path (HTTP+gunzip+parse+detect)",
+            n / cpu,
+            "GPU-samples/s per core",
+            ">= 100,000",
+            f"{shape} POSTed in {nb} gzip bodies of 5000 lines; {n / took:,.0f}/s wall; "
+            f"{refused} answered 429 (retried); windows {got.get('gpufleet_analyzer_windows_total', 0):.0f}; "
+            f"peak RSS {rss:.0f} MiB",
+        )
+    )
+    # the same fleet with one host in ten 30 min late (its rows land beside the others' rows of
+    # 30 min later): analysed in its own time (event time per host), none dropped
+    hosts = sorted({_host(x) for x in body if x.startswith(b"gpu,")})
+    late = set(hosts[::10])
+    keyed = [(_ts(x) + (1800 * 10**9 if _host(x) in late else 0), x) for x in body]
+    body_late = [x for _k, x in sorted(keyed, key=lambda kv: kv[0])]
+    n2, cpu2, took2, refused2, got2, rss2, nb2 = _listen_path(tmp, body_late, n_all, "listen-late")
+    rows.append(
+        _row(
+            "--listen path, one host in ten 30 min late",
+            n2 / cpu2,
+            "GPU-samples/s per core",
+            ">= 100,000",
+            f"the same {nb2} bodies, {len(late)} of {len(hosts)} hosts' rows 30 min behind the rest; "
+            f"{n2 / took2:,.0f}/s wall; {n2 / cpu2 / (n / cpu):.2f}x the on-time rate of this run; "
+            f"rows analysed late {got2.get('gpufleet_analyzer_late_rows_analysed_total', 0):,.0f}, dropped "
+            f"{got2.get('gpufleet_analyzer_gap_rows_dropped_total', 0):.0f}, late points "
+            f"{got2.get('gpufleet_analyzer_late_points_total', 0):.0f}; {refused2} answered 429 (retried); "
+            f"peak RSS {rss2:.0f} MiB",
+        )
+    )
+    return rows
+
+
+_HOST = re.compile(rb"[ ,]host=([^, ]+)")
+
+
+def _host(line: bytes) -> bytes:
+    m = _HOST.search(line)
+    return m.group(1) if m else b""
+
+
+def _ts(line: bytes) -> int:
+    return int(line.rsplit(b" ", 1)[1])
+
+
+def _listen_path(tmp: Path, body: list[bytes], n_all: int, name: str):
+    """POST ``body`` (lines) to a fresh ``--listen`` as the agent posts (gzip, 5000 lines) and wait
+    until every GPU sample is analysed: (samples, CPU s, wall s, 429s, /metrics, peak RSS MiB, bodies)."""
+    from tests.servers import answers_ping, free_port
+
     batches = [gzip.compress(b"".join(body[i : i + 5000]), 1) for i in range(0, len(body), 5000)]
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -308,7 +362,7 @@ def bench_paths(quick: bool, tmp: Path) -> list[dict]:
             "--grace",
             "60s",
             "--out",
-            str(tmp / "listen.jsonl"),
+            str(tmp / f"{name}.jsonl"),
         ],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
@@ -333,7 +387,6 @@ def bench_paths(quick: bool, tmp: Path) -> list[dict]:
                     break
                 refused += 1
                 time.sleep(0.05)
-        n_all = man2["telemetry"]["lines"].get("gpu", 0)
         while (
             time.perf_counter() - t < 600
             and _metrics(url).get("gpufleet_analyzer_gpu_samples_total", 0) < n_all
@@ -347,18 +400,7 @@ def bench_paths(quick: bool, tmp: Path) -> list[dict]:
         p.terminate()
         p.wait(30)
     n = got.get("gpufleet_analyzer_gpu_samples_total", 0)
-    rows.append(
-        _row(
-            "--listen path (HTTP+gunzip+parse+detect)",
-            n / cpu,
-            "GPU-samples/s per core",
-            ">= 100,000",
-            f"{shape} POSTed in {len(batches)} gzip bodies of 5000 lines; {n / took:,.0f}/s wall; "
-            f"{refused} answered 429 (retried); windows {got.get('gpufleet_analyzer_windows_total', 0):.0f}; "
-            f"peak RSS {rss:.0f} MiB",
-        )
-    )
-    return rows
+    return n, cpu, took, refused, got, rss, len(batches)
 
 
 class _Writer(threading.Thread):

@@ -25,6 +25,8 @@ KINDS = (
     "gpu_lost",
     "straggler",
 )
+# records the online analysis writes about its own input, not faults (gpufleet.analyzer.pipeline)
+ANALYSIS_KINDS = ("analysis_gap", "node_stopped_reporting")
 SEVERITIES = ("critical", "warning")
 
 
@@ -65,7 +67,7 @@ class Record:
 
     @classmethod
     def from_dict(cls, d: dict) -> Record:
-        if d.get("kind") not in KINDS:
+        if d.get("kind") not in KINDS and d.get("kind") not in ANALYSIS_KINDS:
             raise ValueError(f"unknown kind {d.get('kind')!r}")
         if d.get("severity") not in SEVERITIES:
             raise ValueError(f"unknown severity {d.get('severity')!r}")

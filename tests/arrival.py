@@ -77,7 +77,8 @@ def replay(lines, arrive, poll: float = 10.0, grace: float | None = None, cfg: C
 
 def keys(recs, poll: float = 10.0) -> list[tuple]:
     """Incidents as (kind, host, GPU, link, start rounded to a poll), the faults only."""
-    return sorted((r.kind, r.host, r.gpu, r.link, round(r.start / poll)) for r in recs if r.kind not in EXCLUDE)
+    return sorted((r.kind, r.host, r.gpu, r.link, round(r.start / poll))
+                  for r in recs if r.kind not in EXCLUDE)
 
 
 def batch(path) -> list:

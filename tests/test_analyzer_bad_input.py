@@ -56,6 +56,12 @@ def test_a_stray_timestamp_never_walks_empty_time(tmp_path):
         p = tmp_path / f"{name}.lp"
         p.write_bytes(data)
         stats, got = _analyze_stats(p)  # before the fix: hours (every empty window since 1970)
+        # a stray row appended behind the analysis (more than the late bound) is not analysed:
+        # it is reported, one analysis_gap record for its host, never dropped silently
+        gaps = [g for g in got if g[0] == "analysis_gap"]
+        assert [(g[0], g[1]) for g in gaps] == ([] if name == "before" else [("analysis_gap", "node1")]), name
+        assert all(g[3].startswith("1970-01-01T00:00:0") for g in gaps), name
+        got = [g for g in got if g[0] != "analysis_gap"]
         assert got == want, name
         # the windows walked for the stray point: at most an hour's worth per stream, not 56 years'
         assert stats["windows"] <= want_stats["windows"] + 6 * 13, (name, stats["windows"])
