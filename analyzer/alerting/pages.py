@@ -175,7 +175,8 @@ summary{cursor:pointer;font-weight:600}code{font-size:.9em}
 recorded on the affected GPUs during the incident</span>{% endif %}</td></tr>
 <tr><th>Since</th><td>{{ start }} · {% if r.end is not none %}<span class="ok">resolved</span> {{ end }}
 ({{ duration }}){% else %}<span class="active">active</span>{% endif %}</td></tr>
-<tr><th>Impact</th><td>{{ g.impact }}</td></tr>
+<tr><th>Impact</th><td id="impact">{{ g.impact }}</td></tr>
+{% if lead %}<tr><th>Evidence</th><td id="lead">{{ lead }}</td></tr>{% endif %}
 <tr class="do"><th>Do</th><td id="action">{{ g.action }}</td></tr>
 <tr><th>Runbook</th><td><a id="runbook" href="{{ g.runbook_url }}">{{ g.runbook_url }}</a></td></tr>
 </table>
@@ -261,6 +262,7 @@ def write_pages(incidents, data_points_or_path, out_dir, page_base_url: str | No
     from gpufleet.analyzer.alerting.actions import where as where_words
     from gpufleet.analyzer.alerting.data import load
     from gpufleet.analyzer.alerting.notifier import default_summary, incident_key
+    from gpufleet.analyzer.engine import evidence_line
 
     incidents = sorted(incidents, key=lambda r: (r.start, r.kind, r.host or ""))
     out = Path(out_dir)
@@ -270,7 +272,13 @@ def write_pages(incidents, data_points_or_path, out_dir, page_base_url: str | No
         raise GpufleetError(f"{out}: cannot create: {exc.strerror}") from None
     hosts = {r.host for r in incidents}
     rough = [window(r, r.start + 6 * 3600) for r in incidents]
-    data = load(data_points_or_path, hosts, rough) if incidents else None
+    wanted: dict[str, set] = {"gpu_event": hosts}
+    fields: dict[str, set] = {}
+    for r in incidents:
+        for meas, field, *_ in kind_panels(r.kind):
+            wanted.setdefault(meas, set()).add(r.host)
+            fields.setdefault(meas, set()).add(field)
+    data = load(data_points_or_path, hosts, rough, wanted, fields) if incidents else None
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     env.filters["ts"] = to_rfc3339
     page_t, index_t = env.from_string(PAGE), env.from_string(INDEX)
@@ -303,7 +311,8 @@ def write_pages(incidents, data_points_or_path, out_dir, page_base_url: str | No
         history = [(h, names[id(h)], guides[id(h)].title) for h in incidents
                    if h is not r and _same_gpu(r, h)][:50]
         html = page_t.render(
-            r=r, g=g, where=where, technical=r.summary or default_summary(r), start=to_rfc3339(r.start),
+            r=r, g=g, where=where, lead=evidence_line(r.evidence),
+            technical=r.summary or default_summary(r), start=to_rfc3339(r.start),
             end=to_rfc3339(r.end), duration=_duration((r.end or r.start) - r.start), fields=fields,
             evidence=list(_flatten(ev)), thresholds=thresholds, history=history,
             png=base64.b64encode(png).decode() if png else None,
