@@ -75,7 +75,8 @@ def _sinks(cfg, specs):
 @click.option("--config", "config_path", help="analyzer.toml")
 @click.option("--sink", "sink_specs", multiple=True, help="alert sink TYPE=URL (repeatable)")
 @click.option("--shard", help="analyse only hosts of shard I of N (I/N)")
-@click.option("--state", "state_path", help="notifier state file (online mode)")
+@click.option("--state", "state_path", help="notifier state file: what was paged, so a rerun pages only "
+              "what is new (batch: none kept unless given; online: default beside --out)")
 @click.option("--page-base-url", help="base URL of incident pages, for links in alerts")
 @click.option("--runbook-base-url", help="base URL of the runbooks (docs/runbooks/), for links in alerts "
               "[env GPUFLEET_RUNBOOK_BASE_URL]")
@@ -144,7 +145,7 @@ def analyze(
                                 f"{st.bad_lines} malformed)")
         an.finish()
         _write(out_path, an.incidents())
-        _notify_once(sinks, state_path, out_path, page_base_url, an)
+        _notify_once(sinks, state_path, page_base_url, an)
         _report(an, stats, time.perf_counter() - t0)
         return
     influx = None
@@ -186,7 +187,7 @@ def analyze(
     _pull(an, influx, s_ns, e_ns)
     an.finish()
     _write(out_path, an.incidents())
-    _notify_once(sinks, state_path, out_path, page_base_url, an)
+    _notify_once(sinks, state_path, page_base_url, an)
     _report(an, stats, time.perf_counter() - t0)
 
 
@@ -215,19 +216,32 @@ def _state_path(state_path, out_path) -> str:
         return state_path
     if out_path:
         return str(Path(out_path).with_suffix(".notifier.db"))
-    return "gpufleet-analyzer-notifier.db"
+    # the user's state directory, never the current one (a checkout would grow an untracked file)
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    path = Path(base) / "gpufleet" / "analyzer-notifier.db"
+    click.echo(f"alerts: notifier state in {path} (--state FILE to choose)", err=True)
+    return str(path)
 
 
-def _notify_once(sinks, state_path, out_path, page_base_url, an) -> None:
-    """Batch mode with sinks: deliver the incidents found (new ones fire, ended ones resolve)."""
+def _notify_once(sinks, state_path, page_base_url, an) -> None:
+    """Batch mode with sinks: deliver the incidents found (new ones fire, ended ones resolve).
+
+    The notifier's state is kept only in ``--state`` (a rerun with it pages only what is new, and
+    says how many it did not page again); without it, nothing is kept and every run pages all."""
     if sinks is None:
         return
     sink_list, notifier_cls = sinks
-    notifier = notifier_cls(sink_list, _state_path(state_path, out_path), page_base_url)
+    notifier = notifier_cls(sink_list, state_path or ":memory:", page_base_url)
+    incidents = an.incidents() + an.engine.absorbed
     try:
-        notifier.update(an.incidents() + an.engine.absorbed, time.time())
+        known = notifier.known(incidents) if state_path else 0
+        notifier.update(incidents, time.time())
     finally:
         notifier.close()
+    if known:
+        click.echo(f"alerts: {known} of {len(incidents)} incident(s) not paged again: --state {state_path} "
+                   "records them as already sent (drop --state or use another file to page them again)",
+                   err=True)
 
 
 def _write(out_path, incidents) -> None:
@@ -240,7 +254,26 @@ def _write(out_path, incidents) -> None:
             click.echo(r.to_json())
 
 
+def summary_line(an, seconds: float) -> str:
+    """One line on what ``analyze`` did: rows, GPUs, time span, incidents by kind, time taken."""
+    from collections import Counter
+
+    from gpufleet.times import to_rfc3339
+
+    incs = an.incidents()
+    kinds = Counter(r.kind for r in incs)
+    by_kind = ", ".join(f"{k} {n}" for k, n in sorted(kinds.items()))
+    last = max(an.stream_wm.values(), default=None)
+    span = ""
+    if last is not None and an.t_first <= last:
+        span = (f", {to_rfc3339(an.t_first / 1e9)} .. {to_rfc3339(last / 1e9)} "
+                f"({(last - an.t_first) / 3.6e12:.1f} h)")
+    return (f"analyze: {an.rows} rows, {len(an.reg.gpu_host)} GPUs{span}, {len(incs)} incident(s)"
+            + (f" ({by_kind})" if by_kind else "") + f" in {seconds:.1f} s")
+
+
 def _report(an, stats: bool, seconds: float) -> None:
+    click.echo(summary_line(an, seconds), err=True)
     if not stats:
         return
     d = an.parser.stats.as_dict()
@@ -288,10 +321,11 @@ def _online(cfg, influx, shard_t, out_path, sinks, state_path, page_base_url, po
     notifier = None
     if sinks is not None:
         sink_list, notifier_cls = sinks
-        notifier = notifier_cls(sink_list, _state_path(state_path, out_path), page_base_url)
-    keep = state_path or out_path or notifier is not None
-    where = Path(_state_path(state_path, out_path)).with_suffix(".checkpoint.json")
-    checkpoint = Checkpoint(where if keep else None)
+        state_path = _state_path(state_path, out_path)
+        notifier = notifier_cls(sink_list, state_path, page_base_url)
+    keep = state_path or out_path
+    checkpoint = Checkpoint(Path(_state_path(state_path, out_path)).with_suffix(".checkpoint.json")
+                            if keep else None)
     online = Online(cfg, shard_t, influx, notifier, out_path, checkpoint, poll, grace)
     for d in online.an.detectors:  # a daemon pays its imports at start, not on the window that
         d.warm()                    # first needs them (that window's alert would wait for them)

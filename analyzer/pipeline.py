@@ -113,6 +113,7 @@ class Analyzer:
         self.late_points = 0
         self.future_points = 0  # stamped beyond max_future_seconds after the wall clock: dropped
         self.rows = 0
+        self.t_first = 2**62  # ns: the earliest row kept (the summary line's time span)
         self.last_data: dict[str, float] = {}  # per stream: end of the last window that held rows
         self.gpu_samples = 0
         self.windows = 0
@@ -185,6 +186,7 @@ class Analyzer:
             if m == "gpu":
                 self.gpu_samples += len(r)
             self.stream_wm[m] = max(self.stream_wm.get(m, -(2**62)), blk.tmax)
+            self.t_first = min(self.t_first, blk.tmin)
         self._cut(final=False)
 
     def _per_series(self, sids: np.ndarray, fn, dtype) -> np.ndarray:

@@ -56,7 +56,7 @@ class LazyGroup(click.Group):
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="gpufleet")
+@click.version_option(__version__, "-V", "--version", prog_name="gpufleet")
 def cli():
     """gpufleet: observability for GPU fleets."""
 

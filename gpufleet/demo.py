@@ -210,6 +210,7 @@ def demo(nodes, gpus_per_node, duration, step, scenario, seed, out_dir, influx_u
     say(f"  analyzer: {len(incidents)} incidents -> {out / 'incidents.jsonl'}")
 
     pages = write_pages(incidents, store if not influx_url else out / "fleet", out / "pages")
+    (out / "notify.db").unlink(missing_ok=True)  # a rerun pages its fleet again, as a first run does
     notifier = Notifier(sink_objs, out / "notify.db", page_base_url=(out / "pages").resolve().as_uri())
     try:
         notifier.update(incidents, time.time())

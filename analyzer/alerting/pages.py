@@ -178,7 +178,9 @@ recorded on the affected GPUs during the incident</span>{% endif %}</td></tr>
 <tr><th>Impact</th><td id="impact">{{ g.impact }}</td></tr>
 {% if lead %}<tr><th>Evidence</th><td id="lead">{{ lead }}</td></tr>{% endif %}
 <tr class="do"><th>Do</th><td id="action">{{ g.action }}</td></tr>
-<tr><th>Runbook</th><td><a id="runbook" href="{{ g.runbook_url }}">{{ g.runbook_url }}</a></td></tr>
+<tr><th>Runbook</th><td>{% if g.runbook_url -%}
+<a id="runbook" href="{{ g.runbook_url }}">{{ g.runbook_url }}</a>
+{%- else %}<span class="muted">no runbook on this machine: set --runbook-base-url</span>{% endif %}</td></tr>
 </table>
 <h2>Signal vs peers</h2>
 {% if png %}<img id="signals" alt="{{ r.kind }} signals of {{ where }} against its peers"
@@ -254,6 +256,24 @@ def _event_row(p) -> tuple:
             p.fields.get("message", ""), name, todo)
 
 
+def _runbooks(out: Path, base: str | None) -> str | None:
+    """Where the pages link runbooks: the base someone configured, else the runbooks on this
+    machine copied beside the pages (``runbooks/``, linked relatively: the bundle moves as one)."""
+    import shutil
+
+    from gpufleet.analyzer.alerting.actions import configured_runbook_base, local_runbooks
+
+    chosen = configured_runbook_base(base)
+    src = local_runbooks()
+    if chosen or src is None:
+        return chosen
+    dst = out / "runbooks"
+    dst.mkdir(exist_ok=True)
+    for f in src.glob("*.md"):
+        shutil.copyfile(f, dst / f.name)
+    return "runbooks"
+
+
 def write_pages(incidents, data_points_or_path, out_dir, page_base_url: str | None = None,
                 runbook_base_url: str | None = None) -> list[Path]:
     """Write a page per incident and ``index.html``; returns the paths (pages first, index last)."""
@@ -284,6 +304,7 @@ def write_pages(incidents, data_points_or_path, out_dir, page_base_url: str | No
     page_t, index_t = env.from_string(PAGE), env.from_string(INDEX)
     paths, rows = [], []
     base = page_base_url.rstrip("/") if page_base_url else None
+    runbook_base_url = _runbooks(out, runbook_base_url)
     guides = {id(r): guide(r, runbook_base_url) for r in incidents}
     names = {id(r): page_name(incident_key(r)) for r in incidents}
     for r in incidents:
