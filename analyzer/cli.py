@@ -12,7 +12,7 @@ import click
 from gpufleet.analyzer.store import pull as _pull
 
 from gpufleet.errors import ConfigError, GpufleetError
-from gpufleet.flags import Renamed
+from gpufleet.flags import influx_options
 from gpufleet.units import parse_size
 
 
@@ -55,9 +55,7 @@ def _sinks(cfg, specs):
 
 @click.command("analyze")
 @click.option("--input", "input_path", help="a .lp/.lp.gz file or a directory of them")
-@click.option("--influx-url", help="InfluxDB base URL (InfluxQL over /query)")
-@click.option("--influx-db", "db", cls=Renamed, old=["--db"],
-              help="InfluxDB database (or DBRP-mapped bucket)")
+@influx_options()
 @click.option("--since", help="with --influx-url: analyse the last DURATION (e.g. 6h)")
 @click.option("--start", help="with --influx-url: start time (RFC 3339 or epoch seconds)")
 @click.option("--end", help="with --influx-url: end time")
@@ -73,7 +71,9 @@ def _sinks(cfg, specs):
               "(default: the poll interval)")
 @click.option("--out", "out_path", help="write incidents as JSON lines here")
 @click.option("--config", "config_path", help="analyzer.toml")
-@click.option("--sink", "sink_specs", multiple=True, help="alert sink TYPE=URL (repeatable)")
+@click.option("--sink", "sink_specs", multiple=True, metavar="TYPE=URL",
+              help="alert sink (repeatable); TYPE: action, alertmanager, console, pagerduty, slack, "
+              "webhook (docs/alerting.md)")
 @click.option("--shard", help="analyse only hosts of shard I of N (I/N)")
 @click.option("--state", "state_path", help="notifier state file: what was paged, so a rerun pages only "
               "what is new (batch: none kept unless given; online: default beside --out)")
@@ -84,8 +84,7 @@ def _sinks(cfg, specs):
 @click.option("--stats", is_flag=True, help="print parse and analysis counters to stderr")
 def analyze(
     input_path,
-    influx_url,
-    db,
+    influx,
     since,
     start,
     end,
@@ -114,6 +113,12 @@ def analyze(
     cfg = Config.load(config_path)
     shard_t = _shard(shard)
     sinks = _sinks(cfg, sink_specs)  # a bad sink is a ConfigError before any work
+    influx.refuse(["org"], "analyze reads with InfluxQL (/query), which names no org: give --influx-db "
+                  "(or --influx-bucket) as the DBRP-mapped database")
+    influx_url, db = influx.url, influx.db or influx.bucket
+    if influx.api in ("v2", "v3") and not (influx.token_file or cfg.influx.get("token_file")
+                                           or cfg.influx.get("token_env")):
+        raise ConfigError(f"--influx-api {influx.api} needs --influx-token-file (or [influx] token_file)")
     if not input_path:  # the store named in the config ([influx] url, db), as the packaged unit runs it
         influx_url = influx_url or cfg.influx.get("url")
         db = db or cfg.influx.get("db")
@@ -148,13 +153,14 @@ def analyze(
         _notify_once(sinks, state_path, page_base_url, an)
         _report(an, stats, time.perf_counter() - t0)
         return
+    auth = influx
     influx = None
     if influx_url:
         if not db:
             raise ConfigError("--influx-url needs --influx-db NAME (or [influx] db in --config)")
         from gpufleet.analyzer.sources import Influx
 
-        influx = Influx(influx_url, db, **cfg.influx_auth())
+        influx = Influx(influx_url, db, **{**cfg.influx_auth(), **auth.secrets()})
     if follow or listen_addr:
         _online(
             cfg,

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import click
 
-from gpufleet.errors import GpufleetError
+from gpufleet.errors import ConfigError, GpufleetError
+from gpufleet.flags import influx_options
 from gpufleet.times import parse_time
 
 SIM_ENV = ("GPUFLEET_SIM_SEED", "GPUFLEET_SIM_SCENARIO", "GPUFLEET_SIM_NODES", "GPUFLEET_SIM_GPUS_PER_NODE",
@@ -151,21 +152,29 @@ def _analyze(store: Path, influx: dict, start_ns: int, end_ns: int):
 @click.option("--seed", type=click.IntRange(0), default=7, show_default=True)
 @click.option("--out", "out_dir", default="demo-out", show_default=True, type=click.Path(file_okay=False),
               help="Where the store, incidents, pages and notifier state go.")
-@click.option("--influx-url", default=None, help="Write to and read from this InfluxDB 1.x instead of files.")
-@click.option("--influx-db", default="gpufleet", show_default=True)
+@influx_options(defaults={"db": "gpufleet"})
 @click.option("--sink", "sinks", multiple=True, help="Also page through TYPE=URL (repeatable).")
 @click.option("--parallel", type=click.IntRange(1, 64), default=None,
               help="Agent processes at a time (default: the CPU count).")
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: on a terminal).")
 @click.option("--json", "as_json", is_flag=True, help="Print the scores as one JSON object at the end.")
-def demo(nodes, gpus_per_node, duration, step, scenario, seed, out_dir, influx_url, influx_db, sinks,
+def demo(nodes, gpus_per_node, duration, step, scenario, seed, out_dir, influx, sinks,
          parallel, progress, as_json):
-    """Run the whole pipeline on a synthetic fleet: agents -> store -> analyzer -> alerts -> scores."""
+    """Run the whole pipeline on a synthetic fleet: agents -> store -> analyzer -> alerts -> scores.
+
+    With --influx-url the agents write to that InfluxDB 1.x instead of files, and the analyzer
+    reads it back."""
     from gpufleet import records
     from gpufleet.analyzer.alerting import Notifier, load_sinks, write_pages
     from gpufleet.analyzer.evaluate import evaluate, table
     from gpufleet.sim.units import parse_duration
 
+    influx.refuse(["bucket", "org", "user", "password_file", "token_file"],
+                  "the demo's agents write to an InfluxDB 1.x without authentication "
+                  "(--influx-url, --influx-db)")
+    if influx.api not in (None, "v1"):
+        raise ConfigError(f"--influx-api {influx.api}: the demo writes InfluxDB 1.x (v1)")
+    influx_url, influx_db = influx.url, influx.db
     t_start = time.monotonic()
     out = Path(out_dir)
     try:
