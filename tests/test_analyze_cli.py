@@ -132,6 +132,9 @@ def test_influxdb_batch_matches_files_and_bad_database(tmp_path, capsys):
         an.feed_bytes(data)
         an.finish()
         assert got == [(i.kind, i.host, i.gpu, i.start) for i in an.incidents()] and got
+        # one summary line on what was done
+        assert re.match(rf"analyze: \d+ rows, 16 GPUs, .* \(0\.\d h\), {len(got)} incident",
+                        capsys.readouterr().err)
         assert main(["analyze", "--influx-url", db.url, "--influx-db", "nope", "--since", "1h"]) == 2
         err = capsys.readouterr().err.strip()
         assert "does not exist" in err and len(err.splitlines()) == 1

@@ -275,8 +275,21 @@ def _runbooks(out: Path, base: str | None) -> str | None:
 
 
 def write_pages(incidents, data_points_or_path, out_dir, page_base_url: str | None = None,
-                runbook_base_url: str | None = None) -> list[Path]:
-    """Write a page per incident and ``index.html``; returns the paths (pages first, index last)."""
+                runbook_base_url: str | None = None, progress: bool | None = False) -> list[Path]:
+    """Write a page per incident and ``index.html``; returns the paths (pages first, index last).
+
+    ``progress``: a bar on stderr (True), none (False), or one on a terminal only (None)."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(incidents), desc="pages: reading telemetry", unit="page", leave=False,
+               disable=None if progress is None else not progress)
+    try:
+        return _write_pages(incidents, data_points_or_path, out_dir, page_base_url, runbook_base_url, bar)
+    finally:
+        bar.close()
+
+
+def _write_pages(incidents, data_points_or_path, out_dir, page_base_url, runbook_base_url, bar) -> list[Path]:
     import jinja2
     from gpufleet.analyzer.alerting.actions import guide
     from gpufleet.analyzer.alerting.actions import where as where_words
@@ -307,7 +320,9 @@ def write_pages(incidents, data_points_or_path, out_dir, page_base_url: str | No
     runbook_base_url = _runbooks(out, runbook_base_url)
     guides = {id(r): guide(r, runbook_base_url) for r in incidents}
     names = {id(r): page_name(incident_key(r)) for r in incidents}
+    bar.set_description("pages")
     for r in incidents:
+        bar.update(1)
         key = incident_key(r)
         name = names[id(r)]
         g = guides[id(r)]
