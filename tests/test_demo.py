@@ -20,7 +20,7 @@ def test_demo_finds_every_injected_fault_through_the_agents(tmp_path):
     # one agent at a time: the second starts while the first one's segment is still open
     r = subprocess.run([sys.executable, "-m", "gpufleet.cli", "demo", "--nodes", "2", "--duration", "2h",
                         "--parallel", "1", "--no-progress", "--json", "--out", str(out)],
-                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+                       capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     table, _, js = r.stdout.rpartition("\n{")
     scores = json.loads("{" + js)
