@@ -10,7 +10,23 @@ the folders, never through the links.
 The analyzer's line-protocol tokenizer is C and optional: without a C compiler and Python's
 headers the install goes on and the analyzer uses its numpy tokenizer (the same rows, slower)."""
 
+from pathlib import Path
+
 from setuptools import Extension, find_packages, setup
+from setuptools.command.build_py import build_py
+
+
+class BuildPy(build_py):
+    """Also carry docs/runbooks/ in the package (gpufleet/analyzer/alerting/runbooks/): alerts and
+    incident pages from a pip install link runbooks that exist."""
+
+    def run(self):
+        super().run()
+        src = Path(__file__).resolve().parent / "docs" / "runbooks"
+        dst = Path(self.build_lib) / "gpufleet" / "analyzer" / "alerting" / "runbooks"
+        dst.mkdir(parents=True, exist_ok=True)
+        for f in sorted(src.glob("*.md")):
+            self.copy_file(str(f), str(dst / f.name))
 
 FOLDERS = {"gpufleet.agent": "agent", "gpufleet.analyzer": "analyzer", "gpufleet.dashboards": "dashboards"}
 
@@ -20,6 +36,7 @@ for name, folder in FOLDERS.items():
     packages += [name] + [f"{name}.{sub}" for sub in find_packages(folder)]
 
 setup(
+    cmdclass={"build_py": BuildPy},
     packages=packages,
     package_dir=FOLDERS,
     ext_modules=[

@@ -12,7 +12,7 @@ import click
 from gpufleet.analyzer.store import pull as _pull
 
 from gpufleet.errors import ConfigError, GpufleetError
-from gpufleet.flags import Renamed
+from gpufleet.flags import influx_options
 from gpufleet.units import parse_size
 
 
@@ -55,9 +55,7 @@ def _sinks(cfg, specs):
 
 @click.command("analyze")
 @click.option("--input", "input_path", help="a .lp/.lp.gz file or a directory of them")
-@click.option("--influx-url", help="InfluxDB base URL (InfluxQL over /query)")
-@click.option("--influx-db", "db", cls=Renamed, old=["--db"],
-              help="InfluxDB database (or DBRP-mapped bucket)")
+@influx_options()
 @click.option("--since", help="with --influx-url: analyse the last DURATION (e.g. 6h)")
 @click.option("--start", help="with --influx-url: start time (RFC 3339 or epoch seconds)")
 @click.option("--end", help="with --influx-url: end time")
@@ -82,9 +80,12 @@ def _sinks(cfg, specs):
               "still be analysed in its own time (default: [analyzer] late_bound_seconds, 24h)")
 @click.option("--out", "out_path", help="write incidents as JSON lines here")
 @click.option("--config", "config_path", help="analyzer.toml")
-@click.option("--sink", "sink_specs", multiple=True, help="alert sink TYPE=URL (repeatable)")
+@click.option("--sink", "sink_specs", multiple=True, metavar="TYPE=URL",
+              help="alert sink (repeatable); TYPE: action, alertmanager, console, pagerduty, slack, "
+              "webhook (docs/alerting.md)")
 @click.option("--shard", help="analyse only hosts of shard I of N (I/N)")
-@click.option("--state", "state_path", help="notifier state file (online mode)")
+@click.option("--state", "state_path", help="notifier state file: what was paged, so a rerun pages only "
+              "what is new (batch: none kept unless given; online: default beside --out)")
 @click.option("--page-base-url", help="base URL of incident pages, for links in alerts")
 @click.option("--runbook-base-url", help="base URL of the runbooks (docs/runbooks/), for links in alerts "
               "[env GPUFLEET_RUNBOOK_BASE_URL]")
@@ -92,8 +93,7 @@ def _sinks(cfg, specs):
 @click.option("--stats", is_flag=True, help="print parse and analysis counters to stderr")
 def analyze(
     input_path,
-    influx_url,
-    db,
+    influx,
     since,
     start,
     end,
@@ -126,6 +126,12 @@ def analyze(
     cfg = Config.load(config_path)
     shard_t = _shard(shard)
     sinks = _sinks(cfg, sink_specs)  # a bad sink is a ConfigError before any work
+    influx.refuse(["org"], "analyze reads with InfluxQL (/query), which names no org: give --influx-db "
+                  "(or --influx-bucket) as the DBRP-mapped database")
+    influx_url, db = influx.url, influx.db or influx.bucket
+    if influx.api in ("v2", "v3") and not (influx.token_file or cfg.influx.get("token_file")
+                                           or cfg.influx.get("token_env")):
+        raise ConfigError(f"--influx-api {influx.api} needs --influx-token-file (or [influx] token_file)")
     if not input_path:  # the store named in the config ([influx] url, db), as the packaged unit runs it
         influx_url = influx_url or cfg.influx.get("url")
         db = db or cfg.influx.get("db")
@@ -159,16 +165,17 @@ def analyze(
                                 f"{st.bad_lines} malformed)")
         an.finish()
         _write(out_path, an.incidents())
-        _notify_once(sinks, state_path, out_path, page_base_url, an)
+        _notify_once(sinks, state_path, page_base_url, an)
         _report(an, stats, time.perf_counter() - t0)
         return
+    auth = influx
     influx = None
     if influx_url:
         if not db:
             raise ConfigError("--influx-url needs --influx-db NAME (or [influx] db in --config)")
         from gpufleet.analyzer.sources import Influx
 
-        influx = Influx(influx_url, db, **cfg.influx_auth())
+        influx = Influx(influx_url, db, **{**cfg.influx_auth(), **auth.secrets()})
     if follow or listen_addr:
         _online(
             cfg,
@@ -205,7 +212,7 @@ def analyze(
     _pull(an, influx, s_ns, e_ns)
     an.finish()
     _write(out_path, an.incidents())
-    _notify_once(sinks, state_path, out_path, page_base_url, an)
+    _notify_once(sinks, state_path, page_base_url, an)
     _report(an, stats, time.perf_counter() - t0)
 
 
@@ -234,20 +241,33 @@ def _state_path(state_path, out_path) -> str:
         return state_path
     if out_path:
         return str(Path(out_path).with_suffix(".notifier.db"))
-    return "gpufleet-analyzer-notifier.db"
+    # the user's state directory, never the current one (a checkout would grow an untracked file)
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    path = Path(base) / "gpufleet" / "analyzer-notifier.db"
+    click.echo(f"alerts: notifier state in {path} (--state FILE to choose)", err=True)
+    return str(path)
 
 
-def _notify_once(sinks, state_path, out_path, page_base_url, an) -> None:
-    """Batch mode with sinks: deliver the incidents found (new ones fire, ended ones resolve)."""
+def _notify_once(sinks, state_path, page_base_url, an) -> None:
+    """Batch mode with sinks: deliver the incidents found (new ones fire, ended ones resolve).
+
+    The notifier's state is kept only in ``--state`` (a rerun with it pages only what is new, and
+    says how many it did not page again); without it, nothing is kept and every run pages all."""
     if sinks is None:
         return
     sink_list, notifier_cls = sinks
-    notifier = notifier_cls(sink_list, _state_path(state_path, out_path), page_base_url)
+    notifier = notifier_cls(sink_list, state_path or ":memory:", page_base_url)
     notifier.fleet = _members(an.reg)
+    incidents = an.incidents() + an.engine.absorbed
     try:
-        notifier.update(an.incidents() + an.engine.absorbed, time.time())
+        known = notifier.known(incidents) if state_path else 0
+        notifier.update(incidents, time.time())
     finally:
         notifier.close()
+    if known:
+        click.echo(f"alerts: {known} of {len(incidents)} incident(s) not paged again: --state {state_path} "
+                   "records them as already sent (drop --state or use another file to page them again)",
+                   err=True)
 
 
 def _members(reg):
@@ -266,7 +286,26 @@ def _write(out_path, incidents) -> None:
             click.echo(r.to_json())
 
 
+def summary_line(an, seconds: float) -> str:
+    """One line on what ``analyze`` did: rows, GPUs, time span, incidents by kind, time taken."""
+    from collections import Counter
+
+    from gpufleet.times import to_rfc3339
+
+    incs = an.incidents()
+    kinds = Counter(r.kind for r in incs)
+    by_kind = ", ".join(f"{k} {n}" for k, n in sorted(kinds.items()))
+    last = max(an.stream_wm.values(), default=None)
+    span = ""
+    if last is not None and an.t_first <= last:
+        span = (f", {to_rfc3339(an.t_first / 1e9)} .. {to_rfc3339(last / 1e9)} "
+                f"({(last - an.t_first) / 3.6e12:.1f} h)")
+    return (f"analyze: {an.rows} rows, {len(an.reg.gpu_host)} GPUs{span}, {len(incs)} incident(s)"
+            + (f" ({by_kind})" if by_kind else "") + f" in {seconds:.1f} s")
+
+
 def _report(an, stats: bool, seconds: float) -> None:
+    click.echo(summary_line(an, seconds), err=True)
     if not stats:
         return
     d = an.parser.stats.as_dict()
@@ -321,10 +360,11 @@ def _online(cfg, influx, shard_t, out_path, sinks, state_path, page_base_url, po
     notifier = None
     if sinks is not None:
         sink_list, notifier_cls = sinks
-        notifier = notifier_cls(sink_list, _state_path(state_path, out_path), page_base_url)
-    keep = state_path or out_path or notifier is not None
-    where = Path(_state_path(state_path, out_path)).with_suffix(".checkpoint.json")
-    checkpoint = Checkpoint(where if keep else None)
+        state_path = _state_path(state_path, out_path)
+        notifier = notifier_cls(sink_list, state_path, page_base_url)
+    keep = state_path or out_path
+    checkpoint = Checkpoint(Path(_state_path(state_path, out_path)).with_suffix(".checkpoint.json")
+                            if keep else None)
     online = Online(cfg, shard_t, influx, notifier, out_path, checkpoint, poll, grace, lateness)
     if notifier is not None:
         notifier.fleet = _members(online.an.reg)

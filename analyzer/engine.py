@@ -33,6 +33,35 @@ def kind_summary(kind: str) -> str:
     return cls.summary if cls is not None and cls.summary else kind
 
 
+# evidence keys that are not evidence a person reads (the engine's own labels and lists)
+_NOT_SHOWN = ("signals", "time", "critical")
+
+
+def evidence_line(evidence: dict | None) -> str:
+    """The decisive evidence of an incident in words, each part labelled with its time: the worst
+    hit (``peak``: a critical hit before any other, then the highest score) and the run's first
+    hit, e.g. ``peak (critical) at 2026-11-20T00:41:10Z: new_dbe=1; first at
+    2026-11-20T00:30:40Z: sbe_rate_per_s=0.0417``. The engine's summary, every alert's description
+    and the incident page's lead all say this line; "" for an incident without evidence."""
+    ev = evidence or {}
+    parts = []
+    peak, first = ev.get("peak") or {}, ev.get("first") or {}
+    same = peak and first and _shown(peak) == _shown(first) and peak.get("time") == first.get("time")
+    for label, e in (("peak", peak), ("first", None if same else first)):
+        if not e:
+            continue
+        head = label + (" (critical)" if e.get("critical") else "")
+        if e.get("time"):
+            head += f" at {e['time']}"
+        body = ", ".join(f"{k}={v}" for k, v in _shown(e))
+        parts.append(f"{head}: {body}" if body else head)
+    return "; ".join(parts)
+
+
+def _shown(e: dict) -> list[tuple[str, object]]:
+    return [(k, v) for k, v in e.items() if k not in _NOT_SHOWN and v is not None]
+
+
 def kind_severity(kind: str) -> str:
     """An incident's severity unless one of its hits is critical: its detector's ``severity``."""
     return getattr(REGISTRY.get(kind), "severity", "warning")
@@ -47,6 +76,10 @@ class _State:
     last_hit: float = -np.inf
     incident: Record | None = None
     peak: float = -np.inf
+    peak_critical: bool = False  # the peak is a critical hit (which outranks any score)
+    peak_time: float = np.inf
+    first_time: float = np.inf
+    first_critical: bool = False
     hits: int = 0
     critical: bool = False
     first_evidence: dict = field(default_factory=dict)
@@ -160,10 +193,11 @@ class Engine:
                 continue
             if t - st.last_hit > gap or st.run_hits == 0:
                 st.run_start, st.run_hits = t, 0
-                st.critical, st.peak, st.hits = False, -np.inf, 0
+                st.critical, st.peak, st.peak_critical, st.hits = False, -np.inf, False, 0
                 # a run restarted mid-stream (its hits were absorbed by a wider incident) keeps the
                 # first evidence it had: only a run's possible first hits carry evidence
-                st.first_evidence = e or st.first_evidence
+                if e or not st.first_evidence:
+                    st.first_evidence, st.first_time, st.first_critical = e, t, critical
                 st.began = began
             st.began = min(st.began, began)
             st.run_hits += 1
@@ -233,8 +267,10 @@ class Engine:
         st.last_hit = max(st.last_hit, t)
         st.hits += 1
         st.critical |= critical
-        if score > st.peak or not st.peak_evidence:
-            st.peak = score
+        if (critical, score) > (st.peak_critical, st.peak) or not st.peak_evidence:
+            # the worst hit: a critical one (an uncorrectable error) before any higher score
+            # (a corrected-error rate), then the highest score
+            st.peak, st.peak_critical, st.peak_time = score, critical, t
             st.peak_evidence = e
         if st.incident is not None:
             st.incident.severity = "critical" if st.critical else st.incident.severity
@@ -244,14 +280,15 @@ class Engine:
         """Bring the incident's evidence up to date with the state's hits."""
         if st.stale and st.incident is not None:
             st.incident.evidence.update(self._evidence(st))
+            st.incident.summary = _summary(st.incident)
         st.stale = False
 
     def _evidence(self, st: _State) -> dict:
         return {
             "hits": st.hits,
             "last_hit": _iso(st.last_hit),
-            "first": st.first_evidence,
-            "peak": st.peak_evidence,
+            "first": _stamped(st.first_evidence, st.first_time, st.first_critical),
+            "peak": _stamped(st.peak_evidence, st.peak_time, st.peak_critical),
             "peak_score": None if not np.isfinite(st.peak) else round(st.peak, 3),
         }
 
@@ -270,18 +307,6 @@ class Engine:
                 )
         gidx = reg.gpu_index[gpu] if gpu >= 0 else None
         lno = link if link >= 0 else None
-        where = hname or (f"rack {rname}" if rname else "fleet")
-        if gidx is not None:
-            where += f" GPU {gidx}"
-        elif hname:
-            where += " (node: several GPUs)"
-        if lno is not None:
-            where += f" link {lno}"
-        summary = f"{where}: {kind_summary(kind)}"
-        pe = st.peak_evidence or st.first_evidence
-        detail = ", ".join(f"{k}={v}" for k, v in pe.items() if k != "signals" and v is not None)
-        if detail:
-            summary += f" ({detail})"
         rec = Record(
             kind=kind,
             host=hname,
@@ -292,7 +317,6 @@ class Engine:
             severity="critical" if st.critical else kind_severity(kind),  # as the detector's hits say
             cluster=cluster,
             rack=rname,
-            summary=summary,
         )
         rec.id = incident_id(rec)
         rec.evidence = {
@@ -306,6 +330,7 @@ class Engine:
             rec.evidence["arrived_late"] = True  # found in data that landed behind the analysis
             if self._late[st.key]:
                 rec.evidence["peers"] = "none held: judged without peers"
+        rec.summary = _summary(rec)
         self._consolidate(rec, st)
         return rec
 
@@ -409,21 +434,44 @@ class Engine:
         return keep
 
 
+def _stamped(e: dict, t: float, critical: bool) -> dict:
+    """A hit's evidence with its time (and ``critical: True`` for a critical hit)."""
+    if not e:
+        return e
+    out = {**e, "time": _iso(t)}
+    if critical:
+        out["critical"] = True
+    return out
+
+
+def _summary(r: Record) -> str:
+    """The incident's technical line: where, what, and :func:`evidence_line`."""
+    where = r.host or (f"rack {r.rack}" if r.rack else "fleet")
+    if r.gpu is not None:
+        where += f" GPU {r.gpu}"
+    elif r.host:
+        where += " (node: several GPUs)"
+    if r.link is not None:
+        where += f" link {r.link}"
+    line = evidence_line(r.evidence)
+    return f"{where}: {kind_summary(r.kind)}" + (f" ({line})" if line else "")
+
+
 def _evidence_candidates(items: list, gap: float) -> set[int]:
     """Indexes of the hits (ti, score, crit, i, began, sustain) of one key and batch that can be a
-    run's first (the first after a gap) or its peak at some moment (a new highest score since the
-    gap): the others' evidence is never read."""
+    run's first (the first after a gap) or its peak at some moment (a new worst since the gap: a
+    critical hit outranks any score): the others' evidence is never read."""
     keep: set[int] = set()
-    last, best = -np.inf, -np.inf
-    for ti, score, _crit, i, _b, sus in sorted(items, key=lambda x: x[0]):
+    last, best = -np.inf, (False, -np.inf)
+    for ti, score, crit, i, _b, sus in sorted(items, key=lambda x: x[0]):
         if sus:
             continue
         if ti - last > gap:
             keep.add(i)
-            best = -np.inf
-        if score > best:
+            best = (False, -np.inf)
+        if (crit, score) > best:
             keep.add(i)
-            best = score
+            best = (crit, score)
         last = max(last, ti)
     return keep
 

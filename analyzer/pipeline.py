@@ -132,6 +132,7 @@ class Analyzer:
         self.late_points = 0
         self.future_points = 0  # stamped beyond max_future_seconds after the wall clock: dropped
         self.rows = 0
+        self.t_first = 2**62  # ns: the earliest row kept (the summary line's time span)
         self.last_data: dict[str, float] = {}  # per stream: end of the last window that held rows
         self.gpu_samples = 0
         self.windows = 0
@@ -229,6 +230,7 @@ class Analyzer:
                 self.gpu_samples += len(r)
                 self._received(blk)
             self._add(m, blk)
+            self.t_first = min(self.t_first, blk.tmin)
         self._cut(final=False)
 
     def _add(self, m: str, blk: _Block) -> None:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from gpufleet.errors import GpufleetError
-from gpufleet.flags import Renamed
+from gpufleet.errors import ConfigError, GpufleetError
+from gpufleet.flags import influx_options
 
 
 @click.group()
@@ -24,30 +24,9 @@ def dashboards():
     type=click.Path(file_okay=False, path_type=Path),
     help="Directory to write dashboards/ and provisioning/ into.",
 )
-@click.option(
-    "--influx",
-    type=click.Choice(["1", "2", "3"]),
-    default="1",
-    show_default=True,
-    help="InfluxDB major version: 1 = database + user/password, 2/3 = InfluxQL with a token.",
-)
 @click.option("--datasource", default="gpufleet-influxdb", show_default=True, help="Data source name.")
 @click.option("--datasource-uid", default="gpufleet-influxdb", show_default=True, help="Data source uid.")
-@click.option(
-    "--influx-url", "url", cls=Renamed, old=["--url"], default="http://localhost:8086", show_default=True,
-    help="InfluxDB URL as Grafana sees it.",
-)
-@click.option(
-    "--influx-db",
-    "db",
-    cls=Renamed,
-    old=["--db"],
-    default="gpufleet",
-    show_default=True,
-    help="Database (1.x), DBRP-mapped database (2.x) or database (3.x).",
-)
-@click.option("--influx-user", "user", cls=Renamed, old=["--user"], default="grafana", show_default=True,
-              help="InfluxDB 1.x user.")
+@influx_options(defaults={"api": "v1", "url": "http://localhost:8086", "db": "gpufleet", "user": "grafana"})
 @click.option("--org-id", type=int, default=1, show_default=True, help="Grafana organisation id.")
 @click.option("--folder", default="gpufleet", show_default=True, help="Grafana folder for the dashboards.")
 @click.option(
@@ -63,22 +42,27 @@ def dashboards():
     help="Data source minimum interval (the agent's poll period).",
 )
 def export_cmd(
-    out, influx, datasource, datasource_uid, url, db, user, org_id, folder, dashboards_path, min_interval
+    out, datasource, datasource_uid, influx, org_id, folder, dashboards_path, min_interval
 ):
     """Write the dashboards and provisioning files with these names filled in.
 
-    Secrets are not written: Grafana reads GPUFLEET_INFLUX_PASSWORD (1.x) or GPUFLEET_INFLUX_TOKEN
-    (2.x/3.x) from its environment.
+    --influx-url is the URL as Grafana sees it; --influx-api v1 provisions a database with a user
+    and password, v2/v3 InfluxQL with a token. Secrets are not written: Grafana reads
+    GPUFLEET_INFLUX_PASSWORD (v1) or GPUFLEET_INFLUX_TOKEN (v2/v3) from its environment.
     """
     from gpufleet.dashboards.export import Settings, export
 
+    influx.refuse(["password_file", "token_file"], "secrets are not written into provisioning: Grafana "
+                  "reads GPUFLEET_INFLUX_PASSWORD or GPUFLEET_INFLUX_TOKEN from its environment")
+    influx.refuse(["bucket", "org"], "the dashboards query InfluxQL: give --influx-db (for v2: the "
+                  "bucket's DBRP-mapped database)")
     s = Settings(
         datasource=datasource,
         uid=datasource_uid,
-        influx=influx,
-        url=url,
-        db=db,
-        user=user,
+        influx=influx.api[1:],
+        url=influx.url,
+        db=influx.db,
+        user=influx.user,
         org_id=org_id,
         folder=folder,
         dashboards_path=dashboards_path,
@@ -115,20 +99,29 @@ def generate_cmd(check):
 
 
 @dashboards.command("preview")
-@click.option("--influx-url", required=True, help="InfluxDB URL holding a fleet's telemetry.")
-@click.option("--influx-db", "db", cls=Renamed, old=["--db"], default="gpufleet", show_default=True)
-@click.option("--from-ms", type=int, required=True, help="Range start (epoch ms).")
-@click.option("--to-ms", type=int, required=True, help="Range end (epoch ms).")
+@influx_options(defaults={"db": "gpufleet"}, required=("url",))
+@click.option("--start", required=True, help="Range start (RFC 3339 or epoch seconds), as analyze --start.")
+@click.option("--end", required=True, help="Range end (RFC 3339 or epoch seconds).")
 @click.option("--node", default=None, help="Host for the Node dashboard (default: the first).")
 @click.option("--gpu", default=None, help="HOST/INDEX for the GPU dashboard (default: the first).")
 @click.option("--out", "out", required=True, type=click.Path(file_okay=False, path_type=Path))
-def preview_cmd(influx_url, db, from_ms, to_ms, node, gpu, out):
+def preview_cmd(influx, start, end, node, gpu, out):
     """Render a PNG per dashboard from the same queries Grafana would run."""
     from gpufleet.dashboards.preview import render_all
     from gpufleet.dashboards.runner import influx_query_fn
 
+    from gpufleet.times import parse_time
+
+    influx.refuse(["user", "password_file", "bucket", "org"], "preview queries InfluxQL with "
+                  "--influx-db and, where the server needs one, --influx-token-file")
+    influx_url, db = influx.url, influx.db
+    token = influx.secrets().get("token")
+    try:
+        from_ms, to_ms = (int(parse_time(v, f) * 1000) for v, f in ((start, "--start"), (end, "--end")))
+    except GpufleetError as exc:
+        raise ConfigError(str(exc)) from None
     if to_ms <= from_ms:
-        raise GpufleetError("--to-ms must be after --from-ms")
+        raise ConfigError("--end must be after --start")
     sel: dict[str, dict] = {}
     if node:
         sel["node"] = {"host": node}
@@ -137,5 +130,5 @@ def preview_cmd(influx_url, db, from_ms, to_ms, node, gpu, out):
         if not sep or not host or not index.isdigit():
             raise GpufleetError(f"--gpu {gpu!r}: expected HOST/INDEX, e.g. node-01/3")
         sel["gpu"] = {"host": host, "gpu": index}
-    for p in render_all(influx_query_fn(influx_url, db), from_ms, to_ms, out, sel):
+    for p in render_all(influx_query_fn(influx_url, db, token), from_ms, to_ms, out, sel):
         click.echo(str(p))

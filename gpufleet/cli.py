@@ -31,6 +31,46 @@ SUBCOMMANDS = {
 }
 
 
+# Examples shown at the end of each command's --help (a test parses every one of them)
+EXAMPLES = {
+    "agent once": ["gpufleet agent once",
+                   "gpufleet agent once --backend recorded:nvml_dump.json --format lp"],
+    "agent run": ["gpufleet agent run --config /etc/gpufleet/agent.toml",
+                  "gpufleet agent run --backend sim --exporter file --file-dir /tmp/gpufleet"],
+    "agent resend-rejected": ["gpufleet agent resend-rejected --config /etc/gpufleet/agent.toml"],
+    "canary": ["gpufleet canary --gpu 0 --json", "gpufleet canary --gpu cpu --engine numpy"],
+    "sim": ["gpufleet sim --scenario mixed --nodes 4 --duration 6h --out fleet"],
+    "replay": ["gpufleet replay fleet --influx-url http://localhost:8086 --influx-db gpufleet",
+               "gpufleet replay fleet --influx-url http://localhost:8086 --influx-api v2 "
+               "--influx-bucket gpufleet --influx-org ops --influx-token-file token"],
+    "analyze": ["gpufleet analyze --input fleet/telemetry.lp.gz --out incidents.jsonl",
+                "gpufleet analyze --influx-url http://localhost:8086 --influx-db gpufleet --since 6h "
+                "--sink console --sink slack=https://hooks.slack.com/services/XXX --state notifier.db",
+                "gpufleet analyze --config /etc/gpufleet/analyzer.toml --follow"],
+    "eval": ["gpufleet eval --truth fleet/truth.jsonl --incidents incidents.jsonl"],
+    "report": ["gpufleet report --incidents incidents.jsonl --input fleet/telemetry.lp.gz --out pages"],
+    "dashboards export": ["gpufleet dashboards export --out /tmp/grafana --influx-url http://influxdb:8086 "
+                          "--influx-db gpufleet"],
+    "dashboards generate": ["gpufleet dashboards generate --check"],
+    "dashboards preview": ["gpufleet dashboards preview --influx-url http://localhost:8086 "
+                           "--start 2026-11-20T00:00:00Z --end 2026-11-20T06:00:00Z --out /tmp/img"],
+    "demo": ["gpufleet demo", "gpufleet demo --nodes 2 --duration 2h --out /tmp/demo --sink console"],
+}
+
+
+def _with_examples(cmd: click.Command, path: str) -> click.Command:
+    """Attach the examples of ``path`` (and of its subcommands) to their --help, once."""
+    if isinstance(cmd, click.Group):
+        if not getattr(cmd, "_gpufleet_examples", False):  # a group may load its commands lazily
+            load = cmd.get_command
+            cmd.get_command = lambda ctx, name: (
+                None if (sub := load(ctx, name)) is None else _with_examples(sub, f"{path} {name}"))
+            cmd._gpufleet_examples = True
+    elif path in EXAMPLES and not cmd.epilog:
+        cmd.epilog = "\b\nExamples:\n" + "\n".join(f"  {e}" for e in EXAMPLES[path])
+    return cmd
+
+
 class LazyGroup(click.Group):
     def list_commands(self, ctx):
         return sorted(SUBCOMMANDS)
@@ -41,7 +81,7 @@ class LazyGroup(click.Group):
         target, help_text = SUBCOMMANDS[name]
         module, attr = target.split(":")
         try:
-            return getattr(importlib.import_module(module), attr)
+            return _with_examples(getattr(importlib.import_module(module), attr), name)
         except (ImportError, AttributeError) as exc:
             # A missing optional dependency (e.g. the analyzer extra on a lean node)
             missing = getattr(exc, "name", None) or str(exc)
@@ -61,7 +101,7 @@ class LazyGroup(click.Group):
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="gpufleet")
+@click.version_option(__version__, "-V", "--version", prog_name="gpufleet")
 def cli():
     """gpufleet: observability for GPU fleets."""
 

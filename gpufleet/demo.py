@@ -23,7 +23,8 @@ from pathlib import Path
 
 import click
 
-from gpufleet.errors import GpufleetError
+from gpufleet.errors import ConfigError, GpufleetError
+from gpufleet.flags import influx_options
 from gpufleet.times import parse_time
 
 SIM_ENV = ("GPUFLEET_SIM_SEED", "GPUFLEET_SIM_SCENARIO", "GPUFLEET_SIM_NODES", "GPUFLEET_SIM_GPUS_PER_NODE",
@@ -35,7 +36,7 @@ def _sim_env(seed, scenario, nodes, gpus_per_node, duration, step, t0) -> dict[s
     return dict(zip(SIM_ENV, map(str, values), strict=True))
 
 
-def _generate(out: Path, nodes, gpus_per_node, duration, step, seed, scenario):
+def _generate(out: Path, nodes, gpus_per_node, duration, step, seed, scenario, progress: bool = False):
     from gpufleet.sim import scenario as scen
     from gpufleet.sim.engine import generate
     from gpufleet.sim.fleet import Fleet
@@ -43,7 +44,7 @@ def _generate(out: Path, nodes, gpus_per_node, duration, step, seed, scenario):
 
     fleet = Fleet(scen.load(scenario), seed=seed, duration=parse_duration(duration, "--duration"),
                   step=parse_duration(step, "--step"), nodes=nodes, gpus_per_node=gpus_per_node)
-    generate(fleet, out / "fleet", progress=False)
+    generate(fleet, out / "fleet", progress=progress)
     labels = {}  # the operator labels each node's agent carries, as the simulator's rows do
     for i, host in enumerate(fleet.hosts):
         rack = int(fleet.node_rack[i])
@@ -115,9 +116,10 @@ def _create_db(url: str, db: str) -> None:
         raise GpufleetError(f"--influx-url {url}: CREATE DATABASE answered {r.status_code}")
 
 
-def _analyze(store: Path, influx: dict, start_ns: int, end_ns: int):
+def _analyze(store: Path, influx: dict, start_ns: int, end_ns: int, progress: bool = False):
     from gpufleet.analyzer.config import Config
     from gpufleet.analyzer.pipeline import Analyzer
+    from tqdm import tqdm
 
     cfg = Config.load(None)
     an = Analyzer(cfg)
@@ -128,16 +130,21 @@ def _analyze(store: Path, influx: dict, start_ns: int, end_ns: int):
         src = Influx(influx["influx_url"], influx["influx_db"])
         src.check()
         window = int(cfg.analyzer["window_seconds"] * 1e9)
-        t = start_ns
-        while t < end_ns:
-            pull(an, src, t, min(t + window, end_ns))
-            t += window
+        with tqdm(total=end_ns - start_ns, desc="analyzer", unit="ns", unit_scale=True, leave=False,
+                  disable=not progress, bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}") as bar:
+            t = start_ns
+            while t < end_ns:
+                pull(an, src, t, min(t + window, end_ns))
+                bar.update(min(window, end_ns - t))
+                t += window
     else:
         from gpufleet.analyzer.sources import read_chunks
 
         # a directory of per-host segment files: the analyzer's input merges them by time
-        for chunk in read_chunks(store):
-            an.feed_bytes(chunk)
+        with tqdm(desc="analyzer", unit="B", unit_scale=True, leave=False, disable=not progress) as bar:
+            for chunk in read_chunks(store):
+                an.feed_bytes(chunk)
+                bar.update(len(chunk))
     an.finish()
     return an.incidents()
 
@@ -151,22 +158,30 @@ def _analyze(store: Path, influx: dict, start_ns: int, end_ns: int):
 @click.option("--seed", type=click.IntRange(0), default=7, show_default=True)
 @click.option("--out", "out_dir", default="demo-out", show_default=True, type=click.Path(file_okay=False),
               help="Where the store, incidents, pages and notifier state go.")
-@click.option("--influx-url", default=None, help="Write to and read from this InfluxDB 1.x instead of files.")
-@click.option("--influx-db", default="gpufleet", show_default=True)
+@influx_options(defaults={"db": "gpufleet"})
 @click.option("--sink", "sinks", multiple=True, help="Also page through TYPE=URL (repeatable).")
 @click.option("--parallel", type=click.IntRange(1, 64), default=None,
               help="Agent processes at a time (default: the CPU count).")
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: on a terminal).")
 @click.option("--json", "as_json", is_flag=True, help="Print the scores as one JSON object at the end.")
-def demo(nodes, gpus_per_node, duration, step, scenario, seed, out_dir, influx_url, influx_db, sinks,
+def demo(nodes, gpus_per_node, duration, step, scenario, seed, out_dir, influx, sinks,
          parallel, progress, as_json):
-    """Run the whole pipeline on a synthetic fleet: agents -> store -> analyzer -> alerts -> scores."""
+    """Run the whole pipeline on a synthetic fleet: agents -> store -> analyzer -> alerts -> scores.
+
+    With --influx-url the agents write to that InfluxDB 1.x instead of files, and the analyzer
+    reads it back."""
     from gpufleet.analyzer.alerting import Notifier, load_sinks, write_pages
     from gpufleet.analyzer.evaluate import evaluate, table
 
     from gpufleet import records
     from gpufleet.sim.units import parse_duration
 
+    influx.refuse(["bucket", "org", "user", "password_file", "token_file"],
+                  "the demo's agents write to an InfluxDB 1.x without authentication "
+                  "(--influx-url, --influx-db)")
+    if influx.api not in (None, "v1"):
+        raise ConfigError(f"--influx-api {influx.api}: the demo writes InfluxDB 1.x (v1)")
+    influx_url, influx_db = influx.url, influx.db
     t_start = time.monotonic()
     out = Path(out_dir)
     try:
@@ -185,13 +200,15 @@ def demo(nodes, gpus_per_node, duration, step, scenario, seed, out_dir, influx_u
 
     say(f"gpufleet demo: {nodes} nodes x {gpus_per_node} GPUs, scenario {scenario}, {duration} at {step} "
         f"(seed {seed}) -> {out}/")
-    manifest, labels = _generate(out, nodes, gpus_per_node, duration, step, seed, scenario)
+    t_stage = time.monotonic()
+    manifest, labels = _generate(out, nodes, gpus_per_node, duration, step, seed, scenario, progress)
     t0 = parse_time(manifest["start"])
     steps = int(manifest["steps"])
     hosts = manifest["fleet"]["hosts"]
     truth_path = out / "fleet" / "truth.jsonl"
     truth = records.read(truth_path)
-    say(f"  fleet: {len(hosts)} nodes, {manifest['fleet']['gpus']} GPUs, {len(truth)} injected faults")
+    say(f"  fleet: {len(hosts)} nodes, {manifest['fleet']['gpus']} GPUs, {len(truth)} injected faults "
+        f"in {time.monotonic() - t_stage:.1f} s")
 
     store = out / "store"
     shutil.rmtree(store, ignore_errors=True)  # a rerun starts from an empty store
@@ -206,17 +223,22 @@ def demo(nodes, gpus_per_node, duration, step, scenario, seed, out_dir, influx_u
     say(f"  agents: {len(hosts)} processes, {steps} polls each through OpenTelemetry into "
         f"{'InfluxDB ' + influx_url if influx_url else str(store) + '/'} in {dt:.1f} s")
 
-    incidents = _analyze(store, influx, int(t0 * 1e9), int((t0 + steps * step_s) * 1e9))
+    t_stage = time.monotonic()
+    incidents = _analyze(store, influx, int(t0 * 1e9), int((t0 + steps * step_s) * 1e9), progress)
     records.write(out / "incidents.jsonl", incidents)
-    say(f"  analyzer: {len(incidents)} incidents -> {out / 'incidents.jsonl'}")
+    say(f"  analyzer: {len(incidents)} incidents -> {out / 'incidents.jsonl'} "
+        f"in {time.monotonic() - t_stage:.1f} s")
 
-    pages = write_pages(incidents, store if not influx_url else out / "fleet", out / "pages")
+    t_stage = time.monotonic()
+    pages = write_pages(incidents, store if not influx_url else out / "fleet", out / "pages",
+                        progress=progress)
+    (out / "notify.db").unlink(missing_ok=True)  # a rerun pages its fleet again, as a first run does
     notifier = Notifier(sink_objs, out / "notify.db", page_base_url=(out / "pages").resolve().as_uri())
     try:
         notifier.update(incidents, time.time())
     finally:
         notifier.close()
-    say(f"  pages: {len(pages)} files in {out / 'pages'}/")
+    say(f"  pages: {len(pages)} files in {out / 'pages'}/ in {time.monotonic() - t_stage:.1f} s")
 
     gpu_days = manifest["fleet"]["gpus"] * steps * step_s / 86400
     result = evaluate(truth, incidents, gpu_days)

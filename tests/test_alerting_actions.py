@@ -86,7 +86,17 @@ def test_templates_fill_names_only():
 
 
 def test_runbook_base_url_from_argument_or_environment(monkeypatch):
-    assert runbook_url("sdc").startswith("file:///usr/share/doc/gpufleet/runbooks/")
+    from urllib.parse import unquote, urlsplit
+
+    from gpufleet.analyzer.alerting import actions
+
+    monkeypatch.delenv("GPUFLEET_RUNBOOK_BASE_URL", raising=False)
+    # unset: the runbooks on this machine (here the checkout's docs/runbooks/), a file that exists
+    url = runbook_url("sdc")
+    assert url.startswith("file://") and Path(unquote(urlsplit(url).path)).is_file(), url
+    # no runbooks on the machine and no base set: no link, rather than a link to a missing file
+    monkeypatch.setattr(actions, "LOCAL_RUNBOOKS", (ROOT / "no-such-folder",))
+    assert runbook_url("sdc") is None and guide(incident(kind="sdc")).runbook_url is None
     monkeypatch.setenv("GPUFLEET_RUNBOOK_BASE_URL", "https://wiki.example/gpu/")
     assert runbook_url("sdc") == "https://wiki.example/gpu/sdc.md"
     assert runbook_url("sdc", "https://git.example/rb") == "https://git.example/rb/sdc.md"

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import subprocess
 import sys
 import time
 import tomllib
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 import pytest
 import requests
@@ -130,6 +132,9 @@ def test_influxdb_batch_matches_files_and_bad_database(tmp_path, capsys):
         an.feed_bytes(data)
         an.finish()
         assert got == [(i.kind, i.host, i.gpu, i.start) for i in an.incidents()] and got
+        # one summary line on what was done
+        assert re.match(rf"analyze: \d+ rows, 16 GPUs, .* \(0\.\d h\), {len(got)} incident",
+                        capsys.readouterr().err)
         assert main(["analyze", "--influx-url", db.url, "--influx-db", "nope", "--since", "1h"]) == 2
         err = capsys.readouterr().err.strip()
         assert "does not exist" in err and len(err.splitlines()) == 1
@@ -230,9 +235,21 @@ def test_console_sink_pages_each_incident_once(tmp_path, capsys):
         str(state),
     ]
     assert main(argv) == 0
-    assert capsys.readouterr().err.count("FIRING") == 1
-    assert main(argv) == 0  # the notifier's state remembers what it sent
-    assert "FIRING" not in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.count("FIRING") == 1
+    # the alert's runbook link names a file that exists (here the checkout's docs/runbooks/)
+    (url,) = re.findall(r"runbook: (\S+)", err)
+    assert url.startswith("file://") and Path(unquote(urlsplit(url).path)).is_file(), url
+    assert main(argv) == 0  # the notifier's state remembers what it sent, and says why it is quiet
+    err = capsys.readouterr().err
+    assert "FIRING" not in err
+    assert f"1 of 1 incident(s) not paged again: --state {state} records them as already sent" in err
+    # without --state, batch mode keeps no state: each run pages, and no file is left behind
+    before = set(tmp_path.iterdir())
+    for _ in range(2):
+        assert main(argv[:-2]) == 0
+        assert capsys.readouterr().err.count("FIRING") == 1
+    assert set(tmp_path.iterdir()) == before and not list(Path.cwd().glob("*notifier*.db"))
     assert main(["analyze", "--input", str(lp), "--sink", "bogus=http://x"]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and len(captured.err.strip().splitlines()) == 1

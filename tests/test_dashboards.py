@@ -214,8 +214,8 @@ def test_export_writes_provisioning_with_names(tmp_path):
             "export",
             "--out",
             str(out),
-            "--influx",
-            "1",
+            "--influx-api",
+            "v1",
             "--datasource",
             "Fleet Influx",
             "--datasource-uid",
@@ -251,7 +251,7 @@ def test_export_writes_provisioning_with_names(tmp_path):
 
 
 def test_export_influx2_uses_token_header(tmp_path):
-    assert main(["dashboards", "export", "--out", str(tmp_path), "--influx", "2",
+    assert main(["dashboards", "export", "--out", str(tmp_path), "--influx-api", "v2",
                  "--influx-db", "fleet"]) == 0
     text = (tmp_path / "provisioning/datasources/gpufleet.yaml").read_text()
     d = yaml.safe_load(text)["datasources"][0]
@@ -302,11 +302,12 @@ def test_export_api_validates(tmp_path):
     [
         ["--gpu", "node-01"],
         ["--gpu", "node-01/x"],
-        ["--from-ms", "5", "--to-ms", "5"],
+        ["--start", "5", "--end", "5"],
+        ["--start", "yesterday"],
     ],
 )
 def test_preview_rejects_bad_arguments(tmp_path, capsys, args):
-    base = {"--from-ms": "0", "--to-ms": "1000"}
+    base = {"--start": "0", "--end": "1"}
     for k, v in zip(args[::2], args[1::2], strict=True):
         base[k] = v
     argv = ["dashboards", "preview", "--influx-url", "http://127.0.0.1:9", "--out", str(tmp_path)]
@@ -325,10 +326,10 @@ def test_preview_unreachable_influx_is_one_line(tmp_path, capsys):
             "preview",
             "--influx-url",
             url,
-            "--from-ms",
+            "--start",
             "0",
-            "--to-ms",
-            "1000",
+            "--end",
+            "1",
             "--out",
             str(tmp_path),
         ]

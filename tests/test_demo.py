@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 import pytest
 
@@ -20,7 +23,7 @@ def test_demo_finds_every_injected_fault_through_the_agents(tmp_path):
     # one agent at a time: the second starts while the first one's segment is still open
     r = subprocess.run([sys.executable, "-m", "gpufleet.cli", "demo", "--nodes", "2", "--duration", "2h",
                         "--parallel", "1", "--no-progress", "--json", "--out", str(out)],
-                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+                       capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     table, _, js = r.stdout.rpartition("\n{")
     scores = json.loads("{" + js)
@@ -45,6 +48,25 @@ def test_demo_finds_every_injected_fault_through_the_agents(tmp_path):
     assert ",rack=" in text and "source=nvml" in text
     assert text.count("\ngpu,") + text.startswith("gpu,") == 2 * 720 * 8  # every poll of every GPU
     assert "could not start" not in (out / "logs" / "agent-gpu0001.log").read_text()
+    # every stage reports what it did and how long it took (a bar on a terminal, a line otherwise)
+    for stage in ("fleet:", "agents:", "analyzer:", "pages:"):
+        assert re.search(rf"^  {stage} .* in \d+\.\d s$", r.stderr, re.M), (stage, r.stderr[-2000:])
+    # every alert it printed links a runbook that exists; every page links the copy beside it
+    links = re.findall(r"runbook: (\S+)", r.stdout + r.stderr)
+    assert links and all(Path(unquote(urlsplit(u).path)).is_file() for u in links), links
+    for page in (out / "pages").glob("incident-*.html"):
+        for href in re.findall(r'id="runbook" href="([^"]+)"', page.read_text()):
+            assert (page.parent / href).is_file(), href
+
+
+def test_demo_progress_bars_through_every_stage(tmp_path):
+    """--progress (a terminal's default) draws a bar for the agents, the analyzer and the pages."""
+    r = subprocess.run([sys.executable, "-m", "gpufleet.cli", "demo", "--nodes", "1", "--duration", "30min",
+                        "--progress", "--out", str(tmp_path / "demo")],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    for bar in ("agents:", "analyzer:", "pages:"):
+        assert re.search(rf"{bar} +\d+%?", r.stderr) or f"{bar} " in r.stderr, (bar, r.stderr[-1500:])
 
 
 @pytest.mark.slow

@@ -1,67 +1,67 @@
-"""One flag name per concept: the old spellings still work for one release, with a warning."""
+"""One flag vocabulary: every subcommand that talks to InfluxDB takes the same ``--influx-*``
+flags from one definition (gpufleet.flags.INFLUX), and docs/operations.md's table says them."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import click
 import pytest
-from click.testing import CliRunner
 
+from gpufleet.cli import cli
 from gpufleet.cli import main as gpufleet_main
-from gpufleet.flags import Renamed
+from gpufleet.flags import INFLUX
+
+ROOT = Path(__file__).resolve().parent.parent
+INFLUX_COMMANDS = ("analyze", "replay", "demo", "dashboards export", "dashboards preview")
 
 
-@click.command()
-@click.option("--influx-db", "db", cls=Renamed, old=["--db"], default="gpufleet")
-@click.option("--influx-token-file", "token_file", cls=Renamed, old=["--token-file"])
-def toy(db, token_file):
-    click.echo(f"db={db} token_file={token_file}")
+def _command(path: str) -> click.Command:
+    cmd = cli
+    for name in path.split():
+        cmd = cmd.get_command(click.Context(cmd), name)
+    return cmd
 
 
-def test_new_names_silent_old_names_warn():
-    r = CliRunner().invoke(toy, ["--influx-db", "a", "--influx-token-file", "t"])
-    assert r.exit_code == 0 and r.stdout == "db=a token_file=t\n" and r.stderr == ""
-    r = CliRunner().invoke(toy, ["--db", "b", "--token-file", "u"])
-    assert r.exit_code == 0 and r.stdout == "db=b token_file=u\n"
-    assert "--db is deprecated" in r.stderr and "use --influx-db" in r.stderr
-    assert "--token-file is deprecated" in r.stderr
-    r = CliRunner().invoke(toy, [])
-    assert r.exit_code == 0 and r.stdout == "db=gpufleet token_file=None\n" and r.stderr == ""
+def _help(path: str) -> str:
+    return _command(path).get_help(click.Context(_command(path), info_name=path.split()[-1]))
 
 
-def test_both_spellings_is_a_usage_error():
-    r = CliRunner().invoke(toy, ["--db", "b", "--influx-db", "a"])
-    assert r.exit_code == 2 and "same option" in r.stderr
+def _docs_table() -> list[tuple[str, str]]:
+    text = (ROOT / "docs" / "operations.md").read_text()
+    block = text.split("<!-- influx-flags", 1)[1].split("<!-- /influx-flags -->", 1)[0]
+    return re.findall(r"^\| `(--influx-[a-z-]+)` \| (.+?) \|$", block, re.M)
 
 
-def test_help_shows_only_the_new_names():
-    r = CliRunner().invoke(toy, ["--help"])
-    assert "--influx-db" in r.stdout and "--db" not in r.stdout.replace("--influx-db", "")
+def test_the_docs_table_is_the_one_definition():
+    assert _docs_table() == [(flag, text) for _, flag, text in INFLUX]
 
 
-@pytest.mark.parametrize("argv,new", [
-    (["analyze", "--influx-url", "http://127.0.0.1:9", "--db", "x", "--since", "1h"], "--influx-db"),
-    (["replay", "/nonexistent", "--influx-url", "http://127.0.0.1:9", "--token-file", "/x", "--bucket", "b",
-      "--org", "o", "--influx-api", "v2"], "--influx-token-file"),
-])
-def test_real_subcommands_accept_the_old_names(argv, new, capsys):
-    gpufleet_main(argv)  # fails later (nothing listens), after the flags were parsed
-    err = capsys.readouterr().err
-    assert f"use {new}" in err and "no such option" not in err.lower()
+@pytest.mark.parametrize("path", INFLUX_COMMANDS)
+def test_every_influx_command_takes_every_flag_with_the_same_help(path):
+    cmd = _command(path)
+    opts = {o: p for p in cmd.params for o in getattr(p, "opts", [])}
+    text = " ".join(_help(path).split())
+    for _, flag, meaning in INFLUX:
+        assert flag in opts, f"gpufleet {path}: no {flag}"
+        assert " ".join(meaning.split()) in text, f"gpufleet {path} --help: {flag} says otherwise"
 
 
-def test_every_subcommand_uses_the_one_name_per_concept():
-    from gpufleet.cli import cli
-
-    # the concepts and their one spelling; an option spelt another way is a second name
-    forbidden = {"--db", "--bucket", "--org", "--token-file", "--url", "--user"}
-    seen = []
-
-    names = []
+def test_no_command_spells_an_influx_concept_another_way():
+    """Walk every command: an option about the store is one of the eight (the agent's overrides
+    included), never an old spelling, and the time range is --start/--end."""
+    known = {flag for _, flag, _ in INFLUX}
+    forbidden = {"--db", "--bucket", "--org", "--token-file", "--url", "--user", "--influx", "--from-ms",
+                 "--to-ms"}
+    bad, names = [], []
 
     def walk(cmd, path):
         names.append(path)
         for p in cmd.params:
-            seen.extend((path, o) for o in getattr(p, "opts", []) if o in forbidden)
+            for o in getattr(p, "opts", []):
+                if o in forbidden or (o.startswith("--influx") and o not in known):
+                    bad.append((path, o))
         if isinstance(cmd, click.Group):
             ctx = click.Context(cmd)
             for name in cmd.list_commands(ctx):
@@ -69,4 +69,54 @@ def test_every_subcommand_uses_the_one_name_per_concept():
 
     walk(cli, "gpufleet")
     assert "gpufleet agent run" in names and "gpufleet dashboards preview" in names
-    assert not seen, seen
+    assert not bad, bad
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["analyze", "--influx-url", "http://127.0.0.1:9", "--influx-db", "x", "--since", "1h",
+      "--influx-org", "o"], "--influx-org: analyze reads with InfluxQL"),
+    (["analyze", "--influx-url", "http://127.0.0.1:9", "--influx-db", "x", "--since", "1h",
+      "--influx-api", "v2"], "--influx-api v2 needs --influx-token-file"),
+    (["demo", "--influx-url", "http://127.0.0.1:9", "--influx-token-file", "/x"],
+     "--influx-token-file: the demo"),
+    (["dashboards", "export", "--out", "/tmp/x", "--influx-token-file", "/x"], "secrets are not written"),
+    (["analyze", "--db", "x"], "No such option '--db'"),
+])
+def test_a_flag_a_command_cannot_use_is_one_line_and_exit_2(argv, says, capsys):
+    assert gpufleet_main(argv) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err
+
+
+def test_analyze_reads_influxdb_with_a_token(tmp_path, capsys):
+    """--influx-token-file reaches the server as Authorization: Token (a real HTTP server records it)."""
+    import http.server
+    import threading
+
+    seen = []
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            seen.append(self.headers.get("Authorization"))
+            self.send_response(401)
+            self.end_headers()
+
+        do_POST = do_GET  # noqa: N815
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    tok = tmp_path / "token"
+    tok.write_text("s3cr3t-token\n")
+    try:
+        rc = gpufleet_main(["analyze", "--influx-url", f"http://127.0.0.1:{srv.server_port}",
+                            "--influx-api", "v2", "--influx-db", "fleet", "--influx-token-file", str(tok),
+                            "--since", "1h"])
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    err = capsys.readouterr().err
+    assert rc != 0 and "s3cr3t" not in err
+    assert "Token s3cr3t-token" in seen

@@ -58,3 +58,53 @@ def test_doc_links_resolve():
         if target == "docs/benchmarks.md":
             continue
         assert (ROOT / target).exists(), f"README links to missing {target}"
+
+
+def _floors() -> dict[str, str]:
+    """Every dependency's floor in pyproject.toml: {name: version}."""
+    doc = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    reqs = list(doc["dependencies"]) + [r for rs in doc["optional-dependencies"].values() for r in rs]
+    pairs = (re.match(r"([A-Za-z0-9_.-]+)>=([\w.]+)", r) for r in reqs)
+    return {m.group(1).lower(): m.group(2) for m in pairs if m}
+
+
+def test_the_floors_the_docs_name_are_pyproject_s():
+    floors = _floors()
+    text = " ".join((ROOT / "docs" / "operations.md").read_text().split())
+    para = text[text.index("Floors that were raised after checking:"):]
+    para = para[:para.index("Floors are written as")]
+    named = re.findall(r"`([A-Za-z0-9_.-]+)` (\d+\.\d+\.\d+)", para)
+    assert {n for n, _ in named} >= {"nvidia-ml-py", "opentelemetry-sdk", "pytest-timeout"}, named
+    for name, version in named:
+        assert floors.get(name.lower()) == version, f"docs/operations.md says {name} {version}, " \
+                                                    f"pyproject.toml >= {floors.get(name.lower())}"
+
+
+def test_spool_rates_and_hours_in_prose_are_the_generated_ones():
+    """Every per-node write rate and spool duration the docs state is the one scale_arithmetic.py
+    computes (10 s and 1 s polling)."""
+    mod = _arithmetic()
+    fleet = mod.Fleet()
+    rates, hours = set(), set()
+    for interval in (10.0, 1.0):
+        bps = mod.totals(fleet, interval)["wire_B_s"] / fleet.nodes
+        rates.add(f"{bps / 1e3:.1f}")
+        hours.add(f"{mod.SPOOL_BYTES / bps / 3600:.0f}")
+    for name in ("operations.md", "scale.md", "agent.md"):
+        text = " ".join((ROOT / "docs" / name).read_text().split())
+        for r in re.findall(r"(\d+(?:\.\d+)?) kB/s", text):
+            assert r in rates, f"docs/{name}: {r} kB/s per node; the arithmetic says {sorted(rates)}"
+        for h in re.findall(r"(\d+) h of (?:InfluxDB )?(?:spool|outage)", text):
+            assert h in hours, f"docs/{name}: {h} h of spool; the arithmetic says {sorted(hours)}"
+        assert not re.search(r"(?:two|2) days of InfluxDB", text), name
+
+
+def test_docs_link_only_files_in_the_repository():
+    """No path into a folder outside the repository, and every relative link resolves."""
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        text = doc.read_text()
+        assert "shared/reference" not in text, f"{doc.relative_to(ROOT)} names ../shared/reference/"
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue
+            assert (doc.parent / target).exists(), f"{doc.relative_to(ROOT)}: {target} does not exist"

@@ -105,13 +105,17 @@ def test_a_page_per_incident_plus_index(pages):
     # the page leads with what is wrong, where, job, since, impact, action and runbook; then the
     # plot, the GPU's history, and the evidence folded away
     order = ["<h1>", "node01 GPU 2 is thermal throttling", ">Job<", ">Since<", ">Impact<",
-             'id="action">Compare its inlet', 'id="runbook" href="file:///usr/share/doc/gpufleet/runbooks/'
-             'thermal_throttle.md"', 'id="signals"', "History of this GPU", "runs hotter than its power",
+             'id="action">Compare its inlet', 'id="runbook" href="runbooks/thermal_throttle.md"',
+             'id="signals"', "History of this GPU", "runs hotter than its power",
              '<details id="evidence">', "threshold.slowdown_celsius"]
     body = thermal[thermal.index("<body>"):]
     pos = [body.find(s) for s in order]
     assert all(p >= 0 for p in pos) and pos == sorted(pos), list(zip(order, pos, strict=True))
     assert thermal.index("</details>") > thermal.index("<td>temperature_gpu_celsius</td>")
+    # the runbooks travel with the pages: every page's runbook link names a file beside it
+    for p in paths:
+        for href in re.findall(r'id="runbook" href="([^"]+)"', p.read_text()):
+            assert (p.parent / href).is_file(), href
     sdc = next(p for p in paths if "sdc-1" in p.name).read_text()
     assert "Contained ECC error &lt;row 12&gt;" in sdc and "<td>94</td>" in sdc  # the XID in the window
     # ... named, with the XID catalogue's resolution in words

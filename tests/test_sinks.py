@@ -197,7 +197,9 @@ def test_slack_blocks_are_valid_and_escaped(tmp_path):
     head, todo = fired["blocks"][0]["text"]["text"], fired["blocks"][2]["text"]["text"]
     assert head == "FIRING: n<1>&2 GPU 3 is thermal throttling: its clocks are held down by heat"
     assert "*Do:* Compare its inlet" in todo
-    assert "Runbook: file:///usr/share/doc/gpufleet/runbooks/thermal_throttle.md" in todo
+    from gpufleet.analyzer.alerting.actions import runbook_url
+
+    assert f"Runbook: {runbook_url('thermal_throttle')}" in todo  # a file:// URL: text, not a link
     assert rx.requests[1]["json"]["text"].startswith("[RESOLVED]")
     assert "<https://pages.example/incident-s1-" in json.dumps(fired["blocks"])
     long_header = {"type": "header", "text": {"type": "plain_text", "text": "h" * 151}}

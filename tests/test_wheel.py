@@ -101,6 +101,9 @@ def test_wheel_declares_extras_and_entry_point(wheel):
     assert "gpufleet/catalogue.toml" in names and "gpufleet/xid_catalogue.toml" in names
     assert "gpufleet/agent/model.py" in names and "gpufleet/analyzer/parse.py" in names
     assert "gpufleet/dashboards/generate.py" in names
+    # the runbooks alerts and pages link when no --runbook-base-url is set (one per kind)
+    assert "gpufleet/analyzer/alerting/runbooks/sdc.md" in names
+    assert "gpufleet/analyzer/alerting/runbooks/memory_errors.md" in names
     # nothing under a generic top-level name: agent/, analyzer/, dashboards/ live in gpufleet/
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
     assert tops == {"gpufleet"}, tops

@@ -22,12 +22,13 @@ __all__ = ["REGISTRY", "Alert", "Delivery", "Notifier", "Outcome", "Sink", "inci
            "page_name", "write_pages"]
 
 
-def write_pages(incidents, data_points_or_path, out_dir, page_base_url=None, runbook_base_url=None):
+def write_pages(incidents, data_points_or_path, out_dir, page_base_url=None, runbook_base_url=None,
+                progress=False):
     """Write one HTML page per incident plus index.html into ``out_dir``; returns the paths."""
     from gpufleet.analyzer.alerting.pages import write_pages as _write
 
     return _write(incidents, data_points_or_path, out_dir, page_base_url=page_base_url,
-                  runbook_base_url=runbook_base_url)
+                  runbook_base_url=runbook_base_url, progress=progress)
 
 
 def page_name(key: str) -> str:

@@ -42,7 +42,7 @@ class Guidance:
     title: str
     impact: str
     action: str
-    runbook_url: str
+    runbook_url: str | None
 
 
 def where(r) -> str:
@@ -89,13 +89,44 @@ def render(template: str, vals: dict) -> str | None:
     return "".join(out)
 
 
-def runbook_base(base: str | None = None) -> str:
-    return (base or os.environ.get(RUNBOOK_ENV) or catalogue()["runbook_base_url"]).rstrip("/")
+# Where the runbooks are on this machine, first that holds them: the Debian package's docs, the
+# checkout's docs/runbooks/ (a clone, an editable install), the copy a wheel carries
+INSTALLED = Path("/usr/share/doc/gpufleet/runbooks")
+_HERE = Path(__file__).resolve().parent
+LOCAL_RUNBOOKS = (INSTALLED, _HERE.parents[1] / "docs" / "runbooks", _HERE / "runbooks")
 
 
-def runbook_url(kind: str, base: str | None = None) -> str:
-    entry = catalogue()["kind"].get(kind, {})
-    return f"{runbook_base(base)}/{entry.get('runbook', kind + '.md')}"
+def local_runbooks() -> Path | None:
+    """The folder of runbooks on this machine (see ``LOCAL_RUNBOOKS``); None when none is there."""
+    return next((d for d in LOCAL_RUNBOOKS if (d / "sdc.md").is_file()), None)
+
+
+def configured_runbook_base(base: str | None = None) -> str | None:
+    """The runbook base someone set: ``base``, env GPUFLEET_RUNBOOK_BASE_URL or the catalogue's."""
+    chosen = base or os.environ.get(RUNBOOK_ENV) or catalogue().get("runbook_base_url")
+    return chosen.rstrip("/") if chosen else None
+
+
+def runbook_base(base: str | None = None) -> str | None:
+    """Where runbook links point: ``base`` (``--runbook-base-url``), else env
+    GPUFLEET_RUNBOOK_BASE_URL, else the catalogue's ``runbook_base_url`` when set, else the runbooks
+    on this machine (:func:`local_runbooks`, as a file:// URL); None when there are none to link."""
+    chosen = configured_runbook_base(base)
+    if chosen:
+        return chosen
+    local = local_runbooks()
+    return local.as_uri() if local is not None else None
+
+
+def runbook_file(kind: str) -> str:
+    """The runbook's file name of ``kind`` (``sdc.md``)."""
+    return catalogue()["kind"].get(kind, {}).get("runbook", kind + ".md")
+
+
+def runbook_url(kind: str, base: str | None = None) -> str | None:
+    """The link to ``kind``'s runbook (see :func:`runbook_base`); None: no runbook to link."""
+    root = runbook_base(base)
+    return f"{root}/{runbook_file(kind)}" if root else None
 
 
 def guide(r: Record, runbook_base_url: str | None = None, where_text: str | None = None) -> Guidance:

@@ -18,13 +18,18 @@ from gpufleet import records
 @click.option("--page-base-url", default=None, help="URL the pages are served under (shown on pages).")
 @click.option("--runbook-base-url", default=None, envvar="GPUFLEET_RUNBOOK_BASE_URL",
               help="URL of the runbooks (docs/runbooks/); pages link <URL>/<kind>.md.")
-def report(incidents_path, data, out_dir, page_base_url, runbook_base_url):
+@click.option("--progress/--no-progress", default=None, help="Progress bar (default: on a terminal).")
+def report(incidents_path, data, out_dir, page_base_url, runbook_base_url, progress):
     """Write a self-contained HTML page per incident, plus index.html."""
+    import time
+
     from gpufleet.analyzer.alerting.pages import write_pages
 
+    t0 = time.monotonic()
     incs = records.read(incidents_path)
-    paths = write_pages(incs, data, out_dir, page_base_url=page_base_url, runbook_base_url=runbook_base_url)
-    click.echo(f"wrote {len(paths) - 1} incident page(s) and {paths[-1]}")
+    paths = write_pages(incs, data, out_dir, page_base_url=page_base_url, runbook_base_url=runbook_base_url,
+                        progress=progress)
+    click.echo(f"wrote {len(paths) - 1} incident page(s) and {paths[-1]} in {time.monotonic() - t0:.1f} s")
 
 
 # action_log status -> (words shown, the --status group it belongs to)

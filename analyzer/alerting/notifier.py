@@ -164,6 +164,13 @@ class Notifier:
             w.start()
 
     # -- incidents in ------------------------------------------------------------------
+    def known(self, incidents: Iterable[Record]) -> int:
+        """How many of ``incidents`` this notifier's state has already seen (paged before)."""
+        keys = {incident_key(r) for r in incidents}
+        with self.store.lock:
+            seen = {k for (k,) in self.store.db.execute("SELECT key FROM incident")}
+        return len(keys & seen)
+
     def update(self, incidents: Iterable[Record], now: float | None = None) -> int:
         """Record new and ended incidents; returns how many notifications were queued."""
         now = time.time() if now is None else float(now)

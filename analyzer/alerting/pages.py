@@ -175,9 +175,12 @@ summary{cursor:pointer;font-weight:600}code{font-size:.9em}
 recorded on the affected GPUs during the incident</span>{% endif %}</td></tr>
 <tr><th>Since</th><td>{{ start }} · {% if r.end is not none %}<span class="ok">resolved</span> {{ end }}
 ({{ duration }}){% else %}<span class="active">active</span>{% endif %}</td></tr>
-<tr><th>Impact</th><td>{{ g.impact }}</td></tr>
+<tr><th>Impact</th><td id="impact">{{ g.impact }}</td></tr>
+{% if lead %}<tr><th>Evidence</th><td id="lead">{{ lead }}</td></tr>{% endif %}
 <tr class="do"><th>Do</th><td id="action">{{ g.action }}</td></tr>
-<tr><th>Runbook</th><td><a id="runbook" href="{{ g.runbook_url }}">{{ g.runbook_url }}</a></td></tr>
+<tr><th>Runbook</th><td>{% if g.runbook_url -%}
+<a id="runbook" href="{{ g.runbook_url }}">{{ g.runbook_url }}</a>
+{%- else %}<span class="muted">no runbook on this machine: set --runbook-base-url</span>{% endif %}</td></tr>
 </table>
 <h2>Signal vs peers</h2>
 {% if png %}<img id="signals" alt="{{ r.kind }} signals of {{ where }} against its peers"
@@ -253,14 +256,46 @@ def _event_row(p) -> tuple:
             p.fields.get("message", ""), name, todo)
 
 
+def _runbooks(out: Path, base: str | None) -> str | None:
+    """Where the pages link runbooks: the base someone configured, else the runbooks on this
+    machine copied beside the pages (``runbooks/``, linked relatively: the bundle moves as one)."""
+    import shutil
+
+    from gpufleet.analyzer.alerting.actions import configured_runbook_base, local_runbooks
+
+    chosen = configured_runbook_base(base)
+    src = local_runbooks()
+    if chosen or src is None:
+        return chosen
+    dst = out / "runbooks"
+    dst.mkdir(exist_ok=True)
+    for f in src.glob("*.md"):
+        shutil.copyfile(f, dst / f.name)
+    return "runbooks"
+
+
 def write_pages(incidents, data_points_or_path, out_dir, page_base_url: str | None = None,
-                runbook_base_url: str | None = None) -> list[Path]:
-    """Write a page per incident and ``index.html``; returns the paths (pages first, index last)."""
+                runbook_base_url: str | None = None, progress: bool | None = False) -> list[Path]:
+    """Write a page per incident and ``index.html``; returns the paths (pages first, index last).
+
+    ``progress``: a bar on stderr (True), none (False), or one on a terminal only (None)."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(incidents), desc="pages: reading telemetry", unit="page", leave=False,
+               disable=None if progress is None else not progress)
+    try:
+        return _write_pages(incidents, data_points_or_path, out_dir, page_base_url, runbook_base_url, bar)
+    finally:
+        bar.close()
+
+
+def _write_pages(incidents, data_points_or_path, out_dir, page_base_url, runbook_base_url, bar) -> list[Path]:
     import jinja2
     from gpufleet.analyzer.alerting.actions import guide
     from gpufleet.analyzer.alerting.actions import where as where_words
     from gpufleet.analyzer.alerting.data import load
     from gpufleet.analyzer.alerting.notifier import default_summary, incident_key
+    from gpufleet.analyzer.engine import evidence_line
 
     incidents = sorted(incidents, key=lambda r: (r.start, r.kind, r.host or ""))
     out = Path(out_dir)
@@ -270,15 +305,24 @@ def write_pages(incidents, data_points_or_path, out_dir, page_base_url: str | No
         raise GpufleetError(f"{out}: cannot create: {exc.strerror}") from None
     hosts = {r.host for r in incidents}
     rough = [window(r, r.start + 6 * 3600) for r in incidents]
-    data = load(data_points_or_path, hosts, rough) if incidents else None
+    wanted: dict[str, set] = {"gpu_event": hosts}
+    fields: dict[str, set] = {}
+    for r in incidents:
+        for meas, field, *_ in kind_panels(r.kind):
+            wanted.setdefault(meas, set()).add(r.host)
+            fields.setdefault(meas, set()).add(field)
+    data = load(data_points_or_path, hosts, rough, wanted, fields) if incidents else None
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     env.filters["ts"] = to_rfc3339
     page_t, index_t = env.from_string(PAGE), env.from_string(INDEX)
     paths, rows = [], []
     base = page_base_url.rstrip("/") if page_base_url else None
+    runbook_base_url = _runbooks(out, runbook_base_url)
     guides = {id(r): guide(r, runbook_base_url) for r in incidents}
     names = {id(r): page_name(incident_key(r)) for r in incidents}
+    bar.set_description("pages")
     for r in incidents:
+        bar.update(1)
         key = incident_key(r)
         name = names[id(r)]
         g = guides[id(r)]
@@ -303,7 +347,8 @@ def write_pages(incidents, data_points_or_path, out_dir, page_base_url: str | No
         history = [(h, names[id(h)], guides[id(h)].title) for h in incidents
                    if h is not r and _same_gpu(r, h)][:50]
         html = page_t.render(
-            r=r, g=g, where=where, technical=r.summary or default_summary(r), start=to_rfc3339(r.start),
+            r=r, g=g, where=where, lead=evidence_line(r.evidence),
+            technical=r.summary or default_summary(r), start=to_rfc3339(r.start),
             end=to_rfc3339(r.end), duration=_duration((r.end or r.start) - r.start), fields=fields,
             evidence=list(_flatten(ev)), thresholds=thresholds, history=history,
             png=base64.b64encode(png).decode() if png else None,

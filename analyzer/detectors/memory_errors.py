@@ -106,11 +106,15 @@ class MemoryErrors(Detector):
                 )
                 if on
             ]
+            # what is absent was not seen (never "0 uncorrectable" beside an uncorrectable error)
             return {
                 "signals": sig,
-                "sbe_rate_per_s": round(float(rate[i]), 4),
+                "new_dbe": int(dbe[i]) if dbe[i] > 0 else None,
+                "remapped_rows_failure": int(fail[i]) if fail[i] > 0 else None,
+                "remapped_rows_pending": int(pend[i]) if pend[i] > 0 else None,
+                "retired_pages_pending": int(rpend[i]) if rpend[i] > 0 else None,
+                "sbe_rate_per_s": round(float(rate[i]), 4) if rate[i] > 0 else None,
                 "sbe_threshold_per_s": round(thr, 4),
-                "new_dbe": int(dbe[i]),
             }
 
         parts = [self._gpu_hits(window, tab, hit, lambda: self.score(window), crit, ev)]

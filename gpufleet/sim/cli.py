@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from gpufleet.errors import GpufleetError
-from gpufleet.flags import Renamed
+from gpufleet.errors import ConfigError, GpufleetError
+from gpufleet.flags import influx_options
 
 
 @click.command()
@@ -58,13 +58,7 @@ def sim(nodes, gpus_per_node, duration, step, seed, scenario, out, progress, com
 
 @click.command()
 @click.argument("directory", type=click.Path())
-@click.option("--influx-url", required=True, help="InfluxDB base URL, e.g. http://localhost:8086")
-@click.option("--influx-api", type=click.Choice(["v1", "v2"]), default="v1", show_default=True)
-@click.option("--influx-db", "db", cls=Renamed, old=["--db"], help="Database (v1).")
-@click.option("--influx-bucket", "bucket", cls=Renamed, old=["--bucket"], help="Bucket (v2).")
-@click.option("--influx-org", "org", cls=Renamed, old=["--org"], help="Organisation (v2).")
-@click.option("--influx-token-file", "token_file", cls=Renamed, old=["--token-file"],
-              type=click.Path(dir_okay=False), help="File holding the API token (v2).")
+@influx_options(defaults={"api": "v1"}, required=("url",))
 @click.option(
     "--speed", type=float, default=None, help="Replay at X times real time (default: as fast as possible)."
 )
@@ -79,12 +73,7 @@ def sim(nodes, gpus_per_node, duration, step, seed, scenario, out, progress, com
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: on a terminal).")
 def replay(
     directory,
-    influx_url,
-    influx_api,
-    db,
-    bucket,
-    org,
-    token_file,
+    influx,
     speed,
     afap,
     batch,
@@ -99,14 +88,19 @@ def replay(
         raise GpufleetError("--speed and --as-fast-as-possible exclude each other")
     if speed is not None and not speed > 0:
         raise GpufleetError("--speed must be positive")
+    influx.refuse(["user", "password_file"], "replay writes without a user (v1) or with a token (v2)")
+    if influx.api == "v3":
+        raise ConfigError("--influx-api v3: replay writes through the v2 API: give --influx-api v2 with "
+                          "--influx-bucket DATABASE")
+    influx_url = influx.url
     r = Replayer(
         directory,
         influx_url,
-        api=influx_api,
-        db=db,
-        bucket=bucket,
-        org=org,
-        token_file=token_file,
+        api=influx.api,
+        db=influx.db,
+        bucket=influx.bucket,
+        org=influx.org,
+        token_file=influx.token_file,
         speed=speed,
         batch=batch,
         create_db=create_db,
