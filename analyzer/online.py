@@ -33,13 +33,15 @@ import click
 from gpufleet.analyzer.pipeline import Analyzer
 
 from gpufleet.errors import GpufleetError
+from gpufleet.logs import escape
 
 MAX_REWIND = 86400.0  # the longest stretch a restart re-reads to find still-firing incidents again
 PEERS_HOLD = 600.0  # online default: analysed rows held as peers and context for a host that comes back
 
 
 def _say(msg: str) -> None:
-    click.echo(f"gpufleet analyze: {msg}", err=True)
+    """One line on stderr; host names and other telemetry values in it are escaped."""
+    click.echo(f"gpufleet analyze: {escape(msg)}", err=True)
 
 
 class Checkpoint:

@@ -12,7 +12,7 @@ from gpufleet.agent import config as agent_config
 from gpufleet.agent.daemon import Daemon
 from gpufleet.agent.notify import Notifier
 
-from tests.test_agent_support import NotifySocket, read_lp_dir
+from tests.agent_support import NotifySocket, read_lp_dir
 
 
 def test_a_wall_clock_stepping_back_misses_no_tick_and_no_watchdog_ping(tmp_path):

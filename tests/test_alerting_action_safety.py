@@ -17,7 +17,7 @@ from gpufleet.analyzer.alerting.budget import Ledger
 
 from gpufleet.errors import ConfigError
 from tests.test_alerting_action import action, calls, recorder
-from tests.test_alerting_receiver import T0, Receiver, fast, incident
+from tests.alerting_receiver import T0, Receiver, fast, incident
 
 
 def pages(rx, kind):

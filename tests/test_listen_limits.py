@@ -21,7 +21,7 @@ from gpufleet.analyzer.parse import Parser
 from gpufleet.analyzer.pipeline import FIELDS, MEASUREMENTS
 
 from tests.servers import answers_ping, free_port
-from tests.test_agent_support import ROOT
+from tests.agent_support import ROOT
 
 LINE = b"gpu,host=n1,gpu=0 power_watts=300.5 1795000000000000000\n"
 TOKEN = "tok3n"

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 from gpufleet import logs
-from tests.test_agent_support import ROOT
+from tests.agent_support import ROOT
 from tests.test_detectors import fleet
 
 EVIL = "evil\x1b[2J\r\x00\x85\u2028\u202eRESOLVED all clear"
@@ -62,3 +62,13 @@ def test_a_hostile_host_tag_forges_no_console_line(tmp_path):
     assert alerts and all(line.startswith("gpufleet: alert: FIRING ") for line in alerts), err
     assert "host=evil\\x1b[2J\\rRESOLVED all clear\\x1b]0;x\\x07 gpu=2" in alerts[0]
     assert not CONTROL.search(err) and "\r" not in err
+
+
+def test_the_online_analyzers_own_lines_are_escaped(capsys):
+    """The online loop's messages name hosts (a gap, a read-back): one escaped line each."""
+    from gpufleet.analyzer import online
+
+    online._say(f"{EVIL}: read back 3 rows of 60s behind the analysis from InfluxDB")
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("gpufleet analyze: evil\\x1b[2J\\r")
+    assert not CONTROL.search(err.rstrip("\n"))

@@ -102,7 +102,7 @@ def test_a_sink_logs_no_echoed_credentials(echo):
     delivery's detail (what the notifier logs) holds none of them in any encoding."""
     from gpufleet.analyzer.alerting.webhook import WebhookSink
 
-    from tests.test_alerting_receiver import incident
+    from tests.alerting_receiver import incident
 
     url = f"http://alice:{quote(SECRET, safe='')}@{echo}/hooks/T0KEN-path-42"  # sent as basic auth
     sink = WebhookSink("w", url, secret="hmac-K3Y-value")
