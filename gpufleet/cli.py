@@ -63,9 +63,9 @@ def _with_examples(cmd: click.Command, path: str) -> click.Command:
     if isinstance(cmd, click.Group):
         if not getattr(cmd, "_gpufleet_examples", False):  # a group may load its commands lazily
             load = cmd.get_command
-            cmd.get_command = lambda ctx, name: (
+            cmd.get_command = lambda ctx, name: (  # type: ignore[method-assign,assignment]
                 None if (sub := load(ctx, name)) is None else _with_examples(sub, f"{path} {name}"))
-            cmd._gpufleet_examples = True
+            cmd._gpufleet_examples = True  # type: ignore[attr-defined]
     elif path in EXAMPLES and not cmd.epilog:
         cmd.epilog = "\b\nExamples:\n" + "\n".join(f"  {e}" for e in EXAMPLES[path])
     return cmd

@@ -1,7 +1,8 @@
 """Generate ``docs/dcgm.md`` (the dcgm-exporter names the agent serves) from the catalogue.
 
 ``python -m gpufleet.dcgm_doc`` prints it; ``--write docs/dcgm.md`` writes it; ``--check
-docs/dcgm.md`` exits 1 when the file is out of date. A test keeps the committed file in step.
+docs/dcgm.md`` exits 1 when the file is out of date. ``python -m gpufleet.regen`` rewrites it with
+the other generated files, and ``tests/test_regen.py`` keeps the committed file in step.
 """
 
 from __future__ import annotations

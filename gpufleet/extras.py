@@ -35,5 +35,5 @@ def message(module: str | None, command: str) -> str | None:
     if extra is None:
         return None
     what = f"'gpufleet {command}'" if command else "this command"
-    return (f"{what} needs the {extra} extra (no module {module.split('.')[0]!r} here): "
+    return (f"{what} needs the {extra} extra (no module {(module or '').split('.')[0]!r} here): "
             f"pip install 'gpufleet[{extra}]'")

@@ -54,7 +54,7 @@ class InfluxFlags:
         """``username``, ``password``, ``token`` from the flags (files read now), those given."""
         from gpufleet.secrets import read_secret
 
-        out = {}
+        out: dict[str, str | None] = {}
         if self.user:
             out["username"] = self.user
         if self.password_file:

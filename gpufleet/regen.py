@@ -8,6 +8,8 @@ The generated files and their sources:
 - ``docs/schema.md``: the InfluxDB schema, from the metric catalogue (:mod:`gpufleet.schema_doc`);
 - ``docs/scale.md``, the block between its ``BEGIN``/``END`` markers: series, rows and bytes for a
   fleet, from the catalogue (``docs/scale_arithmetic.py``);
+- ``docs/dcgm.md``: the dcgm-exporter names the agent serves, from the catalogue
+  (:mod:`gpufleet.dcgm_doc`);
 - ``dashboards/grafana/*.json``: the Grafana dashboards (:mod:`gpufleet.dashboards.generate`); a
   JSON file there that no builder makes is stale too (``--check`` names it, a rewrite removes it).
 
@@ -45,6 +47,12 @@ def _schema(root: Path, current: str | None) -> str:
     return render()
 
 
+def _dcgm(root: Path, current: str | None) -> str:
+    from gpufleet.dcgm_doc import render
+
+    return render()
+
+
 def _scale(root: Path, current: str | None) -> str:
     mod = _scale_arithmetic(ROOT)
     if current is None or mod.BEGIN not in current or mod.END not in current:
@@ -69,6 +77,7 @@ def targets() -> dict[str, Callable[[Path, str | None], str]]:
     out: dict[str, Callable[[Path, str | None], str]] = {
         "docs/schema.md": _schema,
         "docs/scale.md": _scale,
+        "docs/dcgm.md": _dcgm,
     }
     for name in generate.BUILDERS:
         out[f"{GRAFANA}/{name}.json"] = _dashboard(name)

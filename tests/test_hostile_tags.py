@@ -21,9 +21,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpufleet import hosts
+from tests.alerting_receiver import T0, incident
 from tests.servers import InfluxDB1, skip_unless
 from tests.test_alerting_action import action, calls, recorder
-from tests.alerting_receiver import T0, incident
 from tests.test_slurm_remediation import fleet_lp
 
 HOSTILE = ["gpu[001-100]", "ALL", "all", "n1,n2", "-n", "node1 State=RESUME", "--selector=x=y",

@@ -20,8 +20,8 @@ from gpufleet.analyzer.listen import MAX_MEMBERS, Listener, connection_cap
 from gpufleet.analyzer.parse import Parser
 from gpufleet.analyzer.pipeline import FIELDS, MEASUREMENTS
 
-from tests.servers import answers_ping, free_port
 from tests.agent_support import ROOT
+from tests.servers import answers_ping, free_port
 
 LINE = b"gpu,host=n1,gpu=0 power_watts=300.5 1795000000000000000\n"
 TOKEN = "tok3n"

@@ -428,9 +428,8 @@ def test_victoriametrics_scrapes_dcgm_names_dashboard_12239_and_alert_rules_answ
 
 
 # ---------------------------------------------------------------------------- the generated table
-def test_dcgm_doc_is_up_to_date_and_lists_every_name():
-    text = dcgm_doc.render()
-    assert (ROOT / "docs" / "dcgm.md").read_text() == text, "python -m gpufleet.dcgm_doc --write docs/dcgm.md"
+def test_dcgm_doc_lists_every_name():
+    text = dcgm_doc.render()  # (docs/dcgm.md is kept current by tests/test_regen.py)
     for name in catalogue.dcgm_names():
         assert f"| `{name}` |" in text
     for name in catalogue.dcgm_not_served():

@@ -28,8 +28,8 @@ from gpufleet.analyzer.pipeline import Analyzer
 
 from gpufleet import hosts
 from gpufleet.lineprotocol import escape_key
-from tests.slurm import Slurm, skip_unless_slurm
 from tests.alerting_receiver import T0, Receiver, fast
+from tests.slurm import Slurm, skip_unless_slurm
 from tests.test_detectors import STEP, fleet
 
 pytestmark = skip_unless_slurm()

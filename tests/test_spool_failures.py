@@ -14,8 +14,8 @@ import time
 import pytest
 from gpufleet.agent.spool import Spool, count_points
 
-from tests.servers import free_port
 from tests.agent_support import ROOT, start_agent, stop_agent
+from tests.servers import free_port
 
 
 def test_a_deleted_spool_keeps_its_open_segment_and_counts_the_rest(tmp_path, caplog):
