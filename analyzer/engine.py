@@ -39,8 +39,9 @@ _NOT_SHOWN = ("signals", "time", "critical")
 
 def evidence_line(evidence: dict | None) -> str:
     """The decisive evidence of an incident in words, each part labelled with its time: the worst
-    hit (``peak``: a critical hit before any other, then the highest score) and the run's first
-    hit, e.g. ``peak (critical) at 2026-11-20T00:41:10Z: new_dbe=1; first at
+    hit (``peak``: a critical hit before any other, then the highest score), the run's first
+    hit and, for an incident found in late data, how long after it began, e.g.
+    ``peak (critical) at 2026-11-20T00:41:10Z: new_dbe=1; first at
     2026-11-20T00:30:40Z: sbe_rate_per_s=0.0417``. The engine's summary, every alert's description
     and the incident page's lead all say this line; "" for an incident without evidence."""
     ev = evidence or {}
@@ -55,6 +56,9 @@ def evidence_line(evidence: dict | None) -> str:
             head += f" at {e['time']}"
         body = ", ".join(f"{k}={v}" for k, v in _shown(e))
         parts.append(f"{head}: {body}" if body else head)
+    after = ev.get("found_after_seconds")
+    if after:  # set by the online analyzer on an incident found in data that landed late
+        parts.append(f"found {after / 60:.0f} min after it began: its data arrived late")
     return "; ".join(parts)
 
 
@@ -280,7 +284,7 @@ class Engine:
         """Bring the incident's evidence up to date with the state's hits."""
         if st.stale and st.incident is not None:
             st.incident.evidence.update(self._evidence(st))
-            st.incident.summary = _summary(st.incident)
+            st.incident.summary = summary_line(st.incident)
         st.stale = False
 
     def _evidence(self, st: _State) -> dict:
@@ -330,7 +334,7 @@ class Engine:
             rec.evidence["arrived_late"] = True  # found in data that landed behind the analysis
             if self._late[st.key]:
                 rec.evidence["peers"] = "none held: judged without peers"
-        rec.summary = _summary(rec)
+        rec.summary = summary_line(rec)
         self._consolidate(rec, st)
         return rec
 
@@ -444,7 +448,7 @@ def _stamped(e: dict, t: float, critical: bool) -> dict:
     return out
 
 
-def _summary(r: Record) -> str:
+def summary_line(r: Record) -> str:
     """The incident's technical line: where, what, and :func:`evidence_line`."""
     where = r.host or (f"rack {r.rack}" if r.rack else "fleet")
     if r.gpu is not None:

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import click
+from gpufleet.analyzer.engine import summary_line
 from gpufleet.analyzer.pipeline import Analyzer
 
 from gpufleet.errors import GpufleetError
@@ -366,14 +367,15 @@ def _state(r) -> str:
 
 
 def _found_late(r, now: float, due: float) -> None:
-    """An incident found in data that landed late says so, once: how long after it began it was
-    found (its start stays the truth)."""
+    """An incident found in data that landed late, later than on-time data would have paged it,
+    says so once: ``evidence.found_after_seconds``, which its summary, alerts and page then name
+    (its start stays the truth)."""
     if not r.evidence.get("arrived_late") or "found_after_seconds" in r.evidence:
         return
     after = now - r.start
-    r.evidence["found_after_seconds"] = round(after, 1)
-    if after > due and r.summary:
-        r.summary += f"; found {after / 60:.0f} min after it began: its data arrived late"
+    if after > due:
+        r.evidence["found_after_seconds"] = round(after, 1)
+        r.summary = summary_line(r)
 
 
 def follow(online: Online, since: float | None) -> None:

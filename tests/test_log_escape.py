@@ -58,9 +58,14 @@ def test_a_hostile_host_tag_forges_no_console_line(tmp_path):
                        capture_output=True, cwd=ROOT, timeout=120)
     assert r.returncode == 0, r.stderr
     err = r.stderr.decode()
-    alerts = [line for line in err.split("\n") if "evil" in line]
-    assert alerts and all(line.startswith("gpufleet: alert: FIRING ") for line in alerts), err
-    assert "host=evil\\x1b[2J\\rRESOLVED all clear\\x1b]0;x\\x07 gpu=2" in alerts[0]
+    lines = [line for line in err.split("\n") if "evil" in line]
+    # the alert names the quarantined host by its safe display name; the one line that quotes the
+    # raw tag (the quarantine warning) quotes it escaped
+    alerts = [line for line in lines if line.startswith("gpufleet: alert: FIRING ")]
+    assert len(alerts) == 1 and "host=unsafe:evil__2J_RESOLVED_all_clear" in alerts[0], err
+    quoted = [line for line in lines if line not in alerts]
+    assert quoted and all("evil\\x1b[2J\\rRESOLVED all clear\\x1b]0;x\\x07 is not a plain node name" in line
+                          for line in quoted), err
     assert not CONTROL.search(err) and "\r" not in err
 
 
