@@ -50,6 +50,7 @@ def _xids(page: str) -> list[int]:
     return [int(c) for c in re.findall(r"<td>xid</td><td>(\d+)</td>", table)]
 
 
+@pytest.mark.slow  # renders every kind's reference fleet: ~2 min on the 2-core machine
 def test_lead_alert_and_summary_say_the_same_worst_evidence_on_every_kind(fleets, tmp_path):
     kinds = set()
     notifier = Notifier([], tmp_path / "state.db")
