@@ -10,6 +10,7 @@ import time
 import click
 
 from gpufleet.errors import ConfigError, GpufleetError
+from gpufleet.flags import FLAG, influx_options
 
 FORMATS = ("table", "json", "lp")
 
@@ -57,9 +58,8 @@ def agent():
 @click.option("--destination", default="influx", show_default=True,
               help="influx, or influx.NAME for an [influx.NAME] table")
 @click.option("--spool-dir", default=None, help="the spool (default: spool.dir of the config)")
-@click.option("--influx-url", default=None)
-@click.option("--influx-db", default=None)
-def resend_rejected_command(config_path, destination, spool_dir, influx_url, influx_db):
+@influx_options()
+def resend_rejected_command(config_path, destination, spool_dir, influx):
     """Send the batches InfluxDB refused (spool/rejected/) again; delivered ones are deleted.
 
     Safe while the agent runs (it never reads rejected/); a re-sent line carries its original
@@ -72,12 +72,11 @@ def resend_rejected_command(config_path, destination, spool_dir, influx_url, inf
 
     cfg = agent_config.load(Path(config_path) if config_path else None)
     if destination == agent_config.INFLUX:
-        cfg = agent_config.apply_overrides(cfg, influx_url=influx_url, influx_db=influx_db,
-                                           spool_dir=spool_dir, exporters=(destination,))
+        cfg = agent_config.apply_overrides(cfg, influx=influx, spool_dir=spool_dir, exporters=(destination,))
     else:  # the flags name [influx]'s keys; a named destination's come from its table only
-        if influx_url or influx_db or spool_dir:
-            raise GpufleetError("--influx-url, --influx-db and --spool-dir are for --destination influx",
-                                exit_code=2)
+        influx.refuse(list(FLAG), "the --influx-* flags are for --destination influx")
+        if spool_dir:
+            raise GpufleetError("--spool-dir is for --destination influx", exit_code=2)
         cfg = agent_config.apply_overrides(cfg, exporters=(destination,))
     dest = agent_config.influx_destinations(cfg)[0]
     ix = dest.cfg

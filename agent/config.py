@@ -488,6 +488,8 @@ OVERRIDES = {
     "influx_db": ("influx", "db"),
     "influx_bucket": ("influx", "bucket"),
     "influx_org": ("influx", "org"),
+    "influx_user": ("influx", "username"),
+    "influx_password_file": ("influx", "password_file"),
     "influx_token_file": ("influx", "token_file"),
     "spool_dir": ("spool", "dir"),
     "file_dir": ("file", "dir"),
@@ -495,8 +497,11 @@ OVERRIDES = {
 
 
 def apply_overrides(cfg: dict, *, exporters: tuple[str, ...] = (), labels: tuple[str, ...] = (),
-                    **opts) -> dict:
-    """Layer command-line values over a validated config and validate the result again."""
+                    influx=None, **opts) -> dict:
+    """Layer command-line values over a validated config and validate the result again
+    (``influx``: the ``--influx-*`` flags, :class:`gpufleet.flags.InfluxFlags`)."""
+    if influx is not None:
+        opts.update({f"influx_{k}": v for k, v in vars(influx).items()})
     doc = {s: dict(v) for s, v in cfg.items()}
     for opt, value in opts.items():
         if value is None:

@@ -31,6 +31,7 @@ from gpufleet.agent import config as agent_config
 from gpufleet.agent.model import Sample
 
 from gpufleet.errors import ConfigError, GpufleetError
+from gpufleet.flags import influx_options
 
 log = logging.getLogger("gpufleet.agent")
 
@@ -493,30 +494,22 @@ def _setup_logging(level: str) -> None:
 @click.option("--backend", default=None, help="nvml | sim | recorded:PATH")
 @click.option("--interval", default=None, help="poll and export interval, e.g. 10s (1s .. 1h)")
 @click.option("--exporter", "exporters", multiple=True, help="file | influx | otlp | prometheus (repeatable)")
-@click.option("--influx-url", default=None)
-@click.option("--influx-api", default=None, help="v1 (POST /write) | v2 (influxdb-client WriteApi)")
-@click.option("--influx-db", default=None)
-@click.option("--influx-bucket", default=None)
-@click.option("--influx-org", default=None)
-@click.option("--influx-token-file", default=None, help="file holding the v2 token")
+@influx_options()
 @click.option("--spool-dir", default=None)
 @click.option("--file-dir", default=None, help="directory of the file exporter")
 @click.option("--host", default=None, help="host tag (default: the machine's host name)")
 @click.option("--sim-node", default=None, help="play this node of the simulated fleet (with --backend sim)")
 @click.option("--label", "labels", multiple=True, help="operator label NAME=VALUE (repeatable)")
 @click.option("--log-level", default=None, type=click.Choice(["debug", "info", "warning", "error"]))
-def run_command(config_path, backend, interval, exporters, influx_url, influx_api, influx_db, influx_bucket,
-                influx_org, influx_token_file, spool_dir, file_dir, host, sim_node, labels, log_level):
+def run_command(config_path, backend, interval, exporters, influx, spool_dir, file_dir, host, sim_node,
+                labels, log_level):
     """Run the node agent: poll every source each interval and export through OpenTelemetry."""
 
     def load_config() -> dict:
         cfg = agent_config.load(Path(config_path) if config_path else None)
         cfg = agent_config.apply_overrides(
-            cfg, exporters=exporters, labels=labels, backend=backend, interval=interval,
-            influx_url=influx_url, influx_api=influx_api, influx_db=influx_db, influx_bucket=influx_bucket,
-            influx_org=influx_org,
-            influx_token_file=influx_token_file, spool_dir=spool_dir, file_dir=file_dir, host=host,
-            sim_node=sim_node)
+            cfg, exporters=exporters, labels=labels, influx=influx, backend=backend, interval=interval,
+            spool_dir=spool_dir, file_dir=file_dir, host=host, sim_node=sim_node)
         if log_level:
             cfg["agent"]["log_level"] = log_level
         return cfg

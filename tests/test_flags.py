@@ -14,7 +14,8 @@ from gpufleet.cli import main as gpufleet_main
 from gpufleet.flags import INFLUX
 
 ROOT = Path(__file__).resolve().parent.parent
-INFLUX_COMMANDS = ("analyze", "replay", "demo", "dashboards export", "dashboards preview")
+INFLUX_COMMANDS = ("analyze", "replay", "demo", "dashboards export", "dashboards preview", "agent run",
+                   "agent resend-rejected")
 
 
 def _command(path: str) -> click.Command:
@@ -120,3 +121,24 @@ def test_analyze_reads_influxdb_with_a_token(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc != 0 and "s3cr3t" not in err
     assert "Token s3cr3t-token" in seen
+
+
+def test_the_agents_flags_set_its_influx_keys(tmp_path):
+    """``agent run``'s --influx-* flags are the [influx] keys of its config, the v1 credentials
+    included; ``resend-rejected`` for a named destination refuses them in one line."""
+    from gpufleet.agent import config
+    from gpufleet.flags import InfluxFlags
+
+    pw = tmp_path / "pw"
+    pw.write_text("secret\n")
+    cfg = config.apply_overrides(config.load(None), exporters=("influx",), influx=InfluxFlags(
+        url="http://db:8086", db="fleet", user="agent7", password_file=str(pw)))
+    ix = cfg["influx"]
+    assert (ix["url"], ix["db"], ix["username"], ix["password_file"]) == (
+        "http://db:8086", "fleet", "agent7", str(pw))
+    assert config.influx_secret(ix, "influx") == "secret"
+    conf = tmp_path / "agent.toml"
+    conf.write_text('[agent]\nexporters = ["influx.b"]\n[influx.b]\nurl = "http://b:8086"\n')
+    code = gpufleet_main(["agent", "resend-rejected", "--config", str(conf), "--destination", "influx.b",
+                          "--influx-user", "x"])
+    assert code == 2
