@@ -132,3 +132,24 @@ def test_actions_of_a_group_show_on_every_member_page(tmp_path):
     paths = write_pages(incs, [], tmp_path / "pages", actions=read_actions([state]))
     for p in paths[:-1]:
         assert " drain n1</code>" in p.read_text()
+
+
+def test_a_page_the_action_sink_queues_while_closing_still_goes_out(tmp_path):
+    """Batch mode closes the notifier right after its one update: the webhook has sent the
+    incidents and has nothing left while the action sink is still running a slow command; the
+    budget page it queues after that goes out before close() returns, not on some next run."""
+    from tests.alerting_receiver import incident
+
+    cmd, out = recorder(tmp_path)
+    slow = [sys.executable, "-c", "import time; time.sleep(1.0)"]
+    rule = {"command": cmd + ["drain", "{host}"], "verify": slow}
+    with Receiver() as rx:
+        sinks = load_sinks([action([rule], budget_nodes=1, budget_percent=100, max_per_hour=100),
+                            fast({"type": "webhook", "url": rx.url + "/h"})], [])
+        n = Notifier(sinks, tmp_path / "s.db")
+        n.update([incident(kind="sdc", id=f"c{i}", host=f"n{i}", start=T0 + i) for i in range(2)], now=T0)
+        left = n.close(timeout=10)
+        kinds = [r["json"].get("kind") for r in rx.requests if r["json"]]
+    assert left == {}
+    assert [c["argv"] for c in calls(out)] == [["drain", "n0"]]
+    assert kinds.count("sdc") == 2 and kinds.count("remediation_budget") == 1

@@ -464,6 +464,15 @@ class _Worker(threading.Thread):
             self.loop()
         except Exception as exc:  # never let one sink take the process down
             log.error("sink %s: worker stopped: %s", self.sink.name, self.sink.redact(repr(exc)))
+        finally:
+            if self.sink.type == "action":  # the others may be waiting for its last pages
+                for w in self.n._workers:
+                    w.wake.set()
+
+    def _acting(self) -> bool:
+        """An action sink's worker is still delivering: it may yet queue a page for this sink."""
+        return self.sink.type != "action" and any(
+            w.sink.type == "action" and w.is_alive() for w in self.n._workers)
 
     def _sleep(self, seconds: float) -> None:
         if self.n._stopping.is_set():
@@ -488,8 +497,12 @@ class _Worker(threading.Thread):
             stopping = n._stopping.is_set()
             if stopping and time.monotonic() >= n._deadline:
                 return
+            acting = stopping and self._acting()  # asked before the read: a page it queued is seen
             row = self._next()
             now = time.time()
+            if row is None and acting:
+                self._sleep(1.0)  # its page() wakes this worker
+                continue
             if row is None:
                 if stopping:
                     return
