@@ -137,6 +137,39 @@ def test_verify_refuses_a_plain_name_slurm_does_not_know(cluster, tmp_path):
     assert "Node gpu999 not found" in log["NodeName=gpu999"]["detail"]
 
 
+def test_the_incident_page_says_what_slurm_refused_and_why(cluster, tmp_path):
+    """`gpufleet report --state`: the page of a node Slurm does not know says the verification
+    refused it, with scontrol's answer; the page of the node past the budget says the budget did."""
+    from gpufleet.analyzer.alerting import page_name
+
+    from gpufleet import records
+    from gpufleet.cli import main
+
+    slurm = cluster
+    data = tmp_path / "fleet.lp"
+    data.write_bytes(fleet_lp(["gpu999", "gpu003", "gpu004"], {0, 1, 2}))
+    an = Analyzer()
+    an.feed_bytes(data.read_bytes())
+    an.finish()
+    incs = an.incidents()
+    with Notifier(load_sinks([example_sink(dry_run=False, budget_nodes=1, budget_percent=100)], []),
+                  tmp_path / "s.db") as n:
+        n.update(incs, now=T0)
+        assert n.flush(30)
+    [done] = drained(slurm)
+    records.write(tmp_path / "incidents.jsonl", incs)
+    assert main(["report", "--incidents", str(tmp_path / "incidents.jsonl"), "--input", str(data),
+                 "--out", str(tmp_path / "pages"), "--state", str(tmp_path / "s.db"), "--no-progress"]) == 0
+    page = {r.host: (tmp_path / "pages" / page_name(r.id)).read_text() for r in incs}
+    assert '<span class="refused">refused (verification)</span>' in page["gpu999"]
+    assert "scontrol show node -o gpu999 exited 1: Node gpu999 not found" in page["gpu999"]
+    assert '<span class="ok">run</span>' in page[done]
+    other = page[({"gpu003", "gpu004"} - {done}).pop()]
+    assert '<span class="refused">refused (budget)</span>' in other
+    assert f"disruption budget: 1 distinct nodes acted on in the last 3600 s ({done}); at most 1" in other
+    assert "Run by hand if it must be: <code>scontrol update NodeName=gpu00" in other
+
+
 def _analyze(data: Path, cfg: Path, shard: int, tmp: Path, tag: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "gpufleet", "analyze", "--input", str(data), "--config", str(cfg),
