@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+import time
 
 from gpufleet.analyzer.alerting import Notifier, load_sinks, page_name
 from gpufleet.analyzer.alerting.audit import read_actions
@@ -153,3 +154,19 @@ def test_a_page_the_action_sink_queues_while_closing_still_goes_out(tmp_path):
     assert left == {}
     assert [c["argv"] for c in calls(out)] == [["drain", "n0"]]
     assert kinds.count("sdc") == 2 and kinds.count("remediation_budget") == 1
+
+
+def test_close_waits_for_a_command_already_running(tmp_path):
+    """A command that outlasts close()'s timeout is waited for and recorded: the analyzer never
+    exits in batch mode leaving a drain running that no record knows of."""
+    from tests.alerting_receiver import incident
+
+    cmd, out = recorder(tmp_path)
+    slow = [sys.executable, "-c", "import time; time.sleep(1.5)"]
+    rule = {"command": cmd + ["drain", "{host}"], "verify": slow}
+    n = Notifier(load_sinks([action([rule], timeout=5)], []), tmp_path / "s.db")
+    n.update([incident(kind="sdc", id="w1", host="n1")], now=T0)
+    time.sleep(0.3)  # the verification is running
+    assert n.close(timeout=0.2) == {}
+    assert [c["argv"] for c in calls(out)] == [["drain", "n1"]]
+    assert [r["status"] for r in read_actions([tmp_path / "s.db"])] == ["ok"]

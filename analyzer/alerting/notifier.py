@@ -426,14 +426,17 @@ class Notifier:
     def close(self, timeout: float = 5.0) -> dict[str, int]:
         """Deliver what can be delivered within ``timeout`` s, then stop; returns what is left.
 
-        What is left stays in the state file and goes out on the next start.
+        What is left stays in the state file and goes out on the next start. An action sink's
+        command already running is waited for (up to its verification's and its own deadline):
+        the process never exits with a command of its running unrecorded.
         """
         self._deadline = time.monotonic() + timeout
         self._stopping.set()
         for w in self._workers:
             w.wake.set()
         for w in self._workers:
-            w.join(max(0.0, self._deadline - time.monotonic()) + 0.5)
+            extra = 2 * (w.sink.delivery.timeout + 2.5) if w.sink.type == "action" else 0.0
+            w.join(max(0.0, self._deadline - time.monotonic()) + 0.5 + extra)
         left = self.pending()
         if not any(w.is_alive() for w in self._workers):
             for s in self.sinks:
