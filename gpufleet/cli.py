@@ -51,7 +51,8 @@ EXAMPLES = {
                 "--sink console --sink slack=https://hooks.slack.com/services/XXX --state notifier.db",
                 "gpufleet analyze --config /etc/gpufleet/analyzer.toml --follow"],
     "eval": ["gpufleet eval --truth fleet/truth.jsonl --incidents incidents.jsonl"],
-    "report": ["gpufleet report --incidents incidents.jsonl --input fleet/telemetry.lp.gz --out pages"],
+    "report": ["gpufleet report --incidents incidents.jsonl --input fleet/telemetry.lp.gz --out pages",
+               "gpufleet report --incidents incidents.jsonl --input fleet/ --out pages --state notifier.db"],
     "dashboards export": ["gpufleet dashboards export --out /tmp/grafana --influx-url http://influxdb:8086 "
                           "--influx-db gpufleet"],
     "dashboards generate": ["gpufleet dashboards generate --check"],

@@ -5,7 +5,9 @@ six nodes (this host and gpu[001-005]) and the shipped drain rule (dry_run = fal
   detection and the action sink: no command runs for any of them, a plain name still drains,
   and ``sinfo -R`` shows only that node;
 - two analyzer processes (shards) sharing a disruption budget of 2 nodes, given DBEs on 5 nodes,
-  drain exactly 2 and page "remediation budget exhausted" once, across a SIGKILL and restart.
+  drain exactly 2 and page "remediation budget exhausted" once, across a SIGKILL and restart:
+  of both, state lost, and of one killed (with its command, as systemd's control-group kill does)
+  between its ledger entry and its drain, restarted on its own state.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 
 import pytest
 from gpufleet.analyzer.alerting import Notifier, load_sinks
+from gpufleet.analyzer.alerting.audit import read_actions
 from gpufleet.analyzer.pipeline import Analyzer
 
 from gpufleet import hosts
@@ -134,6 +137,39 @@ def test_verify_refuses_a_plain_name_slurm_does_not_know(cluster, tmp_path):
     assert "Node gpu999 not found" in log["NodeName=gpu999"]["detail"]
 
 
+def test_the_incident_page_says_what_slurm_refused_and_why(cluster, tmp_path):
+    """`gpufleet report --state`: the page of a node Slurm does not know says the verification
+    refused it, with scontrol's answer; the page of the node past the budget says the budget did."""
+    from gpufleet.analyzer.alerting import page_name
+
+    from gpufleet import records
+    from gpufleet.cli import main
+
+    slurm = cluster
+    data = tmp_path / "fleet.lp"
+    data.write_bytes(fleet_lp(["gpu999", "gpu003", "gpu004"], {0, 1, 2}))
+    an = Analyzer()
+    an.feed_bytes(data.read_bytes())
+    an.finish()
+    incs = an.incidents()
+    with Notifier(load_sinks([example_sink(dry_run=False, budget_nodes=1, budget_percent=100)], []),
+                  tmp_path / "s.db") as n:
+        n.update(incs, now=T0)
+        assert n.flush(30)
+    [done] = drained(slurm)
+    records.write(tmp_path / "incidents.jsonl", incs)
+    assert main(["report", "--incidents", str(tmp_path / "incidents.jsonl"), "--input", str(data),
+                 "--out", str(tmp_path / "pages"), "--state", str(tmp_path / "s.db"), "--no-progress"]) == 0
+    page = {r.host: (tmp_path / "pages" / page_name(r.id)).read_text() for r in incs}
+    assert '<span class="refused">refused (verification)</span>' in page["gpu999"]
+    assert "scontrol show node -o gpu999 exited 1: Node gpu999 not found" in page["gpu999"]
+    assert '<span class="ok">run</span>' in page[done]
+    other = page[({"gpu003", "gpu004"} - {done}).pop()]
+    assert '<span class="refused">refused (budget)</span>' in other
+    assert f"disruption budget: 1 distinct nodes acted on in the last 3600 s ({done}); at most 1" in other
+    assert "Run by hand if it must be: <code>scontrol update NodeName=gpu00" in other
+
+
 def _analyze(data: Path, cfg: Path, shard: int, tmp: Path, tag: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "gpufleet", "analyze", "--input", str(data), "--config", str(cfg),
@@ -183,6 +219,79 @@ def test_two_analyzers_share_a_budget_of_two_nodes_across_a_sigkill(cluster, tmp
     entries = [json.loads(x) for x in ledger.read_text().splitlines() if x.strip()]
     assert sorted(e["host"] for e in entries if e.get("type") == "act") == first
     assert sum(e.get("type") == "exhausted" for e in entries) == 1
+
+
+# an action command that says it started, waits, then becomes the real command (same pid)
+SLOW = """import json, os, sys, time
+mark = sys.argv[1]
+with open(os.path.join(mark, str(os.getpid())), "w") as f:
+    json.dump({"pid": os.getpid(), "parent": os.getppid(), "argv": sys.argv[2:]}, f)
+time.sleep(2.0)
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
+
+
+@pytest.mark.parametrize("with_command", [True, False], ids=["cgroup-kill", "analyzer-only"])
+def test_a_sigkill_between_the_ledger_and_the_drain_still_drains_exactly_two(cluster, tmp_path, with_command):
+    """``with_command``: the drain command dies with the analyzer (systemd kills the unit's
+    control group); else it lives on and drains while the analyzer restarts."""
+    slurm = cluster
+    data = tmp_path / "fleet.lp"
+    names = [slurm.node, "gpu001", "gpu002", "gpu003", "gpu004", "gpu005"]
+    data.write_bytes(fleet_lp(names, {1, 2, 3, 4, 5}))
+    ledger = tmp_path / "shared" / "budget.jsonl"
+    marks = tmp_path / "started"
+    marks.mkdir()
+    (tmp_path / "slow.py").write_text(SLOW)
+    sink = example_sink(dry_run=False, budget_nodes=2, budget_percent=100, max_per_hour=100,
+                        budget_ledger=str(ledger))
+    for rule in sink["rule"]:
+        rule["command"] = [sys.executable, str(tmp_path / "slow.py"), str(marks), *rule["command"]]
+
+    def acted() -> list[str]:
+        text = ledger.read_text() if ledger.exists() else ""
+        lines = [json.loads(x) for x in text.splitlines() if x.strip()]
+        return sorted(e["host"] for e in lines if e.get("type") == "act")
+
+    with Receiver() as rx:
+        hook = fast({"type": "webhook", "name": "oncall", "url": rx.url + "/hook"})
+        cfg = tmp_path / "analyzer.toml"
+        cfg.write_text(_toml({"sink": [sink, hook]}))
+        procs = {i: _analyze(data, cfg, i, tmp_path, f"a{i}") for i in (0, 1)}
+        try:
+            assert slurm.wait_for(lambda: any(marks.iterdir()), timeout=120, every=0.02), \
+                [(tmp_path / f"a{i}.err").read_text() for i in procs]
+            started = json.loads(next(marks.iterdir()).read_text())
+            victim = next(i for i, p in procs.items() if p.pid == started["parent"])
+            # the ledger holds the node, Slurm does not (yet)
+            os.killpg(procs[victim].pid, signal.SIGKILL)
+            if with_command:
+                os.killpg(started["pid"], signal.SIGKILL)
+            procs[victim].wait(10)
+            host = started["argv"][2].removeprefix("NodeName=")
+            assert host in acted() and host not in drained(slurm)
+            other = procs[1 - victim]
+            assert other.wait(120) == 0, (tmp_path / f"a{1 - victim}.err").read_text()
+            # the killed shard again, on its own state: what it had not delivered goes out now
+            again = _analyze(data, cfg, victim, tmp_path, f"a{victim}")
+            assert again.wait(120) == 0, (tmp_path / f"a{victim}.err").read_text()
+            assert slurm.wait_for(lambda: not Path(f"/proc/{started['pid']}").exists(), timeout=30)
+        finally:
+            for p in procs.values():
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+        time.sleep(1.5)  # a second budget page would have arrived by now
+        budget = [r for r in rx.requests if (r["json"] or {}).get("kind") == "remediation_budget"]
+        assert len(budget) == 1 and "budget exhausted" in budget[0]["json"]["title"]
+    assert len(drained(slurm)) == 2 and host in drained(slurm)
+    assert acted() == drained(slurm)
+    entries = [json.loads(x) for x in ledger.read_text().splitlines() if x.strip()]
+    assert sum(e.get("type") == "exhausted" for e in entries) == 1
+    log = read_actions([tmp_path / f"a{victim}.db"])
+    mine = [r["status"] for r in log if r["argv"] and r["argv"][-3] == f"NodeName={host}"]
+    # run again after the restart (the ledger already holds the node: it spends nothing), or, when
+    # the orphaned command drained it first, refused by the verification (already drained)
+    assert mine == ["ok"] if with_command else mine in (["ok"], ["refused-verify"])
 
 
 def _toml(doc: dict) -> str:

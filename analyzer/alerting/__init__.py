@@ -7,7 +7,7 @@ Entry points for the analyzer and the demo::
     notifier = Notifier(sinks, state_path, page_base_url=None)
     notifier.update(incidents, now)      # cheap; delivery runs in background workers
     notifier.close()                     # bounded flush
-    write_pages(incidents, data, out_dir, page_base_url=None) -> list[Path]
+    write_pages(incidents, data, out_dir, page_base_url=None, actions=None) -> list[Path]
 
 ``write_pages`` imports matplotlib when called, not when this package is imported.
 """
@@ -23,12 +23,13 @@ __all__ = ["REGISTRY", "Alert", "Delivery", "Notifier", "Outcome", "Sink", "inci
 
 
 def write_pages(incidents, data_points_or_path, out_dir, page_base_url=None, runbook_base_url=None,
-                progress=False):
-    """Write one HTML page per incident plus index.html into ``out_dir``; returns the paths."""
+                progress=False, actions=None):
+    """Write one HTML page per incident plus index.html into ``out_dir``; returns the paths.
+    ``actions``: the action sink's log (``audit.read_actions(state_paths)``), shown on the pages."""
     from gpufleet.analyzer.alerting.pages import write_pages as _write
 
     return _write(incidents, data_points_or_path, out_dir, page_base_url=page_base_url,
-                  runbook_base_url=runbook_base_url, progress=progress)
+                  runbook_base_url=runbook_base_url, progress=progress, actions=actions)
 
 
 def page_name(key: str) -> str:

@@ -4,6 +4,7 @@ actions``: the action sink's audit trail from the notifier's state."""
 from __future__ import annotations
 
 import click
+from gpufleet.analyzer.alerting.audit import STATUS_GROUPS
 
 from gpufleet import records
 
@@ -18,68 +19,23 @@ from gpufleet import records
 @click.option("--page-base-url", default=None, help="URL the pages are served under (shown on pages).")
 @click.option("--runbook-base-url", default=None, envvar="GPUFLEET_RUNBOOK_BASE_URL",
               help="URL of the runbooks (docs/runbooks/); pages link <URL>/<kind>.md.")
+@click.option("--state", "state_paths", multiple=True, type=click.Path(dir_okay=False),
+              help="notifier state file(s) (the analyzer's --state; repeat for shards): each page shows "
+                   "what the action sink ran, refused and undone for its incident, and why")
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: on a terminal).")
-def report(incidents_path, data, out_dir, page_base_url, runbook_base_url, progress):
+def report(incidents_path, data, out_dir, page_base_url, runbook_base_url, state_paths, progress):
     """Write a self-contained HTML page per incident, plus index.html."""
     import time
 
+    from gpufleet.analyzer.alerting.audit import read_actions
     from gpufleet.analyzer.alerting.pages import write_pages
 
     t0 = time.monotonic()
+    acts = read_actions(state_paths)  # a wrong --state fails before any page is written
     incs = records.read(incidents_path)
     paths = write_pages(incs, data, out_dir, page_base_url=page_base_url, runbook_base_url=runbook_base_url,
-                        progress=progress)
+                        progress=progress, actions=acts)
     click.echo(f"wrote {len(paths) - 1} incident page(s) and {paths[-1]} in {time.monotonic() - t0:.1f} s")
-
-
-# action_log status -> (words shown, the --status group it belongs to)
-ACTION_WORDS = {
-    ("firing", "ok"): ("run", "run"),
-    ("resolved", "ok"): ("undone", "undone"),
-    ("firing", "dry-run"): ("dry-run", "dry-run"),
-    ("resolved", "dry-run"): ("dry-run (undo)", "dry-run"),
-    ("firing", "suppressed"): ("refused (rate)", "refused"),
-    ("firing", "refused-budget"): ("refused (budget)", "refused"),
-    ("firing", "refused-verify"): ("refused (verification)", "refused"),
-    ("firing", "refused-unsafe"): ("refused (unsafe name)", "refused"),
-    ("resolved", "refused-unsafe"): ("not undone (unsafe name)", "not-undone"),
-    ("resolved", "not-undone"): ("not undone (node taken over)", "not-undone"),
-}
-STATUS_GROUPS = ("run", "dry-run", "refused", "undone", "not-undone", "failed")
-
-
-def read_actions(state_paths) -> list[dict]:
-    """The action logs of these notifier state files, oldest first (read-only: never creates one)."""
-    import json
-    import sqlite3
-    from pathlib import Path
-
-    from gpufleet.errors import ConfigError
-
-    rows = []
-    for p in state_paths:
-        if not Path(p).is_file():
-            raise ConfigError(f"--state {p}: no such state file (the analyzer's --state; default "
-                              f"gpufleet-analyzer-notifier.db in its working directory)")
-        try:
-            db = sqlite3.connect(f"file:{Path(p).resolve()}?mode=ro", uri=True, timeout=10)
-            try:
-                cur = db.execute("SELECT sink, grp, action, at, status, argv, rc, seconds, output, detail "
-                                 "FROM action_log ORDER BY id")
-                cols = [c[0] for c in cur.description]
-                got = [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
-            finally:
-                db.close()
-        except sqlite3.Error as exc:
-            raise ConfigError(f"--state {p}: not a notifier state file ({exc})") from None
-        for r in got:
-            r["state"] = str(p)
-            r["argv"] = json.loads(r["argv"]) if r["argv"] else None
-            words, group = ACTION_WORDS.get((r["action"], r["status"]), (r["status"], r["status"]))
-            r["what"], r["group"] = words, group if group in STATUS_GROUPS else "failed"
-        rows += got
-    rows.sort(key=lambda r: r["at"])
-    return rows
 
 
 @click.command(name="actions")
@@ -100,12 +56,13 @@ def actions(state_paths, groups, since, as_json):
     import time
 
     from gpufleet.analyzer.alerting.action import clean
+    from gpufleet.analyzer.alerting.audit import DEFAULT_STATE, read_actions
 
     from gpufleet.errors import ConfigError
     from gpufleet.records import to_rfc3339
     from gpufleet.units import parse_duration
 
-    rows = read_actions(state_paths or ["gpufleet-analyzer-notifier.db"])
+    rows = read_actions(state_paths or [DEFAULT_STATE])
     if since:
         cut = time.time() - parse_duration(since, "--since", ConfigError)
         rows = [r for r in rows if r["at"] >= cut]
@@ -113,8 +70,9 @@ def actions(state_paths, groups, since, as_json):
         rows = [r for r in rows if r["group"] in groups]
     for r in rows:
         if as_json:
-            click.echo(json.dumps({k: r[k] for k in ("at", "what", "group", "sink", "grp", "action", "status",
-                                                     "argv", "rc", "seconds", "detail", "output", "state")}))
+            keys = ("at", "what", "group", "sink", "grp", "incidents", "action", "status", "argv", "rc",
+                    "seconds", "detail", "output", "state")
+            click.echo(json.dumps({k: r[k] for k in keys}))
             continue
         cmd = shlex.join(r["argv"]) if r["argv"] else "-"
         line = f"{to_rfc3339(r['at'])}  {r['what']:<28} {clean(r['grp'])}  [{r['sink']}]  {clean(cmd)}"

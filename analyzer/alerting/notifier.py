@@ -426,14 +426,17 @@ class Notifier:
     def close(self, timeout: float = 5.0) -> dict[str, int]:
         """Deliver what can be delivered within ``timeout`` s, then stop; returns what is left.
 
-        What is left stays in the state file and goes out on the next start.
+        What is left stays in the state file and goes out on the next start. An action sink's
+        command already running is waited for (up to its verification's and its own deadline):
+        the process never exits with a command of its running unrecorded.
         """
         self._deadline = time.monotonic() + timeout
         self._stopping.set()
         for w in self._workers:
             w.wake.set()
         for w in self._workers:
-            w.join(max(0.0, self._deadline - time.monotonic()) + 0.5)
+            extra = 2 * (w.sink.delivery.timeout + 2.5) if w.sink.type == "action" else 0.0
+            w.join(max(0.0, self._deadline - time.monotonic()) + 0.5 + extra)
         left = self.pending()
         if not any(w.is_alive() for w in self._workers):
             for s in self.sinks:
@@ -464,6 +467,15 @@ class _Worker(threading.Thread):
             self.loop()
         except Exception as exc:  # never let one sink take the process down
             log.error("sink %s: worker stopped: %s", self.sink.name, self.sink.redact(repr(exc)))
+        finally:
+            if self.sink.type == "action":  # the others may be waiting for its last pages
+                for w in self.n._workers:
+                    w.wake.set()
+
+    def _acting(self) -> bool:
+        """An action sink's worker is still delivering: it may yet queue a page for this sink."""
+        return self.sink.type != "action" and any(
+            w.sink.type == "action" and w.is_alive() for w in self.n._workers)
 
     def _sleep(self, seconds: float) -> None:
         if self.n._stopping.is_set():
@@ -488,8 +500,12 @@ class _Worker(threading.Thread):
             stopping = n._stopping.is_set()
             if stopping and time.monotonic() >= n._deadline:
                 return
+            acting = stopping and self._acting()  # asked before the read: a page it queued is seen
             row = self._next()
             now = time.time()
+            if row is None and acting:
+                self._sleep(1.0)  # its page() wakes this worker
+                continue
             if row is None:
                 if stopping:
                     return

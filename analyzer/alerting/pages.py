@@ -7,7 +7,10 @@ affected GPU's key signals against its peers on the same node around the inciden
 GPU in red, each peer in grey, the peers' median dashed, the incident shaded), the GPU's other
 incidents, the GPU events (XIDs, with the XID catalogue's resolution in words) in the window,
 and last, folded away, the detector's line, the incident's fields, evidence and thresholds.
-No external resources: the page opens without network access.
+Given the notifier's action log (``actions``: rows of
+:func:`gpufleet.analyzer.alerting.audit.read_actions`), the lead says what the action sink last
+did for the incident (run, refused and why, the command to run by hand) and a table lists every
+decision. No external resources: the page opens without network access.
 """
 
 from __future__ import annotations
@@ -162,7 +165,7 @@ border:1px solid #ddd}.lead td{padding:.35em .6em;border:1px solid #ddd}
 .lead tr.do td{background:#fff4d6;font-weight:600}
 table{border-collapse:collapse;margin:.4em 0 1em}td,th{border:1px solid #ddd;padding:.25em .6em;
 text-align:left;vertical-align:top}th{background:#f4f4f4}img{max-width:100%;border:1px solid #ddd}
-.muted{color:#666}.ok{color:#1e6b2e;font-weight:600}.active{color:#b3261e;font-weight:600}
+.muted{color:#666}.refused{color:#b3261e;font-weight:600}.ok{color:#1e6b2e;font-weight:600}.active{color:#b3261e;font-weight:600}
 details{margin:1em 0;border:1px solid #ddd;border-radius:.3em;padding:.3em .8em}
 summary{cursor:pointer;font-weight:600}code{font-size:.9em}
 </style></head><body>
@@ -178,6 +181,11 @@ recorded on the affected GPUs during the incident</span>{% endif %}</td></tr>
 <tr><th>Impact</th><td id="impact">{{ g.impact }}</td></tr>
 {% if lead %}<tr><th>Evidence</th><td id="lead">{{ lead }}</td></tr>{% endif %}
 <tr class="do"><th>Do</th><td id="action">{{ g.action }}</td></tr>
+{% if acted %}<tr><th>Remediation</th><td id="remediation">{% for a in acted %}<div>
+<span class="{{ a.css }}">{{ a.what }}</span> by {{ a.sink }} at {{ a.at }}
+{%- if a.why %}: {{ a.why }}{% endif %}
+{%- if a.refused and a.cmd %}. Run by hand if it must be: <code>{{ a.cmd }}</code>{% endif %}</div>
+{% endfor %}</td></tr>{% endif %}
 <tr><th>Runbook</th><td>{% if g.runbook_url -%}
 <a id="runbook" href="{{ g.runbook_url }}">{{ g.runbook_url }}</a>
 {%- else %}<span class="muted">no runbook on this machine: set --runbook-base-url</span>{% endif %}</td></tr>
@@ -197,6 +205,12 @@ recorded on the affected GPUs during the incident</span>{% endif %}</td></tr>
 <th>message</th></tr>
 {% for e in events %}<tr><td>{{ e[0] }}</td><td>{{ e[1] }}</td><td>{{ e[2] }}</td><td>{{ e[3] }}</td>
 <td>{{ e[5] }}</td><td>{{ e[6] }}</td><td>{{ e[4] }}</td></tr>{% endfor %}</table>{% endif %}
+{% if actions %}<h2>What the action sink did</h2>
+<table id="actions"><tr><th>time</th><th>what</th><th>sink</th><th>command</th><th>why</th>
+<th>output</th></tr>
+{% for a in actions %}<tr><td>{{ a.at }}</td><td class="{{ a.css }}">{{ a.what }}</td><td>{{ a.sink }}</td>
+<td><code>{{ a.cmd or '-' }}</code></td><td>{{ a.why }}</td><td>{{ a.output }}</td></tr>{% endfor %}</table>
+{% endif %}
 <details id="evidence"><summary>Evidence and thresholds</summary>
 <p>{{ technical }}</p>{% if r.detail %}<p>{{ r.detail }}</p>{% endif %}
 <h3>Incident</h3>
@@ -256,6 +270,29 @@ def _event_row(p) -> tuple:
             p.fields.get("message", ""), name, todo)
 
 
+def _action_rows(rows: list[dict]) -> list[dict]:
+    """Action log rows as a page shows them: every text control-escaped (the template HTML-escapes)."""
+    import shlex
+
+    from gpufleet.analyzer.alerting.action import clean
+
+    out = []
+    for r in rows:
+        out.append({"at": to_rfc3339(r["at"]), "what": r["what"], "sink": clean(r["sink"]),
+                    "cmd": clean(shlex.join(r["argv"])) if r["argv"] else "",
+                    "why": clean(r["detail"] or ""), "output": clean(" ".join((r["output"] or "").split())),
+                    "refused": r["group"] in ("refused", "not-undone"),
+                    "css": "refused" if r["group"] in ("refused", "not-undone", "failed") else "ok",
+                    "key": (r["sink"], r["action"])})
+    return out
+
+
+def _latest(rows: list[dict]) -> list[dict]:
+    """Per sink, its last decision on the firing and on the resolve: what the lead shows."""
+    last = {r["key"]: r for r in rows}
+    return sorted(last.values(), key=lambda r: r["at"])
+
+
 def _runbooks(out: Path, base: str | None) -> str | None:
     """Where the pages link runbooks: the base someone configured, else the runbooks on this
     machine copied beside the pages (``runbooks/``, linked relatively: the bundle moves as one)."""
@@ -275,24 +312,30 @@ def _runbooks(out: Path, base: str | None) -> str | None:
 
 
 def write_pages(incidents, data_points_or_path, out_dir, page_base_url: str | None = None,
-                runbook_base_url: str | None = None, progress: bool | None = False) -> list[Path]:
+                runbook_base_url: str | None = None, progress: bool | None = False,
+                actions: list[dict] | None = None) -> list[Path]:
     """Write a page per incident and ``index.html``; returns the paths (pages first, index last).
 
-    ``progress``: a bar on stderr (True), none (False), or one on a terminal only (None)."""
+    ``progress``: a bar on stderr (True), none (False), or one on a terminal only (None).
+    ``actions``: the action sink's log (:func:`gpufleet.analyzer.alerting.audit.read_actions`);
+    each page shows the entries of its incident's group."""
     from tqdm import tqdm
 
     bar = tqdm(total=len(incidents), desc="pages: reading telemetry", unit="page", leave=False,
                disable=None if progress is None else not progress)
     try:
-        return _write_pages(incidents, data_points_or_path, out_dir, page_base_url, runbook_base_url, bar)
+        return _write_pages(incidents, data_points_or_path, out_dir, page_base_url, runbook_base_url, bar,
+                            actions or [])
     finally:
         bar.close()
 
 
-def _write_pages(incidents, data_points_or_path, out_dir, page_base_url, runbook_base_url, bar) -> list[Path]:
+def _write_pages(incidents, data_points_or_path, out_dir, page_base_url, runbook_base_url, bar,
+                 actions) -> list[Path]:
     import jinja2
     from gpufleet.analyzer.alerting.actions import guide
     from gpufleet.analyzer.alerting.actions import where as where_words
+    from gpufleet.analyzer.alerting.audit import by_incident
     from gpufleet.analyzer.alerting.data import load
     from gpufleet.analyzer.alerting.notifier import default_summary, incident_key
     from gpufleet.analyzer.engine import evidence_line
@@ -320,6 +363,7 @@ def _write_pages(incidents, data_points_or_path, out_dir, page_base_url, runbook
     runbook_base_url = _runbooks(out, runbook_base_url)
     guides = {id(r): guide(r, runbook_base_url) for r in incidents}
     names = {id(r): page_name(incident_key(r)) for r in incidents}
+    acted_on = by_incident(actions)
     bar.set_description("pages")
     for r in incidents:
         bar.update(1)
@@ -346,8 +390,9 @@ def _write_pages(incidents, data_points_or_path, out_dir, page_base_url, runbook
         thresholds = list(_flatten(ev.pop("thresholds", None) or {}))
         history = [(h, names[id(h)], guides[id(h)].title) for h in incidents
                    if h is not r and _same_gpu(r, h)][:50]
+        acts = _action_rows(acted_on.get(key, []))
         html = page_t.render(
-            r=r, g=g, where=where, lead=evidence_line(r.evidence),
+            r=r, g=g, actions=acts, acted=_latest(acts), where=where, lead=evidence_line(r.evidence),
             technical=r.summary or default_summary(r), start=to_rfc3339(r.start),
             end=to_rfc3339(r.end), duration=_duration((r.end or r.start) - r.start), fields=fields,
             evidence=list(_flatten(ev)), thresholds=thresholds, history=history,
