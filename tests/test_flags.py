@@ -127,6 +127,7 @@ def test_the_agents_flags_set_its_influx_keys(tmp_path):
     """``agent run``'s --influx-* flags are the [influx] keys of its config, the v1 credentials
     included; ``resend-rejected`` for a named destination refuses them in one line."""
     from gpufleet.agent import config
+
     from gpufleet.flags import InfluxFlags
 
     pw = tmp_path / "pw"
