@@ -129,7 +129,7 @@ class NvlinkDegradation(Detector):
 
         crc = at(_crc(tab)) / self._threshold()
         rep = at(tab.increase("replay_errors_total")) / max(self.replay_count_min, 1)
-        rep = rep + at(tab.increase("recovery_errors_total"))
+        rep = rep + at(tab.increase("recovery_errors_total", gaps=True))
         down = (at(tab.col("up")) == 0).astype(float)
         slow = at(self._slow(window)[3]).astype(float)
         return np.fmax(np.fmax(np.fmax(crc, rep), slow), 10 * down)
@@ -139,7 +139,9 @@ class NvlinkDegradation(Detector):
         thr = self._threshold()
         crc = _crc(tab)
         rep = tab.increase("replay_errors_total")
-        rec = tab.increase("recovery_errors_total")
+        # any recovery pages, one somewhere in a gap too (its evidence says so); CRC errors and replays
+        # are judged as rates and counts within a span: what a gap collected is no one row's
+        rec = tab.increase("recovery_errors_total", gaps=True)
         up = tab.col("up")
         down = up == 0
         # a link down on a GPU whose other links are down too is the GPU, not the link
@@ -179,7 +181,7 @@ class NvlinkDegradation(Detector):
         t_hit = tab.t
 
         def ev(i):
-            return {
+            out = {
                 "signals": [
                     n
                     for n, on in (
@@ -201,6 +203,9 @@ class NvlinkDegradation(Detector):
                 "throughput_bytes_per_s": None if not np.isfinite(tput[i]) else round(float(tput[i])),
                 "siblings_median_bytes_per_s": None if not np.isfinite(med[i]) else round(float(med[i])),
             }
+            if rec[i] > 0 and tab.over_gap()[i]:  # the recovery happened somewhere in the gap before row i
+                out["over_gap_seconds"] = round(float(tab.gap()[i]))
+            return out
 
         at = np.flatnonzero(hit & new)
 

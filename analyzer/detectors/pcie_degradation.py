@@ -172,8 +172,8 @@ def _i(x):
 
 
 def _slow_delta(tab, name: str) -> np.ndarray:
-    """Increase of a slow-tier counter at each row that carries it (0 elsewhere, at resets and
-    where the GPU does not report it): the counter forward-filled, then differenced."""
+    """Increase of a slow-tier counter at each row that carries it (0 elsewhere, at resets, over
+    gaps and where the GPU does not report it): the counter forward-filled, then differenced."""
 
     def calc():
         # the forward-filled counter changes only at rows that carry it: differenced over those
@@ -185,6 +185,7 @@ def _slow_delta(tab, name: str) -> np.ndarray:
         if len(at) > 1:
             step = v[at[1:]] - v[at[:-1]]
             step[tab.ent[at[1:]] != tab.ent[at[:-1]]] = np.nan  # the entity's first reading
+            step[tab.spans_gap(at[1:], at[:-1])] = np.nan  # errors somewhere in a gap: no span's rate
             d[at[1:]] = np.where(step > 0, step, 0.0)  # NaN, resets (negative) and no change: 0
         return d
 
