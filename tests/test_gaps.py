@@ -77,15 +77,32 @@ def test_uncorrectable_error_between_adjacent_rows_names_no_gap():
 
 def test_online_in_time_order_pages_the_error_across_a_gap_as_batch_does():
     data = gapped(GAPS["10min"], {"ecc_uncorrected_volatile_total": 1, "ecc_corrected_volatile_total": 20})
-    lines = []
-    for ln in data.splitlines():
-        host = re.search(rb"[ ,]host=([^, ]+)", ln).group(1)
-        lines.append((int(ln.rsplit(b" ", 1)[1]), host, ln))
-    online = replay(lines, lambda t, _h, _i: t + 1.0, poll=10.0)
+    online = replay(_lines(data), lambda t, _h, _i: t + 1.0, poll=10.0)
     incs = faults(online.an.incidents())
     assert [(i.kind, i.host, i.gpu, i.severity, i.start) for i in incs] == [
         ("memory_errors", f"node{NODE}", GPU, "critical", T0 + 260 * STEP)], [i.summary for i in incs]
     assert incs[0].evidence["first"]["over_gap_seconds"] == 610
+
+
+def _lines(data: bytes):
+    out = []
+    for ln in data.splitlines():
+        host = re.search(rb"[ ,]host=([^, ]+)", ln).group(1)
+        out.append((int(ln.rsplit(b" ", 1)[1]), host, ln))
+    return out
+
+
+def test_a_node_cut_off_is_no_gap_its_rows_come_late():
+    # the whole node silent for 10 min, its rows spooled and sent a minute after it is back: not a
+    # gap in its data but data arriving late. The error is found in the node's own time (its true
+    # start, said late), never bridged from the node's last row before the cut
+    lines = _lines(gapped(None, {"ecc_uncorrected_volatile_total": 1}, at=230))
+    cut0, cut1 = T0 + 200 * STEP, T0 + 260 * STEP
+    online = replay(lines, lambda t, h, _i: cut1 + 65.0 if h == b"node1" and cut0 <= t < cut1 else t + 1.0)
+    incs = faults(online.an.incidents())
+    assert [(i.kind, i.host, i.gpu, i.start) for i in incs] == [
+        ("memory_errors", f"node{NODE}", GPU, T0 + 230 * STEP)]
+    assert incs[0].evidence.get("arrived_late") and "over_gap_seconds" not in incs[0].evidence["first"]
 
 
 def test_table_gap_is_judged_against_the_entity_own_poll():
