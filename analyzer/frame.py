@@ -336,6 +336,20 @@ class Table:
         d[self._gap_rows()] = np.nan
         return d
 
+    def gap_rate(self, name: str) -> np.ndarray:
+        """Per row after a gap: the counter's mean rate over the gap (its increase / the gap's
+        seconds), NaN elsewhere. Never a measured rate: a lower bound of the peak rate somewhere
+        in the gap, for a rule that pages when even that is above its bar (the evidence then says
+        ``over_gap_seconds``, not a rate)."""
+        return self.cached(("gap_rate", name), lambda: self._gap_rate(name))
+
+    def _gap_rate(self, name: str) -> np.ndarray:
+        out = np.full(len(self.t), np.nan)
+        rows = self._gap_rows()
+        if len(rows):
+            out[rows] = self.increase(name, gaps=True)[rows] / self.gap()[rows]
+        return out
+
     def spans_gap(self, later: np.ndarray, earlier: np.ndarray) -> np.ndarray:
         """Per pair of rows of one entity (``earlier`` < ``later``, as indices): whether a gap
         (:meth:`gap`) lies between them (a slow-tier counter read at some rows only)."""

@@ -46,13 +46,33 @@ def test_counters_rising_across_a_gap_are_no_rate_spike(gap):
     # 20 corrected ECC errors and 60 NVLink CRC errors collected while the GPU was silent: as a
     # step at the first row back they read as a single-bit storm (20 in 2 min) and a link piling
     # up CRC errors (60 in the span); spread over the gap they are background
-    data = gapped(GAPS[gap], {"ecc_corrected_volatile_total": 20, "crc_flit_errors_total": 60})
-    incs = analyse(data).incidents()
+    # and 30 PCIe replays: at most 0.12/s over the gap, within the allowance (8/min at gen 5 x16)
+    bump = {"ecc_corrected_volatile_total": 20, "crc_flit_errors_total": 60, "pcie_replay_total": 30}
+    incs = analyse(gapped(GAPS[gap], bump)).incidents()
     assert faults(incs) == [], [i.summary for i in incs]
-    # the same increases between adjacent rows are the storm and the burst (the test can fail)
-    burst = faults(analyse(gapped(None, {"ecc_corrected_volatile_total": 20, "crc_flit_errors_total": 60},
-                                  at=230)).incidents())
-    assert {i.kind for i in burst} == {"memory_errors", "nvlink_degradation"}, [i.summary for i in burst]
+    # the same increases between adjacent rows are the storm and the bursts (the test can fail)
+    burst = faults(analyse(gapped(None, bump, at=230)).incidents())
+    assert {i.kind for i in burst} == {"memory_errors", "nvlink_degradation", "pcie_degradation"}, [
+        i.summary for i in burst]
+
+
+def test_rates_above_the_bar_even_averaged_over_the_gap_page_naming_the_gap():
+    # 6000 PCIe replays and 100k NVLink CRC errors in 10 min: even spread over the gap, ~10
+    # replays/s and ~160 CRC errors/s, far above the bars (a lower bound of the rate inside it)
+    steps = GAPS["10min"]
+    data = gapped(steps, {"pcie_replay_total": 6000, "crc_flit_errors_total": 100_000})
+    incs = faults(analyse(data).incidents())
+    back = T0 + steps.stop * STEP
+    got = sorted((i.kind, i.link) for i in incs if i.start == back)
+    assert got == [("nvlink_degradation", 0), ("nvlink_degradation", 1), ("pcie_degradation", None)], [
+        (i.kind, i.link, i.start, i.summary) for i in incs]
+    for i in incs:
+        first = i.evidence["first"]
+        assert first["over_gap_seconds"] == 610, i.summary
+        if i.kind == "pcie_degradation":
+            assert first["replays_over_gap"] == 6000 and first["replay_rate_per_s"] is None
+        else:
+            assert first["crc_errors_over_gap"] == 100_000 and first["crc_rate_per_s"] is None
 
 
 @pytest.mark.parametrize("gap", list(GAPS), ids=list(GAPS))
