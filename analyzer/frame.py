@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from gpufleet.analyzer.groupby import dense_inverse, group_median, member
 from gpufleet.analyzer.parse import Rows, SeriesIndex
 
 
@@ -160,6 +161,10 @@ def _int(s):
         return None
 
 
+GAP_POLLS = 3.0  # a step longer than this many of the entity's median poll interval is a gap
+GAP_MIN_STEPS = 4  # steps an entity needs in a table for its own median (else the table's)
+
+
 @dataclass
 class Table:
     """Rows of one measurement for one window, sorted by (entity, time), duplicates removed.
@@ -263,26 +268,93 @@ class Table:
         return out
 
     def dt(self) -> np.ndarray:
+        """Seconds since the entity's previous row (NaN at its first row), gaps included."""
         return self.cached(("dt",), lambda: self._step(self.t))
+
+    def gap(self) -> np.ndarray:
+        """Per row: the seconds since the entity's previous row where that step spans a gap, NaN
+        where the rows are adjacent (and at first rows).
+
+        A step is a gap when it is longer than ``GAP_POLLS`` x the entity's own median poll
+        interval in this table (the table's median over all entities where the entity has fewer
+        than ``GAP_MIN_STEPS`` steps in it). A counter's change over a gap happened somewhere in
+        it: :meth:`delta` is NaN there (no rate is averaged over an outage) and :meth:`increase`
+        0 (its events are not the row's); ``increase(name, gaps=True)`` keeps them, for the
+        detectors that page on any step (their evidence says ``over_gap_seconds``)."""
+        return self.cached(("gap",), self._gap)
+
+    def _gap(self) -> np.ndarray:
+        dt = self.dt()
+        out = np.full(len(dt), np.nan)
+        # the table's poll: the median step, of an even sample of about 8k rows in a large table
+        sample = dt[:: max(1, len(dt) // 8192)]
+        sample = sample[sample > 0]
+        if len(sample) < GAP_MIN_STEPS:
+            return out
+        bound = GAP_POLLS * float(np.partition(sample, len(sample) // 2)[len(sample) // 2])
+        with np.errstate(invalid="ignore"):
+            cand = np.flatnonzero(dt > bound)  # longer than a few of the table's polls: mostly none
+        if not len(cand):
+            return out
+        # each candidate entity's own median step (a slower-polled entity is no gap at its poll)
+        mine = np.flatnonzero(member(self.ent, set(self.ent[cand].tolist())) & (dt > 0))
+        inv, k = dense_inverse(self.ent[mine])
+        med, cnt = group_median(inv, dt[mine], k)
+        own = np.where(cnt >= GAP_MIN_STEPS, GAP_POLLS * med, bound)[inv]
+        rows = mine[dt[mine] > own]
+        out[rows] = dt[rows]
+        return out
+
+    def over_gap(self) -> np.ndarray:
+        """Rows whose step since the entity's previous row spans a gap (:meth:`gap`)."""
+        return self.cached(("over_gap",), lambda: ~np.isnan(self.gap()))
+
+    def _gap_rows(self) -> np.ndarray:
+        """Indices of the rows after a gap (none, as a rule)."""
+        return self.cached(("gap_rows",), lambda: np.flatnonzero(self.over_gap()))
 
     def delta(self, name: str) -> np.ndarray:
         """Counter increase since the entity's previous row; NaN at resets, rollovers and gaps."""
         return self.cached(("delta", name), lambda: self._delta(name))
 
-    def increase(self, name: str) -> np.ndarray:
-        """:meth:`delta` with 0 where it is unknown (NaN): a counter's new events per row."""
-        return self.cached(("increase", name), lambda: self._increase(name))
+    def increase(self, name: str, gaps: bool = False) -> np.ndarray:
+        """:meth:`delta` with 0 where it is unknown (NaN): a counter's new events per row. With
+        ``gaps``: the increase over a gap (:meth:`gap`) is kept, at the row after the gap."""
+        return self.cached(("increase", name, gaps), lambda: self._increase(name, gaps))
 
-    def _increase(self, name: str) -> np.ndarray:
+    def _increase(self, name: str, gaps: bool = False) -> np.ndarray:
         d = self._step(self.col(name))
         d[~(d >= 0)] = 0.0  # unknown (NaN), resets and rollovers (negative)
         np.minimum(d, np.finfo(d.dtype).max, out=d)  # as nan_to_zero takes +inf
+        if not gaps:
+            d[self._gap_rows()] = 0.0
         return d
 
     def _delta(self, name: str) -> np.ndarray:
         d = self._step(self.col(name))
         d[d < 0] = np.nan
+        d[self._gap_rows()] = np.nan
         return d
+
+    def gap_rate(self, name: str) -> np.ndarray:
+        """Per row after a gap: the counter's mean rate over the gap (its increase / the gap's
+        seconds), NaN elsewhere. Never a measured rate: a lower bound of the peak rate somewhere
+        in the gap, for a rule that pages when even that is above its bar (the evidence then says
+        ``over_gap_seconds``, not a rate)."""
+        return self.cached(("gap_rate", name), lambda: self._gap_rate(name))
+
+    def _gap_rate(self, name: str) -> np.ndarray:
+        out = np.full(len(self.t), np.nan)
+        rows = self._gap_rows()
+        if len(rows):
+            out[rows] = self.increase(name, gaps=True)[rows] / self.gap()[rows]
+        return out
+
+    def spans_gap(self, later: np.ndarray, earlier: np.ndarray) -> np.ndarray:
+        """Per pair of rows of one entity (``earlier`` < ``later``, as indices): whether a gap
+        (:meth:`gap`) lies between them (a slow-tier counter read at some rows only)."""
+        c = self.cached(("gap_count",), lambda: np.cumsum(self.over_gap()))
+        return (c[later] - c[earlier]) > 0
 
     def ffill(self, name: str) -> np.ndarray:
         """Forward-fill a slow-tier column within each entity."""

@@ -79,6 +79,10 @@ MEASUREMENTS = {
 }
 
 
+# streams whose counters are differenced (frame.Table.increase): a GPU or link gone silent while its
+# node reports keeps its last row as context, for up to late_bound_seconds, so the step over its gap
+# is seen when it returns
+ANCHORED = ("gpu", "gpu_nvlink")
 NEW = "\x00new"  # a late window's own column: 1 where a row is the window's to analyse, not context
 EMPTY_WALK_SECONDS = 3600.0  # empty windows walked after a stream's last data before skipping to the next
 
@@ -778,6 +782,8 @@ class Analyzer:
             return tab
         if consume:
             keep = blk.t >= ctx_from
+            if m in ANCHORED:  # a silent entity's last row: its counters' step over the gap is judged
+                keep = _anchored(blk, keep, int((end - self.bound) * 1e9), functools.partial(self.host_of, m))
             self.ctx[m] = _sub(blk, keep) if keep.any() else None
         if not build:
             return None
@@ -858,6 +864,28 @@ def _only_hosts(hits: Hits, hosts: set[int]) -> Hits:
     ev = [hits.evidence[i] for i in idx.tolist()] if len(hits.evidence) else []
     return Hits(hits.kind, part(hits.host), part(hits.gpu), part(hits.link), part(hits.t), part(hits.score),
                 part(hits.critical), ev, part(hits.rack), part(hits.began), part(hits.sustain))
+
+
+def _anchored(b: _Block, keep: np.ndarray, floor_ns: int, host_of) -> np.ndarray:
+    """``keep`` plus, of each entity with no kept row whose host has one (a GPU or link silent
+    while its node reports: a gap in its data), its latest row at or after ``floor_ns``. A node
+    silent as a whole is left to event time: its rows may still come, late (see Online)."""
+    if not len(b.ent):
+        return keep
+    seen = np.zeros(int(b.ent.max()) + 1, bool)
+    seen[b.ent[keep]] = True
+    cand = np.flatnonzero(~seen[b.ent] & (b.t >= floor_ns))
+    if not len(cand):
+        return keep
+    live = np.unique(host_of(np.flatnonzero(seen)))
+    cand = cand[np.isin(host_of(b.ent[cand]), live)]
+    if not len(cand):
+        return keep
+    order = cand[np.lexsort((b.t[cand], b.ent[cand]))]
+    last = np.append(b.ent[order][1:] != b.ent[order][:-1], True)
+    out = keep.copy()
+    out[order[last]] = True
+    return out
 
 
 def _sub(b: _Block, mask) -> _Block:

@@ -55,6 +55,7 @@ def test_a_failed_verification_runs_nothing_and_pages_why(tmp_path, caplog):
     p1 = next(p for p in refused if p["key"] == "action-refused:v1")
     assert "Remediation refused" in p1["title"] and "no such node: n1" in p1["title"]
     assert "drain n1" in p1["description"]
+    assert p1["runbook_url"].endswith("/remediation_refused.md")  # its own runbook, not the incident's
     assert sum("v1" in m and "refused-verify" in m for m in caplog.messages) == 1
 
 
@@ -100,6 +101,7 @@ def test_budget_acts_on_two_nodes_refuses_the_rest_and_pages_once(tmp_path):
     assert "2 distinct nodes acted on" in log[2]["detail"] and "run it by hand" in log[2]["detail"]
     assert len(budget) == 1 and budget[0]["severity"] == "critical"
     assert "budget exhausted" in budget[0]["title"] and "drain n2" in budget[0]["description"]
+    assert budget[0]["runbook_url"].endswith("/remediation_budget.md")
     ledger = [json.loads(x) for x in (tmp_path / "remediation-budget.jsonl").read_text().splitlines()]
     assert [(e["type"], e.get("host")) for e in ledger] == [("act", "n0"), ("act", "n1"), ("exhausted", "n2")]
 

@@ -4,12 +4,16 @@ leading with what is wrong, the impact, the recommended action and the runbook."
 from __future__ import annotations
 
 import json
+import re
 import tomllib
+import urllib.parse
 from pathlib import Path
 
 import pytest
 from gpufleet.analyzer.alerting import REGISTRY, Notifier
 from gpufleet.analyzer.alerting.actions import (
+    ALERT_KINDS,
+    PAGE_KINDS,
     catalogue,
     guide,
     render,
@@ -18,7 +22,7 @@ from gpufleet.analyzer.alerting.actions import (
     xid_resolution,
 )
 
-from gpufleet.records import KINDS
+from gpufleet.records import ANALYSIS_KINDS, KINDS
 from tests.alerting_receiver import incident
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,11 +49,12 @@ EVIDENCE = {
 
 def test_every_kind_has_an_action_entry_and_a_runbook():
     cat = catalogue()
-    assert set(cat["kind"]) == set(KINDS) == set(EVIDENCE)
-    for kind in KINDS:
+    assert set(cat["kind"]) == set(ALERT_KINDS) and set(KINDS) == set(EVIDENCE)
+    for kind in ALERT_KINDS:
         e = cat["kind"][kind]
         assert {"title", "impact", "action", "runbook"} <= set(e), kind
-        assert "{where}" in e["title"] and len(e["action"]) > 30
+        assert kind not in KINDS or "{where}" in e["title"]
+        assert len(e["action"]) > 30
         # the last impact line needs no evidence: every incident gets one
         assert render(e["impact"][-1], {}) == e["impact"][-1]
         book = RUNBOOKS / e["runbook"]
@@ -59,7 +64,35 @@ def test_every_kind_has_an_action_entry_and_a_runbook():
         for section in ("## Confirm", "## Do", "## Escalate"):
             assert section in text, f"{book.name}: missing {section}"
         assert f"[{kind}.md]({kind}.md)" in (RUNBOOKS / "README.md").read_text()
-    assert sorted(p.stem for p in RUNBOOKS.glob("*.md") if p.stem != "README") == sorted(KINDS)
+    assert sorted(p.stem for p in RUNBOOKS.glob("*.md") if p.stem != "README") == sorted(ALERT_KINDS)
+
+
+def test_every_kind_an_alert_can_carry_links_an_existing_runbook(monkeypatch):
+    # the kinds as their sources define them: the detectors' registry, the analysis's own records,
+    # and every kind= the alerting code gives its own pages
+    from gpufleet.analyzer.detectors import REGISTRY as DETECTORS
+
+    own = set()
+    for src in (ROOT / "analyzer" / "alerting").glob("*.py"):
+        own |= set(re.findall(r"\bkind=\"([a-z_]+)\"", src.read_text()))
+    assert own and own <= set(PAGE_KINDS), own
+    kinds = [*DETECTORS, *ANALYSIS_KINDS, *own]
+    assert set(kinds) <= set(ALERT_KINDS)
+    monkeypatch.delenv("GPUFLEET_RUNBOOK_BASE_URL", raising=False)
+    for kind in kinds:
+        url = runbook_url(kind)
+        assert url is not None and url.startswith("file://"), kind
+        assert Path(urllib.parse.unquote(urllib.parse.urlparse(url).path)).is_file(), url
+        assert kind in catalogue()["kind"], kind
+    # the analysis's records read as what they are, from the evidence the pipeline writes
+    why = "more than the late bound behind the analysis"
+    gap = guide(incident(kind="analysis_gap", gpu=None, evidence={"rows": 480, "why": why}))
+    assert gap.title.startswith("Analysis gap on node01") and gap.impact.startswith("480 rows of node01")
+    assert gap.runbook_url.endswith("/analysis_gap.md")
+    quiet = guide(incident(kind="node_stopped_reporting", gpu=None,
+                           evidence={"signals": ["absence"], "quiet_after_seconds": 60.0}))
+    assert quiet.title == "node01 stopped reporting: no telemetry from any of its GPUs"
+    assert "for over 60 s" in quiet.impact and quiet.runbook_url.endswith("/node_stopped_reporting.md")
 
 
 def test_impact_uses_the_evidence_and_falls_back_without_it():

@@ -71,7 +71,7 @@ import time
 import unicodedata
 from pathlib import Path
 
-from gpufleet.analyzer.alerting.actions import render
+from gpufleet.analyzer.alerting.actions import PAGE_KINDS, catalogue, render, runbook_url
 from gpufleet.analyzer.alerting.base import Alert, Outcome, Sink, register
 from gpufleet.analyzer.alerting.budget import Ledger
 
@@ -88,7 +88,6 @@ RULE_KEYS = {"kinds", "severities", "command", "resolve_command", "verify", "ver
 OUTPUT_MAX = 500
 VALUE_MAX = 1000
 NAME_KEYS = ("host", "cluster", "rack")  # placeholders that name scheduler objects: plain names only
-PAGE_KINDS = ("remediation_refused", "remediation_budget")  # the sink's own pages, never acted on
 
 
 class Unsafe(ValueError):
@@ -407,9 +406,8 @@ class ActionSink(Sink):
                 title=f"Remediation refused for {hosts.shown(alert.key)}: {why}",
                 summary=f"Remediation refused for {hosts.shown(alert.key)}",
                 description=f"action sink {self.name} refused to act on {what}: {why}. Command: {cmd}",
-                action="Check the node by hand (its name, its state, who sent this); run the command "
-                       "yourself if it is right. `gpufleet actions` lists every refusal.",
-                runbook_url=alert.runbook_url))
+                action=catalogue()["kind"]["remediation_refused"]["action"],
+                runbook_url=self._runbook("remediation_refused")))
         return out
 
     def _page_budget(self, alert: Alert, argv: list[str], why: str) -> None:
@@ -423,10 +421,12 @@ class ActionSink(Sink):
             summary="Remediation budget exhausted",
             description=f"action sink {self.name}: {why}. Refused: {' '.join(argv)} "
                         f"(for {hosts.shown(alert.key)}); later refusals are not paged again in this window.",
-            action="Look at the nodes already acted on: several at once points at a shared cause (power, "
-                   "cooling, fabric, a bad driver roll-out) or at a writer forging incidents. "
-                   "`gpufleet actions --status refused` lists the refused commands to run by hand.",
-            runbook_url=alert.runbook_url))
+            action=catalogue()["kind"]["remediation_budget"]["action"],
+            runbook_url=self._runbook("remediation_budget")))
+
+    def _runbook(self, kind: str) -> str | None:
+        """The runbook of one of this sink's own pages, where the notifier links runbooks."""
+        return runbook_url(kind, getattr(self.notifier, "runbook_base_url", None))
 
     def _done(self, status: str, what: str, argv, detail: str, seconds: float | None = None,
               rc: int | None = None, output: bytes | None = None) -> Outcome:

@@ -19,9 +19,12 @@ from functools import cache
 from pathlib import Path
 
 from gpufleet.errors import ConfigError
-from gpufleet.records import KINDS, Record
+from gpufleet.records import ANALYSIS_KINDS, KINDS, Record
 
 CATALOGUE = Path(__file__).resolve().parent / "actions.toml"
+PAGE_KINDS = ("remediation_refused", "remediation_budget")  # the action sink's own pages, never acted on
+# every kind an alert can carry: the detectors' incidents, the analysis's own records, the sinks' pages
+ALERT_KINDS = (*KINDS, *ANALYSIS_KINDS, *PAGE_KINDS)
 RUNBOOK_ENV = "GPUFLEET_RUNBOOK_BASE_URL"
 _FMT = string.Formatter()
 
@@ -31,7 +34,7 @@ def catalogue() -> dict:
     """The parsed ``actions.toml``: ``{"kind": {kind: entry}, "xid_action": {...}, ...}``."""
     with CATALOGUE.open("rb") as f:
         doc = tomllib.load(f)
-    missing = [k for k in KINDS if k not in doc.get("kind", {})]
+    missing = [k for k in ALERT_KINDS if k not in doc.get("kind", {})]
     if missing:
         raise ConfigError(f"{CATALOGUE}: no action entry for {', '.join(missing)}")
     return doc

@@ -77,7 +77,8 @@ class MemoryErrors(Detector):
         tab = window.gpu
         thr = max(self.sbe_rate_min, self.sbe_fleet_factor * getattr(self, "fleet_sbe_rate_", 0.0))
         rate = nz(self._rates(tab))
-        dbe = tab.increase("ecc_uncorrected_volatile_total")
+        # any uncorrectable error pages, one that happened somewhere in a gap too (its evidence says so)
+        dbe = tab.increase("ecc_uncorrected_volatile_total", gaps=True)
         pend = nz(tab.col("remapped_rows_pending"))
         fail = nz(tab.col("remapped_rows_failure"))
         rpend = nz(tab.col("retired_pages_pending"))
@@ -107,7 +108,7 @@ class MemoryErrors(Detector):
                 if on
             ]
             # what is absent was not seen (never "0 uncorrectable" beside an uncorrectable error)
-            return {
+            out = {
                 "signals": sig,
                 "new_dbe": int(dbe[i]) if dbe[i] > 0 else None,
                 "remapped_rows_failure": int(fail[i]) if fail[i] > 0 else None,
@@ -116,6 +117,9 @@ class MemoryErrors(Detector):
                 "sbe_rate_per_s": round(float(rate[i]), 4) if rate[i] > 0 else None,
                 "sbe_threshold_per_s": round(thr, 4),
             }
+            if dbe[i] > 0 and tab.over_gap()[i]:  # the error happened somewhere in the gap before row i
+                out["over_gap_seconds"] = round(float(tab.gap()[i]))
+            return out
 
         parts = [self._gpu_hits(window, tab, hit, lambda: self.score(window), crit, ev)]
         parts.append(self._xid_hits(window))

@@ -86,6 +86,14 @@ class NvlinkDegradation(Detector):
             self.fleet_crc_rate_ = getattr(self, "fleet_crc_rate_", 0.0)
         return self
 
+    def _crc_hit(self, tab) -> np.ndarray:
+        """CRC errors per second since the link's previous row (0 where unknown); at a row after a
+        gap, their mean over the gap where even that is above the bar (a lower bound of the rate
+        somewhere in it), else 0: what a silent link collected is no one row's rate."""
+        crc = _crc(tab)
+        over = _crc_gap_rate(tab) > self._threshold()
+        return np.where(over, _crc_gap_rate(tab), crc) if over.any() else crc
+
     def _threshold(self) -> float:
         return min(
             self.crc_rate_max,
@@ -127,9 +135,9 @@ class NvlinkDegradation(Detector):
         def at(v):
             return v if rows is None else v[rows]
 
-        crc = at(_crc(tab)) / self._threshold()
+        crc = at(self._crc_hit(tab)) / self._threshold()
         rep = at(tab.increase("replay_errors_total")) / max(self.replay_count_min, 1)
-        rep = rep + at(tab.increase("recovery_errors_total"))
+        rep = rep + at(tab.increase("recovery_errors_total", gaps=True))
         down = (at(tab.col("up")) == 0).astype(float)
         slow = at(self._slow(window)[3]).astype(float)
         return np.fmax(np.fmax(np.fmax(crc, rep), slow), 10 * down)
@@ -137,9 +145,11 @@ class NvlinkDegradation(Detector):
     def detect(self, window: Window) -> Hits:
         tab = window.nvlink
         thr = self._threshold()
-        crc = _crc(tab)
+        crc = self._crc_hit(tab)
         rep = tab.increase("replay_errors_total")
-        rec = tab.increase("recovery_errors_total")
+        # any recovery pages, one somewhere in a gap too (its evidence says so); CRC errors and replays
+        # are judged as rates and counts within a span: what a gap collected is no one row's
+        rec = tab.increase("recovery_errors_total", gaps=True)
         up = tab.col("up")
         down = up == 0
         # a link down on a GPU whose other links are down too is the GPU, not the link
@@ -179,7 +189,7 @@ class NvlinkDegradation(Detector):
         t_hit = tab.t
 
         def ev(i):
-            return {
+            out = {
                 "signals": [
                     n
                     for n, on in (
@@ -201,6 +211,14 @@ class NvlinkDegradation(Detector):
                 "throughput_bytes_per_s": None if not np.isfinite(tput[i]) else round(float(tput[i])),
                 "siblings_median_bytes_per_s": None if not np.isfinite(med[i]) else round(float(med[i])),
             }
+            if tab.over_gap()[i] and (rec[i] > 0 or crc[i] > thr):  # it happened somewhere in the gap
+                out["over_gap_seconds"] = round(float(tab.gap()[i]))
+                if crc[i] > thr:
+                    out["crc_rate_per_s"] = None
+                    out["crc_errors_over_gap"] = int(
+                        tab.increase("crc_flit_errors_total", gaps=True)[i]
+                        + tab.increase("crc_data_errors_total", gaps=True)[i])
+            return out
 
         at = np.flatnonzero(hit & new)
 
@@ -275,4 +293,12 @@ def _crc(tab) -> np.ndarray:
 
 def _crc_rate(tab) -> np.ndarray:
     with np.errstate(invalid="ignore", divide="ignore"):
-        return _crc_errors(tab) / tab.dt()
+        return np.where(tab.over_gap(), np.nan, _crc_errors(tab) / tab.dt())  # unknown over a gap
+
+
+def _crc_gap_rate(tab) -> np.ndarray:
+    """CRC errors (flit and data) per second over the gap before a row (NaN where none)."""
+    return tab.cached(
+        "nvlink_crc_gap_rate",
+        lambda: tab.gap_rate("crc_flit_errors_total") + tab.gap_rate("crc_data_errors_total"),
+    )

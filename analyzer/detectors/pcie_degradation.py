@@ -106,6 +106,10 @@ class PcieDegradation(Detector):
         allowance = np.where(allowance > 0, allowance, self.replay_allowance_per_s)
         with np.errstate(invalid="ignore", divide="ignore"):
             rate = tab.rolling_mean(tab.delta("pcie_replay_total") / tab.dt(), 60.0)
+        # replays over a gap: no rate of the row after it; paged only when even their mean over the
+        # gap (a lower bound of the rate somewhere in it) is above the allowance
+        gap_rate = tab.gap_rate("pcie_replay_total")
+        rate = np.where(gap_rate > allowance, gap_rate, rate)
         load = nan_as_zero_ge(tab.col("utilization_gpu_ratio"), self.load_utilization) | nan_as_zero_ge(
             tab.col("power_watts"), self.load_power_watts
         )
@@ -137,8 +141,10 @@ class PcieDegradation(Detector):
         rate = nz(rate)
         hit = (rate > allowance) | down | erring
 
+        tab = window.gpu
+
         def ev(i):
-            return {
+            out = {
                 "signals": [
                     n
                     for n, on in (
@@ -158,8 +164,12 @@ class PcieDegradation(Detector):
                 "link_errors_per_min": round(float(err_rate[i]), 1),
                 "l0_to_recovery_per_min": round(float(l0[i]), 1),
             }
+            if tab.over_gap()[i] and rate[i] > allowance[i]:  # the replays came somewhere in the gap
+                out["replay_rate_per_s"] = None
+                out["replays_over_gap"] = int(tab.increase("pcie_replay_total", gaps=True)[i])
+                out["over_gap_seconds"] = round(float(tab.gap()[i]))
+            return out
 
-        tab = window.gpu
         new = tab.in_window()
         held = self._hold(window, tab, hit & new, new & full_speed, [("gpu", tab.ent, hit & new)])
         hits = self._gpu_hits(window, tab, hit, lambda: self.score(window), False, ev)
@@ -172,8 +182,8 @@ def _i(x):
 
 
 def _slow_delta(tab, name: str) -> np.ndarray:
-    """Increase of a slow-tier counter at each row that carries it (0 elsewhere, at resets and
-    where the GPU does not report it): the counter forward-filled, then differenced."""
+    """Increase of a slow-tier counter at each row that carries it (0 elsewhere, at resets, over
+    gaps and where the GPU does not report it): the counter forward-filled, then differenced."""
 
     def calc():
         # the forward-filled counter changes only at rows that carry it: differenced over those
@@ -185,6 +195,7 @@ def _slow_delta(tab, name: str) -> np.ndarray:
         if len(at) > 1:
             step = v[at[1:]] - v[at[:-1]]
             step[tab.ent[at[1:]] != tab.ent[at[:-1]]] = np.nan  # the entity's first reading
+            step[tab.spans_gap(at[1:], at[:-1])] = np.nan  # errors somewhere in a gap: no span's rate
             d[at[1:]] = np.where(step > 0, step, 0.0)  # NaN, resets (negative) and no change: 0
         return d
 
