@@ -73,8 +73,18 @@ def _load_collector(name: str, load):
         raise ConfigError(f"config key 'agent.collectors': cannot load {name!r}: {exc}") from None
 
 
-# collectors that read NVML through the shared backend
-NVML_COLLECTORS = ("gpu", "xid", "canary")
+def needs_nvml(names) -> bool:
+    """Whether any of the collectors ``names`` reads NVML (its class says ``needs_nvml``): they then
+    share one backend. A name that does not load is the constructor's to report."""
+    from gpufleet.agent.collectors import load
+
+    for name in names:
+        try:
+            if getattr(_load_collector(name, load), "needs_nvml", False):
+                return True
+        except GpufleetError:
+            continue
+    return False
 
 
 class Output:
@@ -197,7 +207,7 @@ class Agent:
         a = cfg["agent"]
         backend = None
         sim_node = None
-        needs_backend = any(n in NVML_COLLECTORS for n in a["collectors"])
+        needs_backend = needs_nvml(a["collectors"])
         if needs_backend:  # one NVML backend, shared by every collector that reads NVML
             from gpufleet.agent.backends import get_backend
 

@@ -49,10 +49,11 @@ from typing import NamedTuple
 
 import pynvml
 from gpufleet.agent.collectors import CollectorUnavailable
-from gpufleet.agent.jobs import resolve_job
+from gpufleet.agent.jobs import TAG_KEYS, resolve_job
 from gpufleet.agent.model import Sample, register
 
 from gpufleet import catalogue
+from gpufleet.options import Option
 
 log = logging.getLogger(__name__)
 
@@ -336,6 +337,19 @@ class GpuCollector:
     """
 
     name = "gpu"
+    needs_nvml = True
+    measurements = ("gpu", "gpu_nvlink")
+    options = (  # the [gpu] section
+        Option("nvlink_interval", "duration", 30.0, "NVLink rows (gpu_nvlink: link state and the cumulative "
+               "CRC/replay/recovery counters) are read this often, and on the first poll; 0 = every poll. "
+               "The counters are cumulative, so a longer interval loses no error, only time resolution",
+               0.0, 3600.0, arg="nvlink_interval_s"),
+        Option("job_tags", "strlist", [], "job labels added as tags of the gpu row (job_id stays a field)",
+               choices=TAG_KEYS),
+        Option("gpm", "bool", True, "GPM (Hopper and newer): SM/tensor/DRAM activity and PCIe/NVLink "
+               "bandwidth; absent on GPUs without GPM. About 0.09 ms + 1-4 ms of driver time per GPU poll "
+               "on an H200"),
+    )
 
     def __init__(self, backend="nvml", *, slow_interval_s: float = 60.0, deadline_s: float = 2.0,
                  retry_s: float = 30.0, nvlink: bool = True, nvlink_interval_s: float = 30.0,

@@ -34,6 +34,7 @@ from gpufleet.agent.model import Sample, register
 
 from gpufleet.errors import ConfigError, GpufleetError
 from gpufleet.net import backoff_delay
+from gpufleet.options import Option
 from gpufleet.secrets import read_secret
 
 
@@ -146,6 +147,33 @@ def section_options(config, name: str, func, given: dict, aliases: dict | None =
 @register("ipmi")
 class IpmiCollector:
     """One BMC: the local one (``host`` empty: in-band) or a remote one over IPMI 2.0 LAN."""
+
+    needs_nvml = False
+    measurements = ("bmc_sensor", "bmc")
+    options = (  # the [ipmi] section
+        Option("host", "str", "", "BMC address; empty: the local BMC in-band (/dev/ipmi0)", arg="bmc_host"),
+        Option("port", "int", 623, "BMC's IPMI LAN port", 1, 65535, arg="bmc_port"),
+        Option("username", "str", "", "BMC user (IPMI LAN)"),
+        Option("password", "secret", help="BMC password (IPMI LAN)"),
+        Option("privilege", "choice", "", "FreeIPMI privilege level; empty: its default",
+               choices=("", "USER", "OPERATOR", "ADMIN")),
+        Option("driver", "str", "", "FreeIPMI driver type (e.g. LAN_2_0); empty: its default"),
+        Option("workarounds", "str", "", "FreeIPMI workaround flags"),
+        Option("deadline", "duration", 4.0, "hard limit of one poll: the tool is killed after it", 0.1, 60.0),
+        Option("backoff_min", "duration", 10.0, "after a failure, the BMC is left alone this long ...",
+               0.01, 86400.0),
+        Option("backoff_max", "duration", 300.0, "... doubling up to this", 0.01, 86400.0),
+        Option("sel", "bool", True, "read the System Event Log"),
+        Option("sel_every", "int", 6, "read the SEL every this many polls", 1, 100000),
+        Option("dcmi", "bool", True, "DCMI power; probed once, again every 100 polls if absent"),
+        Option("cache_dir", "path", "", "FreeIPMI's SDR cache; empty: a private temporary folder"),
+    )
+
+    @staticmethod
+    def check_options(table: dict) -> None:
+        """What one key's range cannot say (the agent config calls this)."""
+        if table["backoff_min"] > table["backoff_max"]:
+            raise ConfigError("config key 'ipmi.backoff_min': is larger than ipmi.backoff_max")
 
     def __init__(self, bmc_host: str = "", bmc_port: int = 623, username: str = "",
                  password: str | None = None, password_file: str = "", password_env: str = "",
