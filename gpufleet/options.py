@@ -16,7 +16,8 @@ secret, one line of help. Everything else derives from that tuple:
 Types (``Option.kind``): ``str``, ``path``, ``choice`` (one of ``choices``), ``bool``, ``int``,
 ``float``, ``duration`` (seconds: a number or ``"10s"``, ``"5m"``), ``size`` (bytes: a number or
 ``"64MiB"``), ``strlist`` (a list of distinct non-empty names, from ``choices`` when given),
-``tables`` (a list of tables, checked by the part itself) and ``secret``.
+``intlist`` (a list of integers, each within the range), ``tables`` (a list of tables, checked by
+the part itself) and ``secret``. An ``int`` may be written as a whole float (``3.0``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from dataclasses import dataclass
 from gpufleet.errors import ConfigError
 from gpufleet.units import parse_duration, parse_size
 
-KINDS = ("str", "path", "choice", "bool", "int", "float", "duration", "size", "strlist", "tables", "secret")
+KINDS = ("str", "path", "choice", "bool", "int", "float", "duration", "size", "strlist", "intlist", "tables",
+         "secret")
 
 
 @dataclass(frozen=True)
@@ -108,12 +110,20 @@ def check(where: str, opt: Option, v: object) -> object:
             if opt.choices and x not in opt.choices:
                 raise bad(f"unknown name {x!r}; expected {', '.join(opt.choices)}")
         return list(v)
+    if k == "intlist":
+        if not isinstance(v, list) or not all(isinstance(x, int) and not isinstance(x, bool)
+                                              and (opt.lo is None or x >= opt.lo)
+                                              and (opt.hi is None or x <= opt.hi) for x in v):
+            raise bad(f"expected a list of integers{_between(opt)}, got {v!r}")
+        return list(v)
     if k == "tables":
         if not isinstance(v, list) or not all(isinstance(x, dict) for x in v):
             raise bad("expected a list of tables")
         return v
     out: float
     if k == "int":
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
         if not isinstance(v, int) or isinstance(v, bool):
             raise bad(f"expected an integer, got {v!r}")
         out = v
@@ -132,6 +142,10 @@ def check(where: str, opt: Option, v: object) -> object:
     if opt.hi is not None and out > opt.hi:
         raise bad(f"{v!r} is above the maximum {opt.hi:g}")
     return out
+
+
+def _between(opt: Option) -> str:
+    return f" from {opt.lo:g} to {opt.hi:g}" if opt.lo is not None and opt.hi is not None else ""
 
 
 def validate(options: Iterable[Option], given: dict, where: Where, *, ignore: Iterable[str] = ()) -> dict:
