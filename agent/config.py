@@ -159,6 +159,21 @@ def collector_options(cfg: dict, name: str) -> dict[str, object]:
     return out
 
 
+def keys_markdown() -> str:
+    """The key table of docs/agent.md, from the declarations (``python -m gpufleet.regen``)."""
+    rows = ["| key | default | meaning |", "|---|---|---|"]
+    for section, opts in sections().items():
+        if section == "labels":
+            rows.append("| `labels.NAME` | | operator label, a tag on every row (not a reserved tag name) |")
+            continue
+        rows += options.markdown_rows(f"{section}.", opts)
+        if section == INFLUX:
+            rows.append("| `influx.NAME.*` | as `influx.*` | a further destination `influx.NAME`: every "
+                        "`influx` key, with `influx`'s defaults |")
+            rows += options.markdown_rows("influx.NAME.", DESTINATION_OPTIONS)
+    return "\n".join(rows) + "\n"
+
+
 def _bad(key: str, why: str) -> ConfigError:
     return ConfigError(f"config key '{key}': {why}")
 

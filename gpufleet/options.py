@@ -258,8 +258,13 @@ def _range(opt: Option) -> str:
     return f"{lo} .. {hi}" if hi else f"≥ {lo}"
 
 
-def markdown_rows(prefix: str, options: Iterable[Option]) -> list[str]:
-    """One ``| key | default | meaning |`` row per key of ``options`` (``prefix``: ``"ipmi."``)."""
+def markdown_rows(prefix: str, options: Iterable[Option], lead: str = "") -> list[str]:
+    """One ``| key | default | meaning |`` row per key of ``options`` (``prefix``: ``"ipmi."``;
+    ``lead``: a first cell before the key, e.g. the sink type)."""
+    return [f"| {lead} {row[2:]}" if lead else row for row in _rows(prefix, options)]
+
+
+def _rows(prefix: str, options: Iterable[Option]) -> list[str]:
     rows = []
     for o in options:
         default = shown(o, o.default)
@@ -274,5 +279,17 @@ def markdown_rows(prefix: str, options: Iterable[Option]) -> list[str]:
             continue
         if o.required:
             default = "required"
-        rows.append(f"| `{prefix}{o.name}` | {f'`{default}`' if default else ''} | {meaning} |")
+        shown_default = f"`{default}` " if default else ""
+        rows.append(f"| `{prefix}{o.name}` | {shown_default}| {meaning} |".replace("|  |", "| |"))
     return rows
+
+
+def replace_block(text: str, name: str, body: str) -> str:
+    """``text`` with the generated block ``name`` (between its BEGIN and END comment lines)
+    replaced by ``body``; ConfigError-free: a missing marker is a ValueError naming it."""
+    begin = f"<!-- BEGIN {name} (python -m gpufleet.regen) -->"
+    end = f"<!-- END {name} -->"
+    if begin not in text or end not in text:
+        raise ValueError(f"no generated block {name!r}: add the lines {begin} and {end}")
+    i, j = text.index(begin) + len(begin), text.index(end)
+    return text[:i] + "\n" + body + text[j:]

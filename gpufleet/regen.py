@@ -10,6 +10,9 @@ The generated files and their sources:
   fleet, from the catalogue (``docs/scale_arithmetic.py``);
 - ``docs/dcgm.md``: the dcgm-exporter names the agent serves, from the catalogue
   (:mod:`gpufleet.dcgm_doc`);
+- ``docs/agent.md`` and ``docs/alerting.md``, the blocks between their ``BEGIN``/``END`` comment
+  lines: the config key tables, from the options the agent's sections, its collectors and the
+  alert sinks declare (:mod:`gpufleet.options`);
 - ``dashboards/grafana/*.json``: the Grafana dashboards (:mod:`gpufleet.dashboards.generate`); a
   JSON file there that no builder makes is stale too (``--check`` names it, a rewrite removes it).
 
@@ -61,6 +64,30 @@ def _scale(root: Path, current: str | None) -> str:
     return current[:start] + mod.render(mod.Fleet()) + current[end:]
 
 
+def _block(rel: str, name: str, render: Callable[[], str]) -> Callable[[Path, str | None], str]:
+    def make(root: Path, current: str | None) -> str:
+        from gpufleet.options import replace_block
+
+        try:
+            return replace_block(current or "", name, render())
+        except ValueError as exc:
+            raise SystemExit(f"regen: {root / rel}: {exc}") from None
+
+    return make
+
+
+def _agent_keys() -> str:
+    from gpufleet.agent.config import keys_markdown
+
+    return keys_markdown()
+
+
+def _sink_keys() -> str:
+    from gpufleet.analyzer.alerting.config import keys_markdown
+
+    return keys_markdown()
+
+
 def _dashboard(name: str) -> Callable[[Path, str | None], str]:
     def make(root: Path, current: str | None) -> str:
         from gpufleet.dashboards import generate
@@ -78,6 +105,8 @@ def targets() -> dict[str, Callable[[Path, str | None], str]]:
         "docs/schema.md": _schema,
         "docs/scale.md": _scale,
         "docs/dcgm.md": _dcgm,
+        "docs/agent.md": _block("docs/agent.md", "agent keys", _agent_keys),
+        "docs/alerting.md": _block("docs/alerting.md", "sink keys", _sink_keys),
     }
     for name in generate.BUILDERS:
         out[f"{GRAFANA}/{name}.json"] = _dashboard(name)

@@ -66,6 +66,31 @@ def build_sink(spec: dict, label: str, name: str) -> Sink:
     return cls(name=name, url=str(url or ""), delivery=d, **kwargs)
 
 
+def keys_markdown() -> str:
+    """The sink key tables of docs/alerting.md, from the sink classes (``python -m gpufleet.regen``)."""
+    from gpufleet.analyzer.alerting.base import URL_OPTIONS
+
+    types = ", ".join(f"`{t}`" for t in REGISTRY)
+    rows = ["Keys every sink takes:", "", "| key | default | meaning |", "|---|---|---|",
+            f"| `type` | required | {types} |",
+            "| `name` | the type (`slack-2` for a second one) | identifies the sink in the state file and "
+            "logs |"]
+    need = [t for t, c in REGISTRY.items() if not c.needs_url]
+    dflt = [f"{t}: {c.default_url}" for t, c in REGISTRY.items() if c.default_url]
+    url, url_secret = URL_OPTIONS
+    rows.append(f"| `url` | required ({'; '.join(dflt)}; {', '.join(need)}: none) | {url.help} |")
+    rows += options.markdown_rows("", (url_secret,))
+    for o in DELIVERY_OPTIONS:
+        row = options.markdown_rows("", (o,))[0]
+        other = [f"{t}: {options.shown(o, c.delivery_defaults[o.name]) or 'none'}"
+                 for t, c in REGISTRY.items() if o.name in c.delivery_defaults]
+        rows.append(row[:-2] + f" ({'; '.join(other)}) |" if other else row)
+    rows += ["", "Keys of one type:", "", "| type | key | default | meaning |", "|---|---|---|---|"]
+    for t, c in REGISTRY.items():
+        rows += options.markdown_rows("", c.options, lead=f"`{t}` |")
+    return "\n".join(rows) + "\n"
+
+
 def parse_cli_spec(spec: str, config_sinks: list[dict]) -> dict:
     """``TYPE=URL`` (or just ``console``) -> a sink table; secrets from the environment or config
     (a secret option's ``env`` variable, or its ``_FILE`` twin naming a file)."""
