@@ -49,6 +49,8 @@ def build_sink(spec: dict, label: str, name: str) -> Sink:
     cls = REGISTRY[typ]
     table = options.validate(cls.table_options(), spec, lambda k: f"{label}: {k}", ignore=("type", "name"))
     # url: inline, or from a file/env (a Slack webhook URL is itself the credential)
+    if spec.get("url") and (table["url_file"] or table["url_env"]):
+        raise ConfigError(f"{label}: give url, url_file or url_env, not two of them")
     url = spec.get("url") or _sink_secret(label, "url", table) or cls.default_url
     if cls.needs_url:
         if not url:
