@@ -31,7 +31,6 @@ from gpufleet import options
 from gpufleet.errors import ConfigError
 from gpufleet.options import Option
 
-EXPORTERS = ("file", "influx", "otlp", "prometheus")
 INFLUX = "influx"  # the exporter of the [influx] table; [influx.NAME] tables are "influx.NAME"
 _DEST_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")
 _LABEL_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -63,42 +62,6 @@ CORE: dict[str, tuple[Option, ...]] = {
            "(systemd restarts the unit; without a watchdog: exit 1); `0` = never", 0.0, 86400.0),
     ),
     "labels": (),  # free-form operator labels: name = "value" (checked by _check_label)
-    "file": (
-        _o("dir", "path", f"{STATE_DIR}/telemetry", "under the unit's `StateDirectory`"),
-        _o("segment_bytes", "size", 64 * 2**20, "", 4096, 2**40),
-        _o("segment_age", "duration", 3600.0, "", 1.0, 7 * 86400.0),
-        _o("compress", "bool", True, "gzip closed segments"),
-        _o("keep_bytes", "size", 4 * 2**30, "oldest closed segments deleted beyond", 0, 2**50),
-    ),
-    "influx": (
-        _o("url", "str", "", "`http(s)://HOST:PORT`; setting it switches the `influx` exporter on"),
-        _o("api", "choice", "v1", choices=("v1", "v2")),
-        _o("db", "str", "gpufleet", "v1 database"),
-        _o("rp", "str", "", "v1 retention policy"),
-        _o("username", "str", "", "v1 basic auth user"),
-        _o("password", "secret", help="v1 password"),
-        _o("bucket", "str", "", "v2 bucket"),
-        _o("org", "str", "", "v2 organisation"),
-        _o("token", "secret", help="v2 token"),
-        _o("precision", "choice", "ns", choices=("ns", "s")),
-        _o("gzip", "bool", True),
-        _o("batch_lines", "int", 5000, "lines per request", 1, 5000),
-        _o("timeout", "duration", 10.0, "per request", 0.1, 300.0),
-        _o("backoff_min", "duration", 1.0, "first retry delay", 0.01, 3600.0),
-        _o("backoff_max", "duration", 60.0, "largest retry delay", 0.01, 3600.0),
-    ),
-    "otlp": (
-        _o("endpoint", "str", "http://127.0.0.1:4318/v1/metrics"),
-        _o("protocol", "choice", "http/protobuf", choices=("http/protobuf", "grpc")),
-        _o("timeout", "duration", 10.0, "", 0.1, 300.0),
-        _o("insecure", "bool", True, "gRPC without TLS"),
-    ),
-    "prometheus": (  # GET /metrics (dcgm-exporter's port); beyond loopback only when listen says so
-        _o("listen", "str", "127.0.0.1:9400", "`HOST:PORT` (`[v6]:PORT`) of `GET /metrics`; beyond "
-           "loopback only when given"),
-        _o("names", "choice", "gpufleet", "`dcgm`: dcgm-exporter's names (docs/dcgm.md)",
-           choices=("gpufleet", "dcgm", "both")),
-    ),
     "spool": (
         _o("dir", "path", f"{STATE_DIR}/spool"),
         _o("max_bytes", "size", 512 * 2**20, "bound; oldest dropped beyond", 65536, 2**50),
@@ -109,11 +72,26 @@ CORE: dict[str, tuple[Option, ...]] = {
         _o("rejected_max_bytes", "size", 64 * 2**20, "bytes kept in `rejected/`", 4096, 2**50),
     ),
 }
-# the keys an [influx.NAME] table has beyond [influx]'s (its other keys: [influx]'s, same defaults)
-DESTINATION_OPTIONS = (
-    _o("spool_dir", "path", "", "its own spool, shared with no other destination; empty: "
-       "`spool.dir` + `-NAME`"),
-)
+def exporter_classes() -> dict[str, type]:
+    """Every exporter of ``agent/pipeline/`` (and any registered since): name -> class."""
+    import importlib
+    import pkgutil
+
+    import gpufleet.agent.pipeline as pkg
+    from gpufleet.agent.model import EXPORTERS
+
+    for m in pkgutil.iter_modules(pkg.__path__):
+        importlib.import_module(f"gpufleet.agent.pipeline.{m.name}")
+    return dict(EXPORTERS)
+
+
+def _influx_options() -> tuple[Option, ...]:
+    return exporter_classes()[INFLUX].options
+
+
+def _destination_options() -> tuple[Option, ...]:
+    cls = exporter_classes()[INFLUX]
+    return (*cls.options, *cls.destination_options)
 
 
 def collector_classes() -> dict[str, type]:
@@ -134,14 +112,14 @@ def collector_classes() -> dict[str, type]:
 
 
 def sections() -> dict[str, tuple[Option, ...]]:
-    """Every section of the agent config -> its options: the agent's own, then each collector's
-    (the collectors that declare options, in registry order)."""
+    """Every section of the agent config -> its options: the agent's own, each exporter's, then
+    each collector's (those that declare options, in registry order)."""
     out = dict(CORE)
-    for name, cls in collector_classes().items():
+    for name, cls in [*exporter_classes().items(), *collector_classes().items()]:
         opts = tuple(getattr(cls, "options", ()))
         if opts:
-            if name in out:  # pragma: no cover - a collector named like a section of the agent
-                raise AssertionError(f"collector {name!r} clashes with the agent's [{name}] section")
+            if name in out:  # pragma: no cover - a part named like another section
+                raise AssertionError(f"{cls.__name__} {name!r} clashes with the agent's [{name}] section")
             out[name] = opts
     return out
 
@@ -170,7 +148,7 @@ def keys_markdown() -> str:
         if section == INFLUX:
             rows.append("| `influx.NAME.*` | as `influx.*` | a further destination `influx.NAME`: every "
                         "`influx` key, with `influx`'s defaults |")
-            rows += options.markdown_rows("influx.NAME.", DESTINATION_OPTIONS)
+            rows += options.markdown_rows("influx.NAME.", exporter_classes()[INFLUX].destination_options)
     return "\n".join(rows) + "\n"
 
 
@@ -237,7 +215,7 @@ def _destination_table(name: str, table: dict) -> dict[str, object]:
     if not _DEST_NAME.match(name):
         raise _bad(f"influx.{name}", "a destination name is letters, digits, '_' and '-', "
                                      "starting with a letter")
-    return options.validate((*CORE[INFLUX], *DESTINATION_OPTIONS), table, options.agent_key(f"influx.{name}"))
+    return options.validate(_destination_options(), table, options.agent_key(f"influx.{name}"))
 
 
 def named_destinations(cfg: dict) -> dict[str, dict]:
@@ -281,7 +259,7 @@ def influx_destinations(cfg: dict) -> list[Destination]:
     out = []
     for exp in exporters(cfg):
         if exp == INFLUX:
-            keys = {k for o in CORE[INFLUX] for k in o.keys()}
+            keys = {k for o in _influx_options() for k in o.keys()}
             ix = {k: v for k, v in cfg[INFLUX].items() if k in keys}
             out.append(Destination(INFLUX, ix, str(cfg["spool"]["dir"])))
         elif exp.startswith(INFLUX + ".") and exp[len(INFLUX) + 1:] in named:
@@ -313,14 +291,16 @@ def _check_destination(key: str, ix: dict, active: bool) -> None:
 
 def _check_exporters(c: dict) -> None:
     named = named_destinations(c)
+    known = exporter_classes()
     for x in exporters(c):
-        if x in EXPORTERS:
+        if x in known:
+            known[x].check_active(c[x])
             continue
         if x.startswith(INFLUX + "."):
             if x[len(INFLUX) + 1:] in named:
                 continue
             raise _bad("agent.exporters", f"{x!r} names no [{x}] table")
-        raise _bad("agent.exporters", f"unknown name {x!r}; expected {', '.join(EXPORTERS)} or influx.NAME "
+        raise _bad("agent.exporters", f"unknown name {x!r}; expected {', '.join(known)} or influx.NAME "
                                       "(an [influx.NAME] table)")
     for name, t in named.items():
         _check_destination(f"influx.{name}", t, f"{INFLUX}.{name}" in exporters(c))
@@ -350,15 +330,6 @@ def _cross_check(c: dict[str, dict[str, object]]) -> None:
         raise _bad("agent.sim_node", "needs backend = \"sim\"")
     _check_destination(INFLUX, ix, INFLUX in exporters(c))
     _check_exporters(c)
-    if "otlp" in exporters(c):
-        try:
-            parts = urlsplit(c["otlp"]["endpoint"])
-        except ValueError as exc:
-            raise _bad("otlp.endpoint", f"not a URL ({exc})") from None
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise _bad("otlp.endpoint", "expected http(s)://HOST:PORT[/path]")
-    if "prometheus" in a["exporters"]:
-        parse_listen(c["prometheus"]["listen"])
     for key in ("host", "sim_node"):
         if a[key]:
             _check_tag_value(f"agent.{key}", a[key])

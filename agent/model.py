@@ -65,3 +65,54 @@ def register(name: str):
         return cls
 
     return deco
+
+
+class Exporter:
+    """An exporter of the agent (one module under ``agent/pipeline/``), registered by name with
+    ``@register_exporter``; ``agent.exporters`` lists the names. Its facts on the class:
+
+    ``options``: its config section ``[NAME]`` (:class:`gpufleet.options.Option`); ``lines``: True
+    when :meth:`build` gives a line-protocol sink (``write(lines)``, ``close()``) that the one
+    line-protocol encoder feeds, False when it gives an OpenTelemetry ``MetricExporter`` the
+    pipeline's reader calls; ``spooled``: the agent builds it itself, once per destination, each
+    with its own disk spool (``influx``, ``influx.NAME``).
+    """
+
+    name: ClassVar[str] = ""
+    options: ClassVar[tuple[Option, ...]] = ()
+    lines: ClassVar[bool] = False
+    spooled: ClassVar[bool] = False
+
+    @classmethod
+    def check_active(cls, table: dict) -> None:
+        """What its section's key ranges cannot say, checked when it is listed (ConfigError)."""
+
+    @classmethod
+    def build(cls, table: dict, agent) -> object:
+        """The running part from its validated section; ``agent``: the building agent (``host``,
+        ``interval``, ``cfg``)."""
+        raise NotImplementedError
+
+    @classmethod
+    def open_part(cls, part) -> None:
+        """Called once the pipeline is up (a server starts listening)."""
+
+    @classmethod
+    def close_part(cls, part) -> None:
+        """Called when the agent closes, after the pipeline's shutdown (a line sink: ``close()``)."""
+        if cls.lines:
+            part.close()
+
+
+EXPORTERS: dict[str, type[Exporter]] = {}
+
+
+def register_exporter(name: str):
+    """Class decorator: make an exporter constructible by name from ``agent.exporters``."""
+
+    def deco(cls):
+        cls.name = name
+        EXPORTERS[name] = cls
+        return cls
+
+    return deco
