@@ -333,3 +333,78 @@ def test_markdown_rows_show_defaults_ranges_and_secrets_as_the_config_writes_the
         "never inline) |",
         '| `x.mode` | | one of `""`, `a` |',
     ]
+
+
+TOY_EXPORTER = '''"""A toy exporter: this module; its section, [toyout], declared on the class."""
+from pathlib import Path
+
+from gpufleet.agent.model import Exporter, register_exporter
+from gpufleet.errors import ConfigError
+from gpufleet.options import Option
+
+
+@register_exporter("toyout")
+class ToyOut(Exporter):
+    lines = True  # fed the encoded line protocol, like the file exporter
+    options = (
+        Option("path", "path", "", "where the lines go"),
+        Option("every", "int", 1, "keep every Nth line", 1, 100),
+    )
+
+    @classmethod
+    def check_active(cls, table):
+        if not table["path"]:
+            raise ConfigError("config key 'toyout.path': needed when toyout is listed")
+
+    @classmethod
+    def build(cls, table, agent):
+        return cls(table["path"], table["every"], agent.host)
+
+    def __init__(self, path, every, host):
+        self.fh, self.every, self.host, self.closed = open(path, "a"), every, host, False
+
+    def write(self, lines):
+        self.fh.writelines(ln + "\\n" for ln in lines[::self.every])
+        self.fh.flush()
+
+    def close(self):
+        self.fh.close()
+'''
+
+
+@pytest.fixture
+def toy_exporter(tmp_path, monkeypatch):
+    import gpufleet.agent.pipeline as pkg
+    from gpufleet.agent.model import EXPORTERS
+
+    mods = tmp_path / "expmods"
+    mods.mkdir()
+    (mods / "toyout.py").write_text(TOY_EXPORTER)
+    monkeypatch.setattr(pkg, "__path__", [*pkg.__path__, str(mods)])
+    assert "toyout" not in EXPORTERS
+    yield
+    EXPORTERS.pop("toyout", None)
+    sys.modules.pop("gpufleet.agent.pipeline.toyout", None)
+
+
+def test_a_toy_exporter_is_one_module_its_section_validated_documented_and_run(toy_exporter, tmp_path):
+    from gpufleet.agent.daemon import Agent
+
+    for text, key in (("[toyout]\nevery = 0\n", "toyout.every"), ("[toyout]\npth = 1\n", "toyout.pth"),
+                      ('[agent]\nexporters = ["toyout"]\n', "toyout.path")):
+        _refused(agent_config.parse_text, f"'{key}'", text)
+    _refused(agent_config.parse_text, "expected file, influx, otlp, prometheus, toyout or influx.NAME",
+             '[agent]\nexporters = ["toyou"]\n')
+    assert "| `toyout.every` | `1` | keep every Nth line (1 .. 100) |" in agent_config.keys_markdown()
+    out = tmp_path / "toy.lp"
+    cfg = agent_config.parse_text(f'[agent]\ncollectors = ["gpu"]\nbackend = "sim"\nexporters = ["toyout"]\n'
+                                  f'[toyout]\npath = "{out}"\n')
+    a = Agent(cfg)
+    try:
+        assert a.tick(int(T0 * 1e9))
+    finally:
+        a.close()
+    (cls, part), = a.parts
+    assert cls.name == "toyout" and part.fh.closed  # built from its section, closed with the agent
+    lines = out.read_text().splitlines()
+    assert any(ln.startswith("gpu,") for ln in lines) and any("collector=gpu" in ln for ln in lines)
