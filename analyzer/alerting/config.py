@@ -14,12 +14,24 @@ from __future__ import annotations
 import os
 from urllib.parse import urlsplit
 
-from gpufleet.analyzer.alerting import action, alertmanager, console, pagerduty, slack, webhook  # noqa: F401 (register)
 from gpufleet.analyzer.alerting.base import DELIVERY_OPTIONS, REGISTRY, Delivery, Sink, redact_url
 
 from gpufleet import options
 from gpufleet.errors import ConfigError
 from gpufleet.secrets import read_secret
+
+
+def sink_classes() -> dict[str, type[Sink]]:
+    """Every sink type: each module of ``analyzer/alerting/`` imported (a sink module registers
+    its class with ``@register``; the others are light), then the registry (type -> class)."""
+    import importlib
+    import pkgutil
+
+    import gpufleet.analyzer.alerting as pkg
+
+    for m in pkgutil.iter_modules(pkg.__path__):
+        importlib.import_module(f"{pkg.__name__}.{m.name}")
+    return REGISTRY
 
 
 def _sink_secret(label: str, key: str, spec: dict) -> str | None:
