@@ -152,6 +152,16 @@ def keys_markdown() -> str:
     return "\n".join(rows) + "\n"
 
 
+def collector_sections_toml() -> str:
+    """The collectors' sections of ``packaging/config/agent.toml``, every key at its default after
+    its help, from the declarations (``python -m gpufleet.regen``)."""
+    lines: list[str] = []
+    for name, cls in collector_classes().items():
+        if getattr(cls, "options", ()):
+            lines += ["", *options.toml_section(name, cls.options)]
+    return "\n".join(lines[1:]) + "\n"
+
+
 def _bad(key: str, why: str) -> ConfigError:
     return ConfigError(f"config key '{key}': {why}")
 

@@ -284,11 +284,52 @@ def _rows(prefix: str, options: Iterable[Option]) -> list[str]:
     return rows
 
 
-def replace_block(text: str, name: str, body: str) -> str:
+def toml_value(opt: Option, value: object) -> str:
+    """``value`` as a TOML value, as the example config writes it (``"10s"``, ``"64MiB"``)."""
+    import json
+
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if opt.kind == "duration" and isinstance(value, int | float):
+        return f'"{_duration(float(value))}"' if value else '"0s"'
+    if opt.kind == "size" and isinstance(value, int) and value:
+        return f'"{_size(value)}"'
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(json.dumps(x) for x in value) + "]"
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, int):
+        return str(value)
+    return json.dumps("" if value is None else str(value), ensure_ascii=False)
+
+
+def toml_section(section: str, options: Iterable[Option], width: int = 100) -> list[str]:
+    """``[section]`` with every key at its default, each after its help as comment lines."""
+    import textwrap
+
+    out = [f"[{section}]"]
+    for o in options:
+        words = o.help.replace("`", "")
+        rng = _range(o).replace("`", "")
+        if rng:
+            words = f"{words} ({rng})" if words else rng
+        if o.secret:
+            words = f"secret, from a file or an environment variable, never inline: {words}"
+        out += textwrap.wrap(words, width - 2, initial_indent="# ", subsequent_indent="# ")
+        if o.secret:
+            out += [f'{o.name}_file = ""', f'{o.name}_env = ""']
+        else:
+            out.append(f"{o.name} = {toml_value(o, o.default)}")
+    return out
+
+
+def replace_block(text: str, name: str, body: str, comment: tuple[str, str] = ("<!--", " -->")) -> str:
     """``text`` with the generated block ``name`` (between its BEGIN and END comment lines)
-    replaced by ``body``; ConfigError-free: a missing marker is a ValueError naming it."""
-    begin = f"<!-- BEGIN {name} (python -m gpufleet.regen) -->"
-    end = f"<!-- END {name} -->"
+    replaced by ``body``; a missing marker is a ValueError naming it. ``comment``: how the file
+    opens and closes a comment (``("#", "")`` in TOML)."""
+    a, b = comment
+    begin = f"{a} BEGIN {name} (python -m gpufleet.regen){b}"
+    end = f"{a} END {name}{b}"
     if begin not in text or end not in text:
         raise ValueError(f"no generated block {name!r}: add the lines {begin} and {end}")
     i, j = text.index(begin) + len(begin), text.index(end)

@@ -13,6 +13,8 @@ The generated files and their sources:
 - ``docs/agent.md`` and ``docs/alerting.md``, the blocks between their ``BEGIN``/``END`` comment
   lines: the config key tables, from the options the agent's sections, its collectors and the
   alert sinks declare (:mod:`gpufleet.options`);
+- ``packaging/config/agent.toml``, the block between its ``BEGIN``/``END`` comment lines: each
+  collector's section, every key at its default after its help, from the collector classes;
 - ``dashboards/grafana/*.json``: the Grafana dashboards (:mod:`gpufleet.dashboards.generate`); a
   JSON file there that no builder makes is stale too (``--check`` names it, a rewrite removes it).
 
@@ -64,12 +66,13 @@ def _scale(root: Path, current: str | None) -> str:
     return current[:start] + mod.render(mod.Fleet()) + current[end:]
 
 
-def _block(rel: str, name: str, render: Callable[[], str]) -> Callable[[Path, str | None], str]:
+def _block(rel: str, name: str, render: Callable[[], str],
+           comment: tuple[str, str] = ("<!--", " -->")) -> Callable[[Path, str | None], str]:
     def make(root: Path, current: str | None) -> str:
         from gpufleet.options import replace_block
 
         try:
-            return replace_block(current or "", name, render())
+            return replace_block(current or "", name, render(), comment)
         except ValueError as exc:
             raise SystemExit(f"regen: {root / rel}: {exc}") from None
 
@@ -80,6 +83,12 @@ def _agent_keys() -> str:
     from gpufleet.agent.config import keys_markdown
 
     return keys_markdown()
+
+
+def _collector_sections() -> str:
+    from gpufleet.agent.config import collector_sections_toml
+
+    return collector_sections_toml()
 
 
 def _sink_keys() -> str:
@@ -107,6 +116,8 @@ def targets() -> dict[str, Callable[[Path, str | None], str]]:
         "docs/dcgm.md": _dcgm,
         "docs/agent.md": _block("docs/agent.md", "agent keys", _agent_keys),
         "docs/alerting.md": _block("docs/alerting.md", "sink keys", _sink_keys),
+        "packaging/config/agent.toml": _block("packaging/config/agent.toml", "collector sections",
+                                              _collector_sections, ("#", "")),
     }
     for name in generate.BUILDERS:
         out[f"{GRAFANA}/{name}.json"] = _dashboard(name)

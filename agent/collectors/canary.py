@@ -310,13 +310,14 @@ class CanaryCollector:
     needs_nvml = True
     measurements = ("gpu_canary", "gpufleet_canary")
     options = (  # the [canary] section (docs/sources.md)
-        Option("engine", "choice", "auto", "torch (CUDA) > cupy, in a child process; numpy (CPU) without "
-               "NVML GPUs; backend: the NVML backend's own engine (simulator)",
+        Option("engine", "choice", "auto", "auto: the backend's own > torch (CUDA) > cupy, in a child "
+               "process > numpy (CPU) without NVML GPUs",
                choices=("auto", "backend", "torch", "cupy", "numpy")),
         Option("interval", "duration", 3600.0, "between checks of one GPU (from the previous due time)",
                1.0, 30 * 86400.0),
-        Option("max_age", "duration", 21600.0, "the bound every GPU is checked within (idle windows or "
-               "hooks)", 60.0, 365 * 86400.0),
+        Option("max_age", "duration", 21600.0, "the bound: every GPU checked within it (idle windows or "
+               "job-boundary hooks); gpufleet_canary.overdue past it, the analyzer warns at twice it",
+               60.0, 365 * 86400.0),
         Option("size", "int", 0, "GEMM size; 0: 4096 on a GPU, 256 on the CPU; else 16 .. 32768", 0, 32768),
         Option("dtype", "choice", "", "\"\": bfloat16 with torch, float32 otherwise",
                choices=("", "float32", "float16", "bfloat16")),
@@ -331,8 +332,9 @@ class CanaryCollector:
                0.0, 30 * 86400.0),
         Option("idle_for", "duration", 0.0, "a GPU must have been seen idle this long before a check",
                0.0, 86400.0),
-        Option("confirm", "int", 2, "rechecks, at once, after a failed check", 0, 10),
-        Option("timeout", "duration", 120.0, "before a check's child is killed", 1.0, 3600.0),
+        Option("confirm", "int", 2, "rechecks, at once, after a check fails on this GPU's own answer", 0, 10),
+        Option("timeout", "duration", 120.0, "a check's child process is killed past this (reported, not "
+               "waited on)", 1.0, 3600.0),
         Option("max_rss", "size", 4 << 30, "the child is killed past this resident memory", 0, 2**44),
         Option("parallel", "int", 1, "children at once on the node", 1, 64),
         Option("drop_dir", "path", f"{STATE_DIR}/canary-drop", "results of job-boundary checks "
@@ -344,8 +346,8 @@ class CanaryCollector:
         Option("state_dir", "path", f"{STATE_DIR}/canary", "first answers kept across restarts"),
         Option("standin", "bool", False, "run each NVML GPU's check on the CPU engine (simulated fleets, "
                "tests)"),
-        Option("python", "path", "", "the interpreter that runs each check (one with torch or cupy); "
-               "\"\" = gpufleet's own"),
+        Option("python", "path", "", "the interpreter that runs each check: one with torch or cupy, "
+               "e.g. /opt/gpufleet-canary/bin/python (docs/sources.md); \"\" = gpufleet's own"),
     )
 
     @staticmethod
