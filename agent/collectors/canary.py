@@ -365,12 +365,7 @@ class CanaryCollector:
                  confirm: int = 2, timeout: float = 120.0, max_rss: int = 4 << 30, parallel: int = 1,
                  drop_dir: str = "", status_every: float = 60.0, reference: str = "",
                  reference_refresh: float = 3600.0, state_dir: str = "", standin: bool = False,
-                 wait: float = 0.0, python: str = "", config: dict | None = None, clock=None):
-        from gpufleet.agent.collectors.ipmi import section_options
-
-        o = section_options(config, "canary", CanaryCollector.__init__, locals())
-        if o:
-            return self.__init__(**o, clock=clock)
+                 wait: float = 0.0, python: str = "", clock=None):
         self.verdict = backend_engine(backend, engine)
         if self.verdict is None and engine not in CHILD_ENGINES:
             raise ConfigError(f"canary.engine: {engine!r} is not auto, backend, torch, cupy or numpy")

@@ -122,28 +122,6 @@ def _sensor_type_tag(t: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", t.strip().lower()).strip("_") or "other"
 
 
-def section_options(config, name: str, func, given: dict, aliases: dict | None = None) -> dict:
-    """Options from the agent config's ``[name]`` section for the constructor ``func``.
-
-    A key in the section fills a parameter the caller left at its default; unknown keys are a
-    ConfigError. Returns {} when the section is absent or empty (nothing to merge).
-    """
-    import inspect
-
-    sec = (config or {}).get(name) or {}
-    if not isinstance(sec, dict) or not sec:
-        return {}
-    params = inspect.signature(func).parameters
-    out = {k: v for k, v in given.items() if k in params and k not in ("self", "config", "clock")}
-    for key, value in sec.items():
-        k = (aliases or {}).get(key, key)
-        if k not in params or k in ("self", "config", "clock", "backend"):
-            raise ConfigError(f"config key '{name}.{key}': unknown option")
-        if out.get(k) == params[k].default:
-            out[k] = value
-    return out
-
-
 @register("ipmi")
 class IpmiCollector:
     """One BMC: the local one (``host`` empty: in-band) or a remote one over IPMI 2.0 LAN."""
@@ -179,12 +157,7 @@ class IpmiCollector:
                  password: str | None = None, password_file: str = "", password_env: str = "",
                  privilege: str = "", driver: str = "", workarounds: str = "", deadline: float = 4.0,
                  backoff_min: float = 10.0, backoff_max: float = 300.0, sel: bool = True,
-                 sel_every: int = 6, dcmi: bool = True, cache_dir: str = "", config: dict | None = None,
-                 clock=time.monotonic):
-        o = section_options(config, "ipmi", IpmiCollector.__init__, locals(), {"host": "bmc_host",
-                                                                              "port": "bmc_port"})
-        if o:
-            return self.__init__(**o, clock=clock)
+                 sel_every: int = 6, dcmi: bool = True, cache_dir: str = "", clock=time.monotonic):
         host, port = bmc_host, bmc_port
         for tool in ("ipmi-sensors", "ipmi-sel", "ipmi-dcmi"):
             if shutil.which(tool) is None:

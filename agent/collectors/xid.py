@@ -614,12 +614,7 @@ class XidCollector:
 
     def __init__(self, backend=None, nvml_events: bool = True, kmsg: str = "/dev/kmsg",
                  replay: bool = False, max_events: int = 1000, wait_ms: int = 500,
-                 state_dir: str = "", config: dict | None = None):
-        from gpufleet.agent.collectors.ipmi import section_options
-
-        o = section_options(config, "xid", XidCollector.__init__, locals())
-        if o:
-            return self.__init__(**o)
+                 state_dir: str = ""):
         if not kmsg and not (nvml_events and backend is not None):
             raise ConfigError("xid: needs kmsg (a path or 'journal') or nvml_events with a backend")
         if kmsg.startswith("journal:") and not os.path.isdir(kmsg[8:]):
