@@ -163,8 +163,7 @@ def validate(options: Iterable[Option], given: dict, where: Where, *, ignore: It
     for key in given:
         if key in by_key or key in skip:
             continue
-        o = next((o for o in opts if o.secret and o.name == key), None)
-        if o is not None:
+        if any(o.secret and o.name == key for o in opts):
             raise ConfigError(f"{where(key)}: a secret is never written in the config; "
                               f"use {key}_file or {key}_env")
         raise ConfigError(f"{where(key)}: unknown key")
