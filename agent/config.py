@@ -152,14 +152,23 @@ def keys_markdown() -> str:
     return "\n".join(rows) + "\n"
 
 
-def collector_sections_toml() -> str:
-    """The collectors' sections of ``packaging/config/agent.toml``, every key at its default after
-    its help, from the declarations (``python -m gpufleet.regen``)."""
+def _sections_toml(classes: dict[str, type]) -> str:
     lines: list[str] = []
-    for name, cls in collector_classes().items():
+    for name, cls in classes.items():
         if getattr(cls, "options", ()):
             lines += ["", *options.toml_section(name, cls.options)]
     return "\n".join(lines[1:]) + "\n"
+
+
+def collector_sections_toml() -> str:
+    """The collectors' sections of ``packaging/config/agent.toml``, every key at its default after
+    its help, from the declarations (``python -m gpufleet.regen``)."""
+    return _sections_toml(collector_classes())
+
+
+def exporter_sections_toml() -> str:
+    """The exporters' sections of ``packaging/config/agent.toml``, as :func:`collector_sections_toml`."""
+    return _sections_toml(exporter_classes())
 
 
 def _bad(key: str, why: str) -> ConfigError:

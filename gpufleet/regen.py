@@ -13,8 +13,9 @@ The generated files and their sources:
 - ``docs/agent.md`` and ``docs/alerting.md``, the blocks between their ``BEGIN``/``END`` comment
   lines: the config key tables, from the options the agent's sections, its collectors and the
   alert sinks declare (:mod:`gpufleet.options`);
-- ``packaging/config/agent.toml``, the block between its ``BEGIN``/``END`` comment lines: each
-  collector's section, every key at its default after its help, from the collector classes;
+- ``packaging/config/agent.toml``, the blocks between their ``BEGIN``/``END`` comment lines: each
+  exporter's and each collector's section, every key at its default after its help, from their
+  classes;
 - ``dashboards/grafana/*.json``: the Grafana dashboards (:mod:`gpufleet.dashboards.generate`); a
   JSON file there that no builder makes is stale too (``--check`` names it, a rewrite removes it).
 
@@ -66,15 +67,20 @@ def _scale(root: Path, current: str | None) -> str:
     return current[:start] + mod.render(mod.Fleet()) + current[end:]
 
 
-def _block(rel: str, name: str, render: Callable[[], str],
-           comment: tuple[str, str] = ("<!--", " -->")) -> Callable[[Path, str | None], str]:
+def _block(rel: str, name: str, render: Callable[[], str], comment: tuple[str, str] = ("<!--", " -->"),
+           *more: tuple[str, Callable[[], str]]) -> Callable[[Path, str | None], str]:
+    """The maker of a file whose generated blocks (``name`` and any ``more``) are rewritten, the
+    rest of it kept."""
     def make(root: Path, current: str | None) -> str:
         from gpufleet.options import replace_block
 
+        text = current or ""
         try:
-            return replace_block(current or "", name, render(), comment)
+            for block, body in ((name, render), *more):
+                text = replace_block(text, block, body(), comment)
         except ValueError as exc:
             raise SystemExit(f"regen: {root / rel}: {exc}") from None
+        return text
 
     return make
 
@@ -89,6 +95,12 @@ def _collector_sections() -> str:
     from gpufleet.agent.config import collector_sections_toml
 
     return collector_sections_toml()
+
+
+def _exporter_sections() -> str:
+    from gpufleet.agent.config import exporter_sections_toml
+
+    return exporter_sections_toml()
 
 
 def _sink_keys() -> str:
@@ -116,8 +128,9 @@ def targets() -> dict[str, Callable[[Path, str | None], str]]:
         "docs/dcgm.md": _dcgm,
         "docs/agent.md": _block("docs/agent.md", "agent keys", _agent_keys),
         "docs/alerting.md": _block("docs/alerting.md", "sink keys", _sink_keys),
-        "packaging/config/agent.toml": _block("packaging/config/agent.toml", "collector sections",
-                                              _collector_sections, ("#", "")),
+        "packaging/config/agent.toml": _block("packaging/config/agent.toml", "exporter sections",
+                                              _exporter_sections, ("#", ""),
+                                              ("collector sections", _collector_sections)),
     }
     for name in generate.BUILDERS:
         out[f"{GRAFANA}/{name}.json"] = _dashboard(name)

@@ -34,7 +34,7 @@ class FileSink(Exporter):
         Option("dir", "path", f"{STATE_DIR}/telemetry", "under the unit's `StateDirectory`"),
         Option("segment_bytes", "size", 64 * 2**20, "", 4096, 2**40),
         Option("segment_age", "duration", 3600.0, "", 1.0, 7 * 86400.0),
-        Option("compress", "bool", True, "gzip closed segments"),
+        Option("compress", "bool", True, "closed segments become .lp.gz"),
         Option("keep_bytes", "size", 4 * 2**30, "oldest closed segments deleted beyond", 0, 2**50),
     )
 

@@ -217,9 +217,10 @@ class InfluxExporter(Exporter):
     spooled = True
     options = (
         Option("url", "str", "", "`http(s)://HOST:PORT`; setting it switches the `influx` exporter on"),
-        Option("api", "choice", "v1", choices=("v1", "v2")),
+        Option("api", "choice", "v1", "v1: POST /write (InfluxDB 1.x); v2: influxdb-client WriteApi",
+               choices=("v1", "v2")),
         Option("db", "str", "gpufleet", "v1 database"),
-        Option("rp", "str", "", "v1 retention policy"),
+        Option("rp", "str", "", "v1 retention policy; empty = the database default"),
         Option("username", "str", "", "v1 basic auth user"),
         Option("password", "secret", help="v1 password"),
         Option("bucket", "str", "", "v2 bucket"),
@@ -227,10 +228,11 @@ class InfluxExporter(Exporter):
         Option("token", "secret", help="v2 token"),
         Option("precision", "choice", "ns", choices=("ns", "s")),
         Option("gzip", "bool", True),
-        Option("batch_lines", "int", 5000, "lines per request", 1, 5000),
+        Option("batch_lines", "int", 5000, "lines per write", 1, 5000),
         Option("timeout", "duration", 10.0, "per request", 0.1, 300.0),
-        Option("backoff_min", "duration", 1.0, "first retry delay", 0.01, 3600.0),
-        Option("backoff_max", "duration", 60.0, "largest retry delay", 0.01, 3600.0),
+        Option("backoff_min", "duration", 1.0, "the retry delay doubles from here ...", 0.01, 3600.0),
+        Option("backoff_max", "duration", 60.0, "... up to here, with jitter; Retry-After is honoured",
+               0.01, 3600.0),
     )
     # the keys an [influx.NAME] table has beyond [influx]'s (its other keys: [influx]'s, same defaults)
     destination_options = (

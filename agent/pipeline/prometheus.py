@@ -137,8 +137,9 @@ class PrometheusExporter(MetricExporter, Exporter):
 
     # GET /metrics (dcgm-exporter's port); beyond loopback only when listen says so
     options = (  # the [prometheus] section
-        Option("listen", "str", "127.0.0.1:9400", "`HOST:PORT` (`[v6]:PORT`) of `GET /metrics`; beyond "
-               "loopback only when given"),
+        Option("listen", "str", "127.0.0.1:9400", "`HOST:PORT` (`[v6]:PORT`) of `GET /metrics`, "
+               "dcgm-exporter's port; beyond loopback only when given (`0.0.0.0:9400` to be scraped from "
+               "other hosts)"),
         Option("names", "choice", "gpufleet", "`dcgm`: dcgm-exporter's names (docs/dcgm.md)",
                choices=("gpufleet", "dcgm", "both")),
     )
