@@ -328,8 +328,7 @@ class GpuCollector:
     poll period, when known: the deadline is at most half of it; ``job_tags``: low-cardinality job
     labels to add as tags of the ``gpu`` row (``scheduler``, ``namespace``, ``partition``, ``user``;
     see :func:`gpufleet.agent.jobs.job_tags`; empty: none); ``gpm``: read GPM metrics where
-    the GPU supports them; ``config``: the agent config, whose ``[gpu]`` section
-    (``nvlink_interval``, ``job_tags``, ``gpm``) overrides the keyword defaults.
+    the GPU supports them. The agent passes its ``[gpu]`` section (``options``) as these keywords.
 
     Cadences (slow tier, NVLink, retries) follow the tick's time, ``now_ns`` (a node played on a
     simulated fleet's clock keeps them in fleet time; time going backwards restarts them);
@@ -353,8 +352,8 @@ class GpuCollector:
 
     def __init__(self, backend="nvml", *, slow_interval_s: float = 60.0, deadline_s: float = 2.0,
                  retry_s: float = 30.0, nvlink: bool = True, nvlink_interval_s: float = 30.0,
-                 jobs: bool = True, interval: float | None = None, config: dict | None = None,
-                 job_tags=(), clock=None, gpm: bool = True):
+                 jobs: bool = True, interval: float | None = None, job_tags=(), clock=None,
+                 gpm: bool = True):
         if isinstance(backend, str):
             from gpufleet.agent.backends import get_backend
 
@@ -366,15 +365,14 @@ class GpuCollector:
             self.deadline_s = min(self.deadline_s, 0.5 * float(interval))
         self.retry_s = float(retry_s)
         self.nvlink = nvlink
-        gcfg = (config or {}).get("gpu") or {}
-        self.nvlink_interval_s = float(gcfg.get("nvlink_interval", nvlink_interval_s))
-        self.gpm = bool(gcfg.get("gpm", gpm))
+        self.nvlink_interval_s = float(nvlink_interval_s)
+        self.gpm = bool(gpm)
         self._gpm_req = None  # the nvmlGpmMetricsGet request, built once (used under _GPM_LOCK)
         self._next_links = 0.0
         self.jobs = jobs
         from gpufleet.agent.jobs import check_tag_keys
 
-        self.job_tags = check_tag_keys(gcfg.get("job_tags", job_tags)) if jobs else ()
+        self.job_tags = check_tag_keys(job_tags) if jobs else ()
         self._clock = clock
         self._last_now: float | None = None
         self._gpus: list[_Gpu] | None = None
