@@ -94,6 +94,11 @@ class Exporter:
         raise NotImplementedError
 
     @classmethod
+    def describe(cls, table: dict) -> str:
+        """Where it sends, in words, for its ``exporter NAME: ...`` line (``gpufleet agent check``)."""
+        return "on"
+
+    @classmethod
     def open_part(cls, part) -> None:
         """Called once the pipeline is up (a server starts listening)."""
 

@@ -408,3 +408,16 @@ def test_a_toy_exporter_is_one_module_its_section_validated_documented_and_run(t
     assert cls.name == "toyout" and part.fh.closed  # built from its section, closed with the agent
     lines = out.read_text().splitlines()
     assert any(ln.startswith("gpu,") for ln in lines) and any("collector=gpu" in ln for ln in lines)
+
+
+def test_each_exporter_line_says_where_it_sends(tmp_path):
+    """``gpufleet agent check``'s exporter lines come from each exporter's class."""
+    from gpufleet.agent import status
+
+    cfg = agent_config.parse_text(f'[agent]\nexporters = ["file", "otlp", "prometheus"]\n'
+                                  f'[file]\ndir = "{tmp_path}"\n[prometheus]\nlisten = "127.0.0.1:9500"\n')
+    assert status.exporter_lines(cfg) == [
+        f"exporter file: {tmp_path}",
+        "exporter otlp: http://127.0.0.1:4318/v1/metrics (http/protobuf)",
+        "exporter prometheus: GET /metrics on 127.0.0.1:9500 (gpufleet names)",
+    ]

@@ -39,6 +39,10 @@ class FileSink(Exporter):
     )
 
     @classmethod
+    def describe(cls, table: dict) -> str:
+        return str(table["dir"])
+
+    @classmethod
     def build(cls, table: dict, agent) -> FileSink:
         return cls(table["dir"], agent.host, table["segment_bytes"], table["segment_age"], table["compress"],
                    table["keep_bytes"])

@@ -37,6 +37,10 @@ class OtlpExporter(Exporter):
             raise ConfigError("config key 'otlp.endpoint': expected http(s)://HOST:PORT[/path]")
 
     @classmethod
+    def describe(cls, table: dict) -> str:
+        return f"{table['endpoint']} ({table['protocol']})"
+
+    @classmethod
     def build(cls, table: dict, agent):
         return make_exporter(table)
 

@@ -149,6 +149,10 @@ class PrometheusExporter(MetricExporter, Exporter):
         parse_listen(table["listen"])
 
     @classmethod
+    def describe(cls, table: dict) -> str:
+        return f"GET /metrics on {table['listen']} ({table['names']} names)"
+
+    @classmethod
     def build(cls, table: dict, agent) -> PrometheusExporter:
         # slow-tier values are held between the polls that read them: the longest cadence
         cfg = agent.cfg
