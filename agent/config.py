@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from gpufleet.agent.model import STATE_DIR
+from gpufleet.agent.model import STATE_DIR, Exporter
 
 from gpufleet import options
 from gpufleet.errors import ConfigError
@@ -72,7 +72,7 @@ CORE: dict[str, tuple[Option, ...]] = {
         _o("rejected_max_bytes", "size", 64 * 2**20, "bytes kept in `rejected/`", 4096, 2**50),
     ),
 }
-def exporter_classes() -> dict[str, type]:
+def exporter_classes() -> dict[str, type[Exporter]]:
     """Every exporter of ``agent/pipeline/`` (and any registered since): name -> class."""
     import importlib
     import pkgutil
