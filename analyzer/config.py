@@ -182,7 +182,9 @@ class Config:
                 if k not in self.detectors[name]:
                     raise ConfigError(f"{src}: detectors.{name}: unknown parameter {k!r}")
                 opt = param_option(k, self.detectors[name][k])
-                self.detectors[name][k] = options.check(f"{src}: detectors.{name}.{k}", opt, v)
+                checked = options.check(f"{src}: detectors.{name}.{k}", opt, v)
+                # a number written as an integer stays one (as the detectors have always seen it)
+                self.detectors[name][k] = v if opt.kind == "float" and isinstance(v, int) else checked
         for k, v in (doc.get("engine") or {}).items():
             if k not in self.engine:
                 raise ConfigError(f"{src}: [engine] unknown key {k!r}")
