@@ -73,7 +73,7 @@ CORE: dict[str, tuple[Option, ...]] = {
     ),
 }
 def exporter_classes() -> dict[str, type[Exporter]]:
-    """Every exporter of ``agent/pipeline/`` (and any registered since): name -> class."""
+    """Every exporter of ``agent/pipeline/`` (and any registered since): name -> class, by name."""
     import importlib
     import pkgutil
 
@@ -82,7 +82,7 @@ def exporter_classes() -> dict[str, type[Exporter]]:
 
     for m in pkgutil.iter_modules(pkg.__path__):
         importlib.import_module(f"gpufleet.agent.pipeline.{m.name}")
-    return dict(EXPORTERS)
+    return dict(sorted(EXPORTERS.items()))  # by name: the same order whatever was imported first
 
 
 def _influx_options() -> tuple[Option, ...]:
@@ -95,8 +95,8 @@ def _destination_options() -> tuple[Option, ...]:
 
 
 def collector_classes() -> dict[str, type]:
-    """Every collector of ``agent/collectors/`` (and any registered since): name -> class.
-    A module whose dependencies are missing (the ``agent`` extra) is left out."""
+    """Every collector of ``agent/collectors/`` (and any registered since): name -> class, by
+    name. A module whose dependencies are missing (the ``agent`` extra) is left out."""
     import importlib
     import pkgutil
 
@@ -108,7 +108,7 @@ def collector_classes() -> dict[str, type]:
             importlib.import_module(f"gpufleet.agent.collectors.{m.name}")
         except ImportError:
             continue
-    return dict(REGISTRY)
+    return dict(sorted(REGISTRY.items()))  # by name: the same order whatever was imported first
 
 
 def sections() -> dict[str, tuple[Option, ...]]:

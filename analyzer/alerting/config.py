@@ -31,7 +31,7 @@ def sink_classes() -> dict[str, type[Sink]]:
 
     for m in pkgutil.iter_modules(pkg.__path__):
         importlib.import_module(f"{pkg.__name__}.{m.name}")
-    return REGISTRY
+    return dict(sorted(REGISTRY.items()))  # by type: the same order whatever was imported first
 
 
 def _sink_secret(label: str, key: str, spec: dict) -> str | None:
@@ -84,23 +84,24 @@ def keys_markdown() -> str:
     """The sink key tables of docs/alerting.md, from the sink classes (``python -m gpufleet.regen``)."""
     from gpufleet.analyzer.alerting.base import URL_OPTIONS
 
-    types = ", ".join(f"`{t}`" for t in REGISTRY)
+    sinks = sink_classes()
+    types = ", ".join(f"`{t}`" for t in sinks)
     rows = ["Keys every sink takes:", "", "| key | default | meaning |", "|---|---|---|",
             f"| `type` | required | {types} |",
             "| `name` | the type (`slack-2` for a second one) | identifies the sink in the state file and "
             "logs |"]
-    need = [t for t, c in REGISTRY.items() if not c.needs_url]
-    dflt = [f"{t}: {c.default_url}" for t, c in REGISTRY.items() if c.default_url]
+    need = [t for t, c in sinks.items() if not c.needs_url]
+    dflt = [f"{t}: {c.default_url}" for t, c in sinks.items() if c.default_url]
     url, url_secret = URL_OPTIONS
     rows.append(f"| `url` | required ({'; '.join(dflt)}; {', '.join(need)}: none) | {url.help} |")
     rows += options.markdown_rows("", (url_secret,))
     for o in DELIVERY_OPTIONS:
         row = options.markdown_rows("", (o,))[0]
         other = [f"{t}: {options.shown(o, c.delivery_defaults[o.name]) or 'none'}"
-                 for t, c in REGISTRY.items() if o.name in c.delivery_defaults]
+                 for t, c in sinks.items() if o.name in c.delivery_defaults]
         rows.append(row[:-2] + f" ({'; '.join(other)}) |" if other else row)
     rows += ["", "Keys of one type:", "", "| type | key | default | meaning |", "|---|---|---|---|"]
-    for t, c in REGISTRY.items():
+    for t, c in sinks.items():
         rows += options.markdown_rows("", c.options, lead=f"`{t}` |")
     return "\n".join(rows) + "\n"
 
