@@ -119,7 +119,9 @@ def check_command(config_path):
     for d in agent_config.influx_destinations(cfg):
         agent_config.influx_secret(d.cfg, d.name)  # readable by this user, or one line and exit 2
     gpus, why = None, "not read by these collectors"
-    if any(n in ("gpu", "xid", "canary") for n in cfg["agent"]["collectors"]):
+    from gpufleet.agent.daemon import needs_nvml
+
+    if needs_nvml(cfg["agent"]["collectors"]):
         from gpufleet.agent.backends import get_backend
 
         backend = get_backend(cfg["agent"]["backend"])

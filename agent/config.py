@@ -1,10 +1,13 @@
 """The agent's configuration: one TOML file, validated up front, command-line overrides on top.
 
-Every key is declared in ``SCHEMA`` (section -> key -> spec); an unknown key or a bad value is a
-:class:`gpufleet.errors.ConfigError` naming the key (the CLI prints one line, exit 2). Secrets
-(InfluxDB token and password) are read from a file or an environment variable, never from the
-TOML itself, and never logged: :func:`gpufleet.net.redact_url` strips credentials from URLs before logging.
-The reference is ``docs/agent.md``; ``packaging/config/agent.toml`` holds every key.
+Every key is declared once as a :class:`gpufleet.options.Option`: the agent's own sections and the
+exporters' in ``CORE``, each collector's section on its class (:func:`sections` joins them); an
+unknown key or a bad value is a :class:`gpufleet.errors.ConfigError` naming the key (the CLI prints
+one line, exit 2). Secrets (InfluxDB token and password, the BMC password) are read from a file or
+an environment variable, never from the TOML itself, and never logged:
+:func:`gpufleet.net.redact_url` strips credentials from URLs before logging. The key table of
+``docs/agent.md`` is generated from the declarations (``python -m gpufleet.regen``);
+``packaging/config/agent.toml`` holds every key.
 
 Several InfluxDB-protocol destinations: besides ``[influx]`` (exporter ``influx``), a table
 ``[influx.NAME]`` declares the destination ``influx.NAME`` (the same keys, plus ``spool_dir``),
@@ -14,7 +17,6 @@ active when ``agent.exporters`` lists it. Each has its own spool, sender, backof
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import socket
@@ -23,221 +25,154 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from gpufleet.errors import ConfigError
-from gpufleet.units import parse_duration, parse_size
+from gpufleet.agent.model import STATE_DIR, Exporter
 
-EXPORTERS = ("file", "influx", "otlp", "prometheus")
+from gpufleet import options
+from gpufleet.errors import ConfigError
+from gpufleet.options import Option
+
 INFLUX = "influx"  # the exporter of the [influx] table; [influx.NAME] tables are "influx.NAME"
 _DEST_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")
-STATE_DIR = "/var/lib/gpufleet-agent"  # the systemd unit's StateDirectory: the one place it may write
-COLLECTOR_SECTIONS = ("ipmi", "xid", "canary")
-JOB_TAG_KEYS = ("scheduler", "namespace", "partition", "user")  # gpufleet.agent.jobs.TAG_KEYS
 _LABEL_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 RESERVED_LABELS = {"host", "gpu", "uuid", "model", "link", "type", "source", "sensor", "sensor_type",
                    "unit", "collector", "exporter", "time"}
 
 
-@dataclass(frozen=True)
-class Spec:
-    kind: str  # str | bool | int | float | duration | size | choice | strlist | path
-    default: object
-    lo: float | None = None
-    hi: float | None = None
-    choices: tuple = ()
+def _o(name, kind, default=None, help="", lo=None, hi=None, **kw) -> Option:
+    return Option(name, kind, default, help, lo, hi, **kw)
 
 
-SCHEMA: dict[str, dict[str, Spec]] = {
-    "agent": {
-        "interval": Spec("duration", 10.0, 1.0, 3600.0),
-        "backend": Spec("str", "nvml"),
-        "sim_node": Spec("str", ""),
-        "host": Spec("str", ""),
-        "collectors": Spec("strlist", ["gpu", "host"]),
-        # EXPORTERS and influx.NAME (checked in _cross_check); [] = influx when [influx] url is
-        # set, else file (exporters(cfg) resolves it)
-        "exporters": Spec("strlist", []),
-        "log_level": Spec("choice", "info", choices=("debug", "info", "warning", "error")),
-        "flush_timeout": Spec("duration", 5.0, 0.0, 60.0),
-        # degraded (the spool cannot be written) this long: stop the watchdog pings so systemd
-        # restarts the unit (without a watchdog: exit 1); 0 = never
-        "degraded_restart": Spec("duration", 300.0, 0.0, 86400.0),
-    },
-    "labels": {},  # free-form operator labels: name = "value"
-    "gpu": {
-        "nvlink_interval": Spec("duration", 30.0, 0.0, 3600.0),
-        "job_tags": Spec("strlist", [], choices=JOB_TAG_KEYS),
-        "gpm": Spec("bool", True),
-    },
-    "file": {
-        "dir": Spec("path", f"{STATE_DIR}/telemetry"),
-        "segment_bytes": Spec("size", 64 * 2**20, 4096, 2**40),
-        "segment_age": Spec("duration", 3600.0, 1.0, 7 * 86400.0),
-        "compress": Spec("bool", True),
-        "keep_bytes": Spec("size", 4 * 2**30, 0, 2**50),
-    },
-    "influx": {
-        "url": Spec("str", ""),
-        "api": Spec("choice", "v1", choices=("v1", "v2")),
-        "db": Spec("str", "gpufleet"),
-        "rp": Spec("str", ""),
-        "username": Spec("str", ""),
-        "password_file": Spec("path", ""),
-        "password_env": Spec("str", ""),
-        "bucket": Spec("str", ""),
-        "org": Spec("str", ""),
-        "token_file": Spec("path", ""),
-        "token_env": Spec("str", ""),
-        "precision": Spec("choice", "ns", choices=("ns", "s")),
-        "gzip": Spec("bool", True),
-        "batch_lines": Spec("int", 5000, 1, 5000),
-        "timeout": Spec("duration", 10.0, 0.1, 300.0),
-        "backoff_min": Spec("duration", 1.0, 0.01, 3600.0),
-        "backoff_max": Spec("duration", 60.0, 0.01, 3600.0),
-    },
-    "otlp": {
-        "endpoint": Spec("str", "http://127.0.0.1:4318/v1/metrics"),
-        "protocol": Spec("choice", "http/protobuf", choices=("http/protobuf", "grpc")),
-        "timeout": Spec("duration", 10.0, 0.1, 300.0),
-        "insecure": Spec("bool", True),
-    },
-    "prometheus": {  # GET /metrics (dcgm-exporter's port); beyond loopback only when listen says so
-        "listen": Spec("str", "127.0.0.1:9400"),
-        "names": Spec("choice", "gpufleet", choices=("gpufleet", "dcgm", "both")),
-    },
-    "spool": {
-        "dir": Spec("path", f"{STATE_DIR}/spool"),
-        "max_bytes": Spec("size", 512 * 2**20, 65536, 2**50),
-        "segment_bytes": Spec("size", 4 * 2**20, 4096, 2**31),
-        "fsync": Spec("bool", False),
-        "rejected_max_files": Spec("int", 1000, 1, 10_000_000),
-        "rejected_max_bytes": Spec("size", 64 * 2**20, 4096, 2**50),
-    },
-    # The sections of the ipmi, xid and canary collectors: their constructor's keyword arguments
-    # (docs/sources.md), passed to the collector when it is listed in gpufleet.agent.collectors.
-    "ipmi": {
-        "host": Spec("str", ""),
-        "port": Spec("int", 623, 1, 65535),
-        "username": Spec("str", ""),
-        "password_file": Spec("path", ""),
-        "password_env": Spec("str", ""),
-        "privilege": Spec("choice", "", choices=("", "USER", "OPERATOR", "ADMIN")),
-        "driver": Spec("str", ""),
-        "workarounds": Spec("str", ""),
-        "deadline": Spec("duration", 4.0, 0.1, 60.0),
-        "backoff_min": Spec("duration", 10.0, 0.01, 86400.0),
-        "backoff_max": Spec("duration", 300.0, 0.01, 86400.0),
-        "sel": Spec("bool", True),
-        "sel_every": Spec("int", 6, 1, 100000),
-        "dcmi": Spec("bool", True),
-        "cache_dir": Spec("path", ""),
-    },
-    "xid": {
-        "kmsg": Spec("path", "/dev/kmsg"),
-        "nvml_events": Spec("bool", True),
-        "replay": Spec("bool", False),
-        "max_events": Spec("int", 1000, 1, 1_000_000),
-        "wait_ms": Spec("int", 500, 10, 60_000),
-        "state_dir": Spec("path", f"{STATE_DIR}/xid"),
-    },
-    "canary": {
-        "engine": Spec("choice", "auto", choices=("auto", "backend", "torch", "cupy", "numpy")),
-        "interval": Spec("duration", 3600.0, 1.0, 30 * 86400.0),
-        "max_age": Spec("duration", 21600.0, 60.0, 365 * 86400.0),
-        "size": Spec("int", 0, 0, 32768),
-        "dtype": Spec("choice", "", choices=("", "float32", "float16", "bfloat16")),
-        "seed": Spec("int", 20261126, 0, 2**63 - 1),
-        "memory_bytes": Spec("size", 0, 0, 2**40),
-        "idle_util": Spec("float", 5.0, 0.0, 100.0),
-        "busy_size": Spec("int", 0, 0, 32768),
-        "duty": Spec("float", 0.001, 1e-9, 1.0),
-        "busy_backoff": Spec("duration", 60.0, 0.0, 30 * 86400.0),
-        "idle_for": Spec("duration", 0.0, 0.0, 86400.0),
-        "confirm": Spec("int", 2, 0, 10),
-        "timeout": Spec("duration", 120.0, 1.0, 3600.0),
-        "max_rss": Spec("size", 4 << 30, 0, 2**44),
-        "parallel": Spec("int", 1, 1, 64),
-        "drop_dir": Spec("path", f"{STATE_DIR}/canary-drop"),
-        "status_every": Spec("duration", 60.0, 1.0, 86400.0),
-        "reference": Spec("str", ""),
-        "reference_refresh": Spec("duration", 3600.0, 1.0, 30 * 86400.0),
-        "state_dir": Spec("path", f"{STATE_DIR}/canary"),
-        "standin": Spec("bool", False),
-        "python": Spec("path", ""),
-    },
+# The agent's own sections and its exporters'; each collector's section is declared on its class
+# (``options``, gpufleet.agent.model) and joined in by :func:`sections`.
+CORE: dict[str, tuple[Option, ...]] = {
+    "agent": (
+        _o("interval", "duration", 10.0, "poll and export interval", 1.0, 3600.0),
+        _o("backend", "str", "nvml", "`nvml`, `sim` or `recorded:PATH`"),
+        _o("sim_node", "str", "", "with `sim`: play this node of a simulated fleet"),
+        _o("host", "str", "", "the `host` tag; empty: the host name"),
+        _o("collectors", "strlist", ["gpu", "host"], "registered names (`gpu`, `host`, `ipmi`, `xid`, "
+           "`canary`) or `package.module:Class`; those that read NVML share one backend, snapshotted "
+           "once per tick. The packaged config lists all five; `ipmi` in-band starts only where "
+           "`/dev/ipmi0` and FreeIPMI are"),
+        _o("exporters", "strlist", [], "`file`, `influx`, `otlp`, `prometheus`, `influx.NAME` (an "
+           "`[influx.NAME]` table); `[]`: `influx` when `influx.url` is set, else `file`"),
+        _o("log_level", "choice", "info", choices=("debug", "info", "warning", "error")),
+        _o("flush_timeout", "duration", 5.0, "spool drain budget on SIGTERM", 0.0, 60.0),
+        _o("degraded_restart", "duration", 300.0, "spool unwritable this long: watchdog pings stop "
+           "(systemd restarts the unit; without a watchdog: exit 1); `0` = never", 0.0, 86400.0),
+    ),
+    "labels": (),  # free-form operator labels: name = "value" (checked by _check_label)
+    "spool": (
+        _o("dir", "path", f"{STATE_DIR}/spool"),
+        _o("max_bytes", "size", 512 * 2**20, "bound; oldest dropped beyond", 65536, 2**50),
+        _o("segment_bytes", "size", 4 * 2**20, "", 4096, 2**31),
+        _o("fsync", "bool", False, "fsync every append"),
+        _o("rejected_max_files", "int", 1000, "batches kept in `rejected/`; the oldest deleted (and "
+           "logged) beyond", 1, 10_000_000),
+        _o("rejected_max_bytes", "size", 64 * 2**20, "bytes kept in `rejected/`", 4096, 2**50),
+    ),
 }
-# the keys an [influx.NAME] table has beyond [influx]'s (its other keys: SCHEMA["influx"], same defaults)
-DESTINATION_KEYS: dict[str, Spec] = {
-    "spool_dir": Spec("path", ""),  # "" = spool.dir + "-NAME"
-}
-# config section -> collector keyword, where the names differ
-COLLECTOR_ALIASES = {"ipmi": {"host": "bmc_host", "port": "bmc_port"}}
+def exporter_classes() -> dict[str, type[Exporter]]:
+    """Every exporter of ``agent/pipeline/`` (and any registered since): name -> class, by name."""
+    import importlib
+    import pkgutil
+
+    import gpufleet.agent.pipeline as pkg
+    from gpufleet.agent.model import EXPORTERS
+
+    for m in pkgutil.iter_modules(pkg.__path__):
+        importlib.import_module(f"gpufleet.agent.pipeline.{m.name}")
+    return dict(sorted(EXPORTERS.items()))  # by name: the same order whatever was imported first
+
+
+def _influx_options() -> tuple[Option, ...]:
+    return exporter_classes()[INFLUX].options
+
+
+def _destination_options() -> tuple[Option, ...]:
+    cls = exporter_classes()[INFLUX]
+    return (*cls.options, *cls.destination_options)
+
+
+def collector_classes() -> dict[str, type]:
+    """Every collector of ``agent/collectors/`` (and any registered since): name -> class, by
+    name. A module whose dependencies are missing (the ``agent`` extra) is left out."""
+    import importlib
+    import pkgutil
+
+    import gpufleet.agent.collectors as pkg
+    from gpufleet.agent.model import REGISTRY
+
+    for m in pkgutil.iter_modules(pkg.__path__):
+        try:
+            importlib.import_module(f"gpufleet.agent.collectors.{m.name}")
+        except ImportError:
+            continue
+    return dict(sorted(REGISTRY.items()))  # by name: the same order whatever was imported first
+
+
+def sections() -> dict[str, tuple[Option, ...]]:
+    """Every section of the agent config -> its options: the agent's own, each exporter's, then
+    each collector's (those that declare options, in registry order)."""
+    out = dict(CORE)
+    for name, cls in [*exporter_classes().items(), *collector_classes().items()]:
+        opts = tuple(getattr(cls, "options", ()))
+        if opts:
+            if name in out:  # pragma: no cover - a part named like another section
+                raise AssertionError(f"{cls.__name__} {name!r} clashes with the agent's [{name}] section")
+            out[name] = opts
+    return out
 
 
 def collector_options(cfg: dict, name: str) -> dict[str, object]:
     """The validated ``[name]`` section as the collector's keyword arguments ({} when none)."""
-    if name not in COLLECTOR_SECTIONS:
+    cls = collector_classes().get(name)
+    if cls is None or name not in cfg:
         return {}
-    aliases = COLLECTOR_ALIASES.get(name, {})
-    return {aliases.get(k, k): v for k, v in (cfg.get(name) or {}).items()}
+    table = cfg[name]
+    out: dict[str, object] = {}
+    for o in getattr(cls, "options", ()):
+        for k in o.keys():
+            out[o.keyword if not o.secret else k] = table[k]
+    return out
+
+
+def keys_markdown() -> str:
+    """The key table of docs/agent.md, from the declarations (``python -m gpufleet.regen``)."""
+    rows = ["| key | default | meaning |", "|---|---|---|"]
+    for section, opts in sections().items():
+        if section == "labels":
+            rows.append("| `labels.NAME` | | operator label, a tag on every row (not a reserved tag name) |")
+            continue
+        rows += options.markdown_rows(f"{section}.", opts)
+        if section == INFLUX:
+            rows.append("| `influx.NAME.*` | as `influx.*` | a further destination `influx.NAME`: every "
+                        "`influx` key, with `influx`'s defaults |")
+            rows += options.markdown_rows("influx.NAME.", exporter_classes()[INFLUX].destination_options)
+    return "\n".join(rows) + "\n"
+
+
+def _sections_toml(classes: dict[str, type]) -> str:
+    lines: list[str] = []
+    for name, cls in classes.items():
+        if getattr(cls, "options", ()):
+            lines += ["", *options.toml_section(name, cls.options)]
+    return "\n".join(lines[1:]) + "\n"
+
+
+def collector_sections_toml() -> str:
+    """The collectors' sections of ``packaging/config/agent.toml``, every key at its default after
+    its help, from the declarations (``python -m gpufleet.regen``)."""
+    return _sections_toml(collector_classes())
+
+
+def exporter_sections_toml() -> str:
+    """The exporters' sections of ``packaging/config/agent.toml``, as :func:`collector_sections_toml`."""
+    return _sections_toml(exporter_classes())
 
 
 def _bad(key: str, why: str) -> ConfigError:
     return ConfigError(f"config key '{key}': {why}")
-
-
-def _duration(key: str, v: object) -> float:
-    return parse_duration(v, f"config key '{key}'", ConfigError)
-
-
-def _size(key: str, v: object) -> int:
-    return parse_size(v, f"config key '{key}'", ConfigError)
-
-
-def _check(key: str, spec: Spec, v: object) -> object:
-    k = spec.kind
-    if k in ("str", "path", "choice"):
-        if not isinstance(v, str):
-            raise _bad(key, f"expected a string, got {type(v).__name__}")
-        if "\x00" in v:
-            raise _bad(key, "contains a NUL byte")
-        if k == "choice" and v not in spec.choices:
-            raise _bad(key, f"expected one of {', '.join(spec.choices)}, got {v!r}")
-        return v
-    if k == "bool":
-        if not isinstance(v, bool):
-            raise _bad(key, f"expected true or false, got {v!r}")
-        return v
-    if k == "strlist":
-        if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
-            raise _bad(key, "expected a list of names")
-        if len(set(v)) != len(v):
-            raise _bad(key, "names listed twice")
-        if spec.choices:
-            for x in v:
-                if x not in spec.choices:
-                    raise _bad(key, f"unknown name {x!r}; expected {', '.join(spec.choices)}")
-        return list(v)
-    if k == "int":
-        if not isinstance(v, int) or isinstance(v, bool):
-            raise _bad(key, f"expected an integer, got {v!r}")
-        out: float = v
-    elif k == "float":
-        if not isinstance(v, (int, float)) or isinstance(v, bool):
-            raise _bad(key, f"expected a number, got {v!r}")
-        out = float(v)
-    elif k == "duration":
-        out = _duration(key, v)
-    elif k == "size":
-        out = _size(key, v)
-    else:  # pragma: no cover - schema typo
-        raise AssertionError(k)
-    if isinstance(out, float) and not math.isfinite(out):
-        raise _bad(key, f"not a finite number: {v!r}")
-    if spec.lo is not None and out < spec.lo:
-        raise _bad(key, f"{v!r} is below the minimum {spec.lo:g}")
-    if spec.hi is not None and out > spec.hi:
-        raise _bad(key, f"{v!r} is above the maximum {spec.hi:g}")
-    return out
 
 
 def _check_label(key: str, name: object, value: object) -> str:
@@ -268,31 +203,28 @@ def validate(doc: object) -> dict[str, dict[str, object]]:
     """
     if not isinstance(doc, dict):
         raise ConfigError("config: expected a table at the top level")
+    schema = sections()
     out: dict[str, dict[str, object]] = {}
     for section, value in doc.items():
-        if section not in SCHEMA:
-            raise _bad(str(section), f"unknown section; expected one of {', '.join(SCHEMA)}")
+        if section not in schema:
+            raise _bad(str(section), f"unknown section; expected one of {', '.join(schema)}")
         if not isinstance(value, dict):
             raise _bad(section, "expected a table")
-    for section, specs in SCHEMA.items():
+    for section, opts in schema.items():
         given = doc.get(section, {})
-        sec: dict[str, object] = {}
         if section == "labels":
-            for name, v in given.items():
-                sec[name] = _check_label(f"labels.{name}", name, v)
-            out[section] = sec
+            out[section] = {name: _check_label(f"labels.{name}", name, v) for name, v in given.items()}
             continue
-        for name in given:
-            if name not in specs and not (section == INFLUX and isinstance(given[name], dict)):
-                raise _bad(f"{section}.{name}", "unknown key")
-        for name, spec in specs.items():
-            key = f"{section}.{name}"
-            sec[name] = _check(key, spec, given[name]) if name in given else spec.default
-        if section == INFLUX:
-            for name, table in given.items():
-                if name not in specs:
-                    sec[name] = _destination_table(str(name), table)
+        named = {k: v for k, v in given.items() if section == INFLUX and isinstance(v, dict)
+                 and k not in {key for o in opts for key in o.keys()}}
+        sec = options.validate(opts, given, options.agent_key(section), ignore=named)
+        for name, table in named.items():
+            sec[name] = _destination_table(str(name), table)
         out[section] = sec
+    for name, cls in collector_classes().items():
+        check = getattr(cls, "check_options", None)
+        if check is not None and name in out:
+            check(out[name])
     _cross_check(out)
     return out
 
@@ -302,12 +234,7 @@ def _destination_table(name: str, table: dict) -> dict[str, object]:
     if not _DEST_NAME.match(name):
         raise _bad(f"influx.{name}", "a destination name is letters, digits, '_' and '-', "
                                      "starting with a letter")
-    specs = {**SCHEMA[INFLUX], **DESTINATION_KEYS}
-    for k in table:
-        if k not in specs:
-            raise _bad(f"influx.{name}.{k}", "unknown key")
-    return {k: _check(f"influx.{name}.{k}", spec, table[k]) if k in table else spec.default
-            for k, spec in specs.items()}
+    return options.validate(_destination_options(), table, options.agent_key(f"influx.{name}"))
 
 
 def named_destinations(cfg: dict) -> dict[str, dict]:
@@ -351,7 +278,8 @@ def influx_destinations(cfg: dict) -> list[Destination]:
     out = []
     for exp in exporters(cfg):
         if exp == INFLUX:
-            ix = {k: v for k, v in cfg[INFLUX].items() if k in SCHEMA[INFLUX]}
+            keys = {k for o in _influx_options() for k in o.keys()}
+            ix = {k: v for k, v in cfg[INFLUX].items() if k in keys}
             out.append(Destination(INFLUX, ix, str(cfg["spool"]["dir"])))
         elif exp.startswith(INFLUX + ".") and exp[len(INFLUX) + 1:] in named:
             name = exp[len(INFLUX) + 1:]
@@ -364,10 +292,6 @@ def _check_destination(key: str, ix: dict, active: bool) -> None:
     """One destination's own keys (``key``: ``influx`` or ``influx.NAME``); its URL when active."""
     if ix["backoff_min"] > ix["backoff_max"]:
         raise _bad(f"{key}.backoff_min", f"is larger than {key}.backoff_max")
-    if ix["password_file"] and ix["password_env"]:
-        raise _bad(f"{key}.password_file", "give password_file or password_env, not both")
-    if ix["token_file"] and ix["token_env"]:
-        raise _bad(f"{key}.token_file", "give token_file or token_env, not both")
     if not active:
         return
     url = ix["url"]
@@ -386,14 +310,16 @@ def _check_destination(key: str, ix: dict, active: bool) -> None:
 
 def _check_exporters(c: dict) -> None:
     named = named_destinations(c)
+    known = exporter_classes()
     for x in exporters(c):
-        if x in EXPORTERS:
+        if x in known:
+            known[x].check_active(c[x])
             continue
         if x.startswith(INFLUX + "."):
             if x[len(INFLUX) + 1:] in named:
                 continue
             raise _bad("agent.exporters", f"{x!r} names no [{x}] table")
-        raise _bad("agent.exporters", f"unknown name {x!r}; expected {', '.join(EXPORTERS)} or influx.NAME "
+        raise _bad("agent.exporters", f"unknown name {x!r}; expected {', '.join(known)} or influx.NAME "
                                       "(an [influx.NAME] table)")
     for name, t in named.items():
         _check_destination(f"influx.{name}", t, f"{INFLUX}.{name}" in exporters(c))
@@ -421,24 +347,8 @@ def _cross_check(c: dict[str, dict[str, object]]) -> None:
         raise _bad("agent.backend", f"expected nvml, sim or recorded:PATH, got {b!r}")
     if a["sim_node"] and b != "sim":
         raise _bad("agent.sim_node", "needs backend = \"sim\"")
-    if c["ipmi"]["backoff_min"] > c["ipmi"]["backoff_max"]:
-        raise _bad("ipmi.backoff_min", "is larger than ipmi.backoff_max")
-    if c["ipmi"]["password_file"] and c["ipmi"]["password_env"]:
-        raise _bad("ipmi.password_file", "give password_file or password_env, not both")
-    for key in ("size", "busy_size"):
-        if 0 < c["canary"][key] < 16:
-            raise _bad(f"canary.{key}", f"{c['canary'][key]} is outside 16..32768 (0: the default)")
     _check_destination(INFLUX, ix, INFLUX in exporters(c))
     _check_exporters(c)
-    if "otlp" in exporters(c):
-        try:
-            parts = urlsplit(c["otlp"]["endpoint"])
-        except ValueError as exc:
-            raise _bad("otlp.endpoint", f"not a URL ({exc})") from None
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise _bad("otlp.endpoint", "expected http(s)://HOST:PORT[/path]")
-    if "prometheus" in a["exporters"]:
-        parse_listen(c["prometheus"]["listen"])
     for key in ("host", "sim_node"):
         if a[key]:
             _check_tag_value(f"agent.{key}", a[key])

@@ -74,8 +74,18 @@ def _load_collector(name: str, load):
         raise ConfigError(f"config key 'agent.collectors': cannot load {name!r}: {exc}") from None
 
 
-# collectors that read NVML through the shared backend
-NVML_COLLECTORS = ("gpu", "xid", "canary")
+def needs_nvml(names) -> bool:
+    """Whether any of the collectors ``names`` reads NVML (its class says ``needs_nvml``): they then
+    share one backend. A name that does not load is the constructor's to report."""
+    from gpufleet.agent.collectors import load
+
+    for name in names:
+        try:
+            if getattr(_load_collector(name, load), "needs_nvml", False):
+                return True
+        except GpufleetError:
+            continue
+    return False
 
 
 class Output:
@@ -116,6 +126,19 @@ class Agent:
     backend = None
     _backend_inited = False
 
+    def _part(self, name: str):
+        return next((part for cls, part in self.parts if cls.name == name), None)
+
+    @property
+    def file(self):
+        """The ``file`` exporter's sink, if listed."""
+        return self._part("file")
+
+    @property
+    def prom(self):
+        """The ``prometheus`` exporter, if listed."""
+        return self._part("prometheus")
+
     def __init__(self, cfg: dict):
         from gpufleet.agent.pipeline import Pipeline
         from gpufleet.agent.pipeline.lineprotocol import LineProtocolExporter
@@ -126,8 +149,7 @@ class Agent:
         self.host = a["host"] or a["sim_node"] or agent_config.hostname(cfg)
         exporters = agent_config.exporters(cfg)
         self.outputs: list[Output] = []  # one per influx destination: its spool and sender
-        self.file = None
-        self.prom = None
+        self.parts: list[tuple[type, object]] = []  # (exporter class, its part), but influx's
         dests = agent_config.influx_destinations(cfg)
         secrets = {d.name: agent_config.influx_secret(d.cfg, d.name) for d in dests}
         self._closed = False
@@ -146,32 +168,23 @@ class Agent:
                 wake = threading.Event()
                 out.sender = InfluxSender(spool, d.cfg, secrets[d.name], wake, name=d.name)
                 sinks.append(SpoolSink(spool, d.cfg["batch_lines"], wake, name=d.name))
-            if "file" in exporters:
-                from gpufleet.agent.pipeline.filesink import FileSink
-
-                f = cfg["file"]
-                self.file = FileSink(f["dir"], self.host, f["segment_bytes"], f["segment_age"], f["compress"],
-                                     f["keep_bytes"])
-                sinks.append(self.file)
+            # every other listed exporter, built from its section by its class (gpufleet.agent.model)
+            classes = agent_config.exporter_classes()
+            for name in exporters:
+                cls = classes.get(name)
+                if cls is None or cls.spooled:  # influx and influx.NAME: the destinations above
+                    continue
+                part = cls.build(cfg[name], self)
+                self.parts.append((cls, part))
+                if cls.lines:
+                    sinks.append(part)
             precision = dests[0].cfg["precision"] if dests else "ns"  # one for all (agent.config)
             exps = [LineProtocolExporter(sinks, precision=precision)] if sinks else []
             self.lp = exps[0] if exps else None
-            if "otlp" in exporters:
-                from gpufleet.agent.pipeline.otlp import make_exporter
-
-                exps.append(make_exporter(cfg["otlp"]))
-            if "prometheus" in exporters:
-                from gpufleet.agent.pipeline.prometheus import PrometheusExporter
-
-                pc = cfg["prometheus"]
-                # slow-tier values are held between the polls that read them: the longest cadence
-                hold = 2 * max(60.0, float(cfg["gpu"]["nvlink_interval"]),
-                               float(cfg["canary"]["status_every"])) + self.interval
-                self.prom = PrometheusExporter(pc["listen"], pc["names"], hold_s=hold)
-                exps.append(self.prom)
+            exps += [part for cls, part in self.parts if not cls.lines]
             self.pipeline = Pipeline(self.host, cfg["labels"], exps, identity="otlp" in exporters)
-            if self.prom is not None:
-                self.prom.start()
+            for cls, part in self.parts:
+                cls.open_part(part)
         except BaseException:
             self._close_parts()
             raise
@@ -198,7 +211,7 @@ class Agent:
         a = cfg["agent"]
         backend = None
         sim_node = None
-        needs_backend = any(n in NVML_COLLECTORS for n in a["collectors"])
+        needs_backend = needs_nvml(a["collectors"])
         if needs_backend:  # one NVML backend, shared by every collector that reads NVML
             from gpufleet.agent.backends import get_backend
 
@@ -339,10 +352,11 @@ class Agent:
             if out.sender is not None:
                 out.sender.close()
             out.spool.close()
-        if self.file is not None:
-            self.file.close()
-        if self.prom is not None:
-            self.prom.shutdown()
+        for cls, part in self.parts:
+            try:
+                cls.close_part(part)
+            except Exception as exc:  # noqa: BLE001 - best effort at shutdown
+                log.debug("exporter %s close: %s", cls.name, exc)
 
 
 class Daemon:

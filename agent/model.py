@@ -2,6 +2,11 @@
 
 A collector is one module under ``agent/collectors/`` with a class that has a ``name`` and a
 ``collect(now_ns)`` method returning ``Sample`` rows; it registers itself with ``@register``.
+It declares its own facts on the class, and the agent derives the rest from them:
+``options`` (its config section ``[NAME]``: a tuple of :class:`gpufleet.options.Option`, passed to
+the constructor as keywords; the config's validation, its secret keys and the docs' option table
+come from it), ``needs_nvml`` (it reads NVML through the agent's one shared backend, passed as
+``backend``) and ``measurements`` (the catalogue measurements it writes).
 Field names and units are the catalogue's (``gpufleet/catalogue.toml``): collectors convert
 units once, at the edge. A value that is missing or "not supported" is simply not in
 ``fields`` (never 0).
@@ -11,7 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import ClassVar, Protocol
+
+from gpufleet.options import Option
+
+STATE_DIR = "/var/lib/gpufleet-agent"  # the systemd unit's StateDirectory: the one place it may write
 
 
 @dataclass(slots=True)
@@ -30,6 +39,9 @@ class Sample:
 
 class Collector(Protocol):
     name: str
+    options: ClassVar[tuple[Option, ...]]  # its [NAME] section; () = none
+    needs_nvml: ClassVar[bool]
+    measurements: ClassVar[tuple[str, ...]]
 
     def collect(self, now_ns: int) -> list[Sample]:
         """Read the source once. Raise on failure; the loop times and isolates each collector."""
@@ -46,7 +58,66 @@ def register(name: str):
 
     def deco(cls):
         cls.name = name
+        for attr, default in (("options", ()), ("needs_nvml", False), ("measurements", ())):
+            if not hasattr(cls, attr):  # a collector that declares none of these has no section
+                setattr(cls, attr, default)
         REGISTRY[name] = cls
+        return cls
+
+    return deco
+
+
+class Exporter:
+    """An exporter of the agent (one module under ``agent/pipeline/``), registered by name with
+    ``@register_exporter``; ``agent.exporters`` lists the names. Its facts on the class:
+
+    ``options``: its config section ``[NAME]`` (:class:`gpufleet.options.Option`); ``lines``: True
+    when :meth:`build` gives a line-protocol sink (``write(lines)``, ``close()``) that the one
+    line-protocol encoder feeds, False when it gives an OpenTelemetry ``MetricExporter`` the
+    pipeline's reader calls; ``spooled``: the agent builds it itself, once per destination, each
+    with its own disk spool (``influx``, ``influx.NAME``).
+    """
+
+    name: ClassVar[str] = ""
+    options: ClassVar[tuple[Option, ...]] = ()
+    lines: ClassVar[bool] = False
+    spooled: ClassVar[bool] = False
+
+    @classmethod
+    def check_active(cls, table: dict) -> None:
+        """What its section's key ranges cannot say, checked when it is listed (ConfigError)."""
+
+    @classmethod
+    def build(cls, table: dict, agent) -> object:
+        """The running part from its validated section; ``agent``: the building agent (``host``,
+        ``interval``, ``cfg``)."""
+        raise NotImplementedError
+
+    @classmethod
+    def describe(cls, table: dict) -> str:
+        """Where it sends, in words, for its ``exporter NAME: ...`` line (``gpufleet agent check``)."""
+        return "on"
+
+    @classmethod
+    def open_part(cls, part) -> None:
+        """Called once the pipeline is up (a server starts listening)."""
+
+    @classmethod
+    def close_part(cls, part) -> None:
+        """Called when the agent closes, after the pipeline's shutdown (a line sink: ``close()``)."""
+        if cls.lines:
+            part.close()
+
+
+EXPORTERS: dict[str, type[Exporter]] = {}
+
+
+def register_exporter(name: str):
+    """Class decorator: make an exporter constructible by name from ``agent.exporters``."""
+
+    def deco(cls):
+        cls.name = name
+        EXPORTERS[name] = cls
         return cls
 
     return deco

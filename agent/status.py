@@ -130,11 +130,10 @@ def exporter_lines(cfg: dict) -> list[str]:
             why = "" if given else " (switched on by [influx] url)"
             out.append(f"exporter {name}: {redact_url(d.cfg['url'])} {d.cfg['api']} {where}, spool "
                        f"{d.spool_dir}{why}")
-        elif name == "file":
-            out.append(f"exporter file: {cfg['file']['dir']}" + ("" if given else
-                                                                 " ([influx] url is not set)"))
-        else:
-            out.append(f"exporter {name}: {cfg['otlp']['endpoint']} ({cfg['otlp']['protocol']})")
+        else:  # its class says where it sends (the file exporter when none is listed: the default)
+            cls = agent_config.exporter_classes()[name]
+            out.append(f"exporter {name}: {cls.describe(cfg[name])}" + (
+                " ([influx] url is not set)" if name == "file" and not given else ""))
     return out
 
 

@@ -17,34 +17,60 @@ overridden in ``analyzer.toml``::
     username = "analyzer"
     password_file = "/etc/gpufleet/influx-password"
 
-Every value is checked like the agent's: an unknown key or a value out of its range (``RANGES``,
-non-finite numbers never pass) is a :class:`ConfigError` naming the key (exit 2). Secrets come
-only from ``*_file`` / ``*_env`` keys (``gpufleet.secrets.read_secret``), never from the TOML.
+Every value is checked by :mod:`gpufleet.options`, as the agent's and the sinks' are: an unknown
+key or a value out of its range (the declared ``ANALYZER_OPTIONS``, ``INFLUX_OPTIONS``; a detector
+parameter's type from its default and its range from its name, ``PARAM_RANGES``; non-finite
+numbers never pass) is a :class:`ConfigError` naming the key (exit 2). Secrets come only from
+``*_file`` / ``*_env`` keys (``gpufleet.secrets.read_secret``), never from the TOML.
 """
 
 from __future__ import annotations
 
 import copy
-import math
 import tomllib
 from pathlib import Path
 
-from gpufleet import units
+from gpufleet import options, units
 from gpufleet.errors import ConfigError
+from gpufleet.options import Option
 
-ANALYZER = {
-    "window_seconds": 300.0,  # detection window
-    "context_seconds": 300.0,  # rows of the previous window kept for deltas and rolling features
-    "lateness_seconds": 900.0,  # how late a point may arrive (batch) before it is dropped and counted
-    "poll_seconds": 10.0,  # expected poll interval (buckets peers, bounds gaps)
-    "max_future_seconds": 86400.0,  # points stamped this far past the wall clock are dropped and counted
+DAY = 86400.0
+
+
+def _sec(name: str, default: float, help: str, lo: float, hi: float) -> Option:
+    return Option(name, "duration", default, help, lo, hi)
+
+
+# the [analyzer] keys (a key may leave out its "_seconds": window = "5m")
+ANALYZER_OPTIONS = (
+    _sec("window_seconds", 300.0, "detection window", 1.0, DAY),
+    _sec("context_seconds", 300.0, "rows of the previous window kept for deltas and rolling features",
+         0.0, DAY),
+    _sec("lateness_seconds", 900.0, "how late a point may arrive (batch) before it is dropped and counted",
+         0.0, 7 * DAY),
+    _sec("poll_seconds", 10.0, "expected poll interval (buckets peers, bounds gaps)", 1.0, 3600.0),
+    _sec("max_future_seconds", 86400.0, "points stamped this far past the wall clock are dropped and "
+         "counted", 0.0, 3650 * DAY),
     # how far behind the analysis a host's rows may arrive and still be analysed (in their own time,
     # from memory); older ones are re-read from the store or dropped with an ``analysis_gap`` record
-    "late_bound_seconds": 86400.0,
+    _sec("late_bound_seconds", 86400.0, "how far behind the analysis a host's rows may arrive and still "
+         "be analysed; older ones are re-read from the store or dropped with an analysis_gap record",
+         0.0, 30 * DAY),
     # processed rows held for the late rows of a host that comes back (its peers, its own context);
     # 0 in batch runs, whose input is in time order (online: see gpufleet.analyzer.online)
-    "peers_hold_seconds": 0.0,
-}
+    _sec("peers_hold_seconds", 0.0, "processed rows held for the late rows of a host that comes back",
+         0.0, DAY),
+)
+ANALYZER = options.defaults(ANALYZER_OPTIONS)
+# [influx]: the store --follow and batch runs read when no --influx-url is given
+INFLUX_OPTIONS = (
+    Option("url", "str", "", "http(s)://HOST:PORT"),
+    Option("db", "str", "", "database"),
+    Option("username", "str", "", "basic auth user"),
+    Option("password", "secret", help="basic auth password"),
+    Option("token", "secret", help="v2 token"),
+)
+
 
 def detector_defaults() -> dict[str, dict]:
     """Each registered detector's parameters with their defaults, as its class declares them
@@ -54,16 +80,8 @@ def detector_defaults() -> dict[str, dict]:
     return {kind: copy.deepcopy(cls.params) for kind, cls in REGISTRY.items()}
 
 
-# value ranges (inclusive); a detector key matches its own name first, then its suffix
-DAY = 86400.0
-RANGES: dict[str, tuple[float, float]] = {
-    "window_seconds": (1.0, DAY),
-    "context_seconds": (0.0, DAY),
-    "lateness_seconds": (0.0, 7 * DAY),
-    "poll_seconds": (1.0, 3600.0),
-    "max_future_seconds": (0.0, 3650 * DAY),
-    "late_bound_seconds": (0.0, 30 * DAY),
-    "peers_hold_seconds": (0.0, DAY),
+# the range of a detector parameter (inclusive), by its name: its own name first, then its suffix
+PARAM_RANGES: dict[str, tuple[float, float]] = {
     "absorb_seconds": (0.0, 30 * DAY),
     "_seconds": (0.0, 365 * DAY),
     "_share": (0.0, 1.0),
@@ -80,30 +98,26 @@ RANGES: dict[str, tuple[float, float]] = {
     "_nodes": (1.0, 1e6),
     "": (0.0, 1e12),  # every other number: finite, not negative
 }
-INFLUX_KEYS = ("url", "db", "username", "password_file", "password_env", "token_file", "token_env")
 
 
 def _range(key: str) -> tuple[float, float]:
-    if key in RANGES:
-        return RANGES[key]
-    for suffix in sorted((k for k in RANGES if k.startswith("_")), key=len, reverse=True):
+    if key in PARAM_RANGES:
+        return PARAM_RANGES[key]
+    for suffix in sorted((k for k in PARAM_RANGES if k.startswith("_")), key=len, reverse=True):
         if key.endswith(suffix):
-            return RANGES[suffix]
-    return RANGES[""]
+            return PARAM_RANGES[suffix]
+    return PARAM_RANGES[""]
 
 
-def _number(v, where: str, key: str, integer: bool = False) -> float | int:
-    """A finite number within the key's range (an int where the default is one)."""
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        raise ConfigError(f"{where} must be a number, got {v!r}")
-    if integer and not (isinstance(v, int) or float(v).is_integer()):
-        raise ConfigError(f"{where} must be a whole number, got {v!r}")
-    if not math.isfinite(v):
-        raise ConfigError(f"{where} must be a finite number, got {v!r}")
-    lo, hi = _range(key)
-    if not lo <= v <= hi:
-        raise ConfigError(f"{where} = {v!r} is out of range [{lo:g}, {hi:g}]")
-    return int(v) if integer else v
+def param_option(name: str, default: object) -> Option:
+    """A detector parameter as an :class:`Option`: its type from its default (a list: XID numbers),
+    a duration where it ends in ``_seconds``, its range from its name (``PARAM_RANGES``)."""
+    lo, hi = _range(name)
+    if isinstance(default, list):
+        return Option(name, "intlist", default, "XID numbers", 0, 1000)
+    if name.endswith("_seconds"):
+        return Option(name, "duration", default, lo=lo, hi=hi)
+    return Option(name, "int" if isinstance(default, int) else "float", default, lo=lo, hi=hi)
 
 
 ENGINE = {
@@ -117,6 +131,10 @@ ENGINE = {
 def parse_duration(v, where: str) -> float:
     """Seconds of a duration (:func:`gpufleet.units.parse_duration`); ConfigError naming ``where``."""
     return units.parse_duration(v, where, ConfigError)
+
+
+ENGINE_OPTIONS = (Option("absorb_seconds", "duration", ENGINE["absorb_seconds"], "a node/rack incident "
+                         "absorbs GPU/node incidents of its kind this close", *_range("absorb_seconds")),)
 
 
 class Config:
@@ -149,12 +167,12 @@ class Config:
         for sec in ("analyzer", "detectors", "engine", "influx"):
             if not isinstance(doc.get(sec, {}), dict):
                 raise ConfigError(f"{src}: [{sec}] must be a table")
+        by_name = {o.name: o for o in ANALYZER_OPTIONS}
         for k, v in (doc.get("analyzer") or {}).items():
             key = k if k.endswith("_seconds") else f"{k}_seconds"
-            if key not in self.analyzer:
+            if key not in by_name:
                 raise ConfigError(f"{src}: [analyzer] unknown key {k!r}")
-            where = f"{src}: analyzer.{k}"
-            self.analyzer[key] = _number(parse_duration(v, where), where, key)
+            self.analyzer[key] = options.check(f"{src}: analyzer.{k}", by_name[key], v)
         for name, params in (doc.get("detectors") or {}).items():
             if name not in self.detectors:
                 raise ConfigError(f"{src}: unknown detector {name!r} (one of {', '.join(self.detectors)})")
@@ -163,48 +181,30 @@ class Config:
             for k, v in params.items():
                 if k not in self.detectors[name]:
                     raise ConfigError(f"{src}: detectors.{name}: unknown parameter {k!r}")
-                where = f"{src}: detectors.{name}.{k}"
-                old = self.detectors[name][k]
-                if isinstance(old, list):
-                    if not isinstance(v, list) or not all(
-                        isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= 1000 for x in v
-                    ):
-                        raise ConfigError(f"{where} must be a list of XID numbers, got {v!r}")
-                elif k.endswith("_seconds"):
-                    v = _number(parse_duration(v, where), where, k)
-                else:
-                    v = _number(v, where, k, integer=isinstance(old, int))
-                self.detectors[name][k] = v
+                opt = param_option(k, self.detectors[name][k])
+                checked = options.check(f"{src}: detectors.{name}.{k}", opt, v)
+                # a number written as an integer stays one (as the detectors have always seen it)
+                self.detectors[name][k] = v if opt.kind == "float" and isinstance(v, int) else checked
         for k, v in (doc.get("engine") or {}).items():
             if k not in self.engine:
                 raise ConfigError(f"{src}: [engine] unknown key {k!r}")
             where = f"{src}: engine.{k}"
-            if k.endswith("_seconds"):
-                v = _number(parse_duration(v, where), where, k)
-            elif k == "fold":
+            if k == "fold":
                 if not isinstance(v, dict) or not all(
                     a in self.detectors and isinstance(b, list) and all(x in self.detectors for x in b)
                     for a, b in v.items()
                 ):
                     raise ConfigError(f"{where} must map a detector name to a list of detector names")
+            else:
+                v = options.check(where, next(o for o in ENGINE_OPTIONS if o.name == k), v)
             self.engine[k] = v
         sinks = doc.get("sink", [])
         if not isinstance(sinks, list) or not all(isinstance(s, dict) for s in sinks):
             raise ConfigError(f"{src}: [[sink]] must be an array of tables")
         self.sinks = sinks
         influx = doc.get("influx") or {}
-        for k, v in influx.items():
-            if k in ("password", "token"):
-                raise ConfigError(f"{src}: influx.{k}: secrets are never read from the TOML; "
-                                  f"use {k}_file or {k}_env")
-            if k not in INFLUX_KEYS:
-                raise ConfigError(f"{src}: [influx] unknown key {k!r} (one of {', '.join(INFLUX_KEYS)})")
-            if not isinstance(v, str):
-                raise ConfigError(f"{src}: influx.{k} must be a string, got {v!r}")
-        for a, b in (("password_file", "password_env"), ("token_file", "token_env")):
-            if influx.get(a) and influx.get(b):
-                raise ConfigError(f"{src}: influx.{a}: give {a} or {b}, not both")
-        self.influx = influx
+        checked = options.validate(INFLUX_OPTIONS, influx, lambda k: f"{src}: influx.{k}")
+        self.influx = {k: v for k, v in checked.items() if k in influx}  # only what the file gives
 
     def influx_auth(self) -> dict:
         """``username``, ``password`` and ``token`` for the InfluxDB client, secrets read from their

@@ -10,6 +10,12 @@ The generated files and their sources:
   fleet, from the catalogue (``docs/scale_arithmetic.py``);
 - ``docs/dcgm.md``: the dcgm-exporter names the agent serves, from the catalogue
   (:mod:`gpufleet.dcgm_doc`);
+- ``docs/agent.md`` and ``docs/alerting.md``, the blocks between their ``BEGIN``/``END`` comment
+  lines: the config key tables, from the options the agent's sections, its collectors and the
+  alert sinks declare (:mod:`gpufleet.options`);
+- ``packaging/config/agent.toml``, the blocks between their ``BEGIN``/``END`` comment lines: each
+  exporter's and each collector's section, every key at its default after its help, from their
+  classes;
 - ``dashboards/grafana/*.json``: the Grafana dashboards (:mod:`gpufleet.dashboards.generate`); a
   JSON file there that no builder makes is stale too (``--check`` names it, a rewrite removes it).
 
@@ -61,6 +67,48 @@ def _scale(root: Path, current: str | None) -> str:
     return current[:start] + mod.render(mod.Fleet()) + current[end:]
 
 
+def _block(rel: str, name: str, render: Callable[[], str], comment: tuple[str, str] = ("<!--", " -->"),
+           *more: tuple[str, Callable[[], str]]) -> Callable[[Path, str | None], str]:
+    """The maker of a file whose generated blocks (``name`` and any ``more``) are rewritten, the
+    rest of it kept."""
+    def make(root: Path, current: str | None) -> str:
+        from gpufleet.options import replace_block
+
+        text = current or ""
+        try:
+            for block, body in ((name, render), *more):
+                text = replace_block(text, block, body(), comment)
+        except ValueError as exc:
+            raise SystemExit(f"regen: {root / rel}: {exc}") from None
+        return text
+
+    return make
+
+
+def _agent_keys() -> str:
+    from gpufleet.agent.config import keys_markdown
+
+    return keys_markdown()
+
+
+def _collector_sections() -> str:
+    from gpufleet.agent.config import collector_sections_toml
+
+    return collector_sections_toml()
+
+
+def _exporter_sections() -> str:
+    from gpufleet.agent.config import exporter_sections_toml
+
+    return exporter_sections_toml()
+
+
+def _sink_keys() -> str:
+    from gpufleet.analyzer.alerting.config import keys_markdown
+
+    return keys_markdown()
+
+
 def _dashboard(name: str) -> Callable[[Path, str | None], str]:
     def make(root: Path, current: str | None) -> str:
         from gpufleet.dashboards import generate
@@ -78,6 +126,11 @@ def targets() -> dict[str, Callable[[Path, str | None], str]]:
         "docs/schema.md": _schema,
         "docs/scale.md": _scale,
         "docs/dcgm.md": _dcgm,
+        "docs/agent.md": _block("docs/agent.md", "agent keys", _agent_keys),
+        "docs/alerting.md": _block("docs/alerting.md", "sink keys", _sink_keys),
+        "packaging/config/agent.toml": _block("packaging/config/agent.toml", "exporter sections",
+                                              _exporter_sections, ("#", ""),
+                                              ("collector sections", _collector_sections)),
     }
     for name in generate.BUILDERS:
         out[f"{GRAFANA}/{name}.json"] = _dashboard(name)

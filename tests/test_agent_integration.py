@@ -77,7 +77,7 @@ def test_a_gpu_lost_mid_run_is_seen_at_its_time_and_retried_on_the_fleet_clock()
 
 
 def test_slow_tier_and_nvlink_follow_the_fleet_clock():
-    c = GpuCollector(SimBackend(FleetNode()), config={"gpu": {"nvlink_interval": 30}})
+    c = GpuCollector(SimBackend(FleetNode()), nvlink_interval_s=30)
     try:
         links, slow = [], []
         for k in range(8):  # polls 10 s of fleet time apart, run back to back in wall time
@@ -95,7 +95,7 @@ def test_slow_tier_and_nvlink_follow_the_fleet_clock():
 
 def test_job_tags_on_every_gpu_row():
     t = 3600.0 + 100.0  # TinyNode: every GPU busy with a Slurm job
-    c = GpuCollector(SimBackend(TinyNode(n_gpus=2, t0=0.0)), config={"gpu": {"job_tags": ["scheduler"]}})
+    c = GpuCollector(SimBackend(TinyNode(n_gpus=2, t0=0.0)), job_tags=["scheduler"])
     try:
         rows = [by_gpu(c.collect(ns(t + 10 * k))) for k in range(3)]
         for r in rows:  # the tag stays on fast polls too: one series per GPU

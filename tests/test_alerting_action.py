@@ -168,9 +168,12 @@ def test_rate_limit_is_a_safety_valve_that_survives_a_restart(tmp_path, caplog):
      "a non-empty list of strings"),
     ({"type": "action", "rule": [{"command": ["x"], "kinds": ["melted"]}]}, "unknown 'melted'"),
     ({"type": "action", "rule": [{"command": ["x"], "extra": 1}]}, "unknown key(s) extra"),
-    ({"type": "action", "rule": [{"command": ["x"]}], "dry_run": "no"}, "dry_run must be true or false"),
-    ({"type": "action", "rule": [{"command": ["x"]}], "max_per_hour": -1}, "max_per_hour must be"),
-    ({"type": "action", "rule": [{"command": ["x"]}], "shell": True}, "unknown key(s) shell"),
+    ({"type": "action", "rule": [{"command": ["x"]}], "dry_run": "no"}, "dry_run: expected true or false"),
+    ({"type": "action", "rule": [{"command": ["x"]}], "max_per_hour": -1}, "max_per_hour: -1 is below the "
+                                                                           "minimum 0"),
+    ({"type": "action", "rule": [{"command": ["x"]}], "budget_percent": 0}, "budget_percent: 0 is not above"),
+    ({"type": "action", "rule": "x"}, "rule: expected a list of tables"),
+    ({"type": "action", "rule": [{"command": ["x"]}], "shell": True}, "shell: unknown key"),
 ])
 def test_bad_action_config_is_one_clear_error(spec, msg):
     with pytest.raises(ConfigError, match=None) as e:

@@ -28,18 +28,28 @@ def test_bad_sinks_are_config_errors_naming_them(tmp_path, monkeypatch):
     err([{"type": "webhook", "url": "ftp://h/x"}], match="invalid URL")
     err([{"type": "alertmanager", "url": "http://h:99999"}], match="invalid URL")
     err([{"type": "webhook"}], match="missing url")
-    err([{"type": "pagerduty", "name": "oncall"}], match="sink #1 (oncall): missing routing_key")
+    err([{"type": "pagerduty", "name": "oncall"}],
+        match="sink #1 (oncall): routing_key: missing (set routing_key_file or routing_key_env)")
     err([], ["pagerduty=https://events.pagerduty.com/v2/enqueue"],
-        match="--sink pagerduty: missing routing_key")
+        match="--sink pagerduty: routing_key: missing")
     err([{"type": "pagerduty", "routing_key": "abc"}],
-        match="'routing_key' must not be written in the config")
+        match="sink #1 (pagerduty): routing_key: a secret is never written in the config; "
+              "use routing_key_file or routing_key_env")
     err([{"type": "pagerduty", "routing_key_env": "NOPE_UNSET"}],
         match="routing_key_env: environment variable NOPE_UNSET is not set")
     err([{"type": "webhook", "url": "http://h", "secret_file": str(tmp_path / "none")}], match="cannot read")
     (tmp_path / "empty").write_text("\n")
     err([{"type": "webhook", "url": "http://h", "secret_file": str(tmp_path / "empty")}], match="is empty")
-    err([{"type": "slack", "url": "http://h/x", "timeout": -1}], match="timeout must be >= 0")
-    err([{"type": "slack", "url": "http://h/x", "colour": "red"}], match="unknown key(s) colour")
+    slack = {"type": "slack", "url": "http://h/x"}
+    err([{**slack, "timeout": -1}], match="sink #1 (slack): timeout: bad duration -1")
+    err([{**slack, "timeout": 0}], match="sink #1 (slack): timeout: 0 is not above the minimum 0")
+    err([{"type": "slack", "url": "http://h/x", "burst": 2.5}], match="burst: expected an integer, got 2.5")
+    err([{"type": "slack", "url": "http://h/x", "rate_limit": "fast"}], match="rate_limit: expected a number")
+    err([{"type": "alertmanager", "url": "http://h", "repost_interval": "often"}],
+        match="sink #1 (alertmanager): repost_interval: bad duration 'often'")
+    err([{**slack, "colour": "red"}], match="sink #1 (slack): colour: unknown key")
+    err([{"type": "slack", "url": "http://h/x", "url_file": "/a", "url_env": "B"}],
+        match="url_file: give url_file or url_env, not both")
     err([{"type": "console"}, {"type": "console", "name": "console"}], match="used twice")
     err([], ["slack"], match="expected slack=URL")
 

@@ -7,6 +7,7 @@ import json
 import threading
 
 import pytest
+from gpufleet.agent import config as agent_config
 from gpufleet.agent.backends.sim import SimBackend, TinyNode
 from gpufleet.agent.collectors.canary import CanaryCollector, load_reference
 
@@ -141,8 +142,10 @@ def test_config_errors():
         CanaryCollector(engine="numpy", dtype="bfloat16").collect(0)
 
 
-def test_config_section():
-    col = CanaryCollector(config={"canary": {"engine": "numpy", "size": 32, "interval": 0}}, wait=60)
+def test_config_section(tmp_path):
+    dirs = {"state_dir": str(tmp_path / "s"), "drop_dir": str(tmp_path / "d")}
+    cfg = agent_config.validate({"canary": {"engine": "numpy", "size": 32, "interval": 1, **dirs}})
+    col = CanaryCollector(**agent_config.collector_options(cfg, "canary"), wait=60)
     assert col.size == 32 and rows_of(col, 0)[0].extra["size"] == 32
     with pytest.raises(ConfigError, match="canary.sise"):
-        CanaryCollector(config={"canary": {"sise": 32}})
+        agent_config.validate({"canary": {"sise": 32}})

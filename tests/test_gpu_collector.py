@@ -7,6 +7,7 @@ import time
 
 import pynvml
 import pytest
+from gpufleet.agent import config as agent_config
 from gpufleet.agent.backends import get_backend
 from gpufleet.agent.backends.recorded import RecordedBackend
 from gpufleet.agent.backends.sim import SimBackend, TinyNode
@@ -401,7 +402,8 @@ def test_nvlink_counters_batched_in_field_values_with_the_per_call_fallback(link
 def test_nvlink_rows_on_their_own_cadence():
     clock = Clock()
     c = GpuCollector(SimBackend(LinkNode(n_gpus=2, t0=0.0)), clock=clock,
-                     config={"gpu": {"nvlink_interval": 30}})
+                     **agent_config.collector_options(agent_config.validate({"gpu": {"nvlink_interval": 30}}),
+                                                      "gpu"))
     assert c.nvlink_interval_s == 30.0
     seen = []
     for _ in range(7):  # polls 10 s apart: links on the first poll, then every 30 s

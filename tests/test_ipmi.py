@@ -193,16 +193,19 @@ def test_inband_without_device_fails_cleanly():
         col.close()
 
 
-def test_agent_config_section_and_daemon_construction(bmc):
+def test_agent_config_section_and_daemon_construction(bmc, monkeypatch):
+    from gpufleet.agent import config as agent_config
     from gpufleet.agent.daemon import _construct
 
     from gpufleet.errors import ConfigError
 
-    cfg = {"ipmi": {"host": bmc.host, "port": bmc.port, "username": bmc.user, "password": bmc.password,
-                    "workarounds": "opensesspriv", "sel": False}}
+    monkeypatch.setenv("GPUFLEET_TEST_BMC_PASSWORD", bmc.password)
+    cfg = agent_config.validate({"ipmi": {"host": bmc.host, "port": bmc.port, "username": bmc.user,
+                                          "password_env": "GPUFLEET_TEST_BMC_PASSWORD",
+                                          "workarounds": "opensesspriv", "sel": False}})
     # the daemon passes what the constructor accepts; the node's own host name must not become the BMC
-    col = _construct(IpmiCollector, backend=None, host="node-17", hostname="node-17", config=cfg,
-                     interval=10.0)
+    col = _construct(IpmiCollector, backend=None, host="node-17", hostname="node-17", interval=10.0,
+                     **agent_config.collector_options(cfg, "ipmi"))
     try:
         assert col.target == f"{bmc.host}:{bmc.port}"
         rows = wait_for(col, lambda s: "FAN1" in by_sensor(s))
@@ -210,4 +213,6 @@ def test_agent_config_section_and_daemon_construction(bmc):
     finally:
         col.close()
     with pytest.raises(ConfigError, match="ipmi.passwrd"):
-        IpmiCollector(config={"ipmi": {"passwrd": "x"}})
+        agent_config.validate({"ipmi": {"passwrd": "x"}})
+    with pytest.raises(ConfigError, match="'ipmi.password': a secret is never written in the config"):
+        agent_config.validate({"ipmi": {"password": "x"}})

@@ -65,7 +65,7 @@ def samples(text: str) -> list:
 def test_config_keys_and_bad_values_name_the_key():
     cfg = config.validate({"agent": {"exporters": ["prometheus"]}})
     assert cfg["prometheus"] == {"listen": "127.0.0.1:9400", "names": "gpufleet"}
-    assert "prometheus" in config.EXPORTERS
+    assert "prometheus" in config.exporter_classes()
     for bad, key in (({"listen": "9400"}, "prometheus.listen"), ({"listen": "h:70000"}, "prometheus.listen"),
                      ({"listen": "[::1]9400"}, "prometheus.listen"),
                      ({"names": "nvidia"}, "prometheus.names")):

@@ -208,3 +208,21 @@ def test_a_new_collector_is_one_module_and_one_registry_line(tmp_path, monkeypat
     assert [ln.split("load1=")[1].split(",")[0].split(" ")[0] for ln in toy] == ["0.25", "0.5"]
     assert any(ln.startswith("gpu,") for ln in lines)
     assert any("collector=toy" in ln and "success=1" in ln for ln in lines)
+
+
+def test_every_collector_declares_its_facts():
+    """``options``, ``needs_nvml`` and ``measurements`` on each class: the measurements are the
+    catalogue's, and every catalogue measurement but the agent's own rows has a collector."""
+    from gpufleet import catalogue
+    from gpufleet.options import Option
+
+    written = set()
+    for name, cls in _all_collectors().items():
+        if name == "boom":
+            continue
+        assert isinstance(cls.needs_nvml, bool), name
+        assert all(isinstance(o, Option) for o in cls.options), name
+        assert cls.measurements and set(cls.measurements) <= set(catalogue.measurements()), name
+        written |= set(cls.measurements)
+    own = {"gpufleet_collector", "gpufleet_agent"}  # the daemon's rows about itself
+    assert written | own == set(catalogue.measurements())

@@ -11,6 +11,7 @@ import uuid
 
 import pynvml
 import pytest
+from gpufleet.agent import config as agent_config
 from gpufleet.agent.backends.recorded import RecordedBackend
 from gpufleet.agent.collectors.xid import XidCollector, normalise_pci, parse_xid_line
 
@@ -289,11 +290,12 @@ def test_thread_safety_of_queue():
 def test_config_section(tmp_path):
     log = tmp_path / "k.log"
     log.write_text("")
-    col = XidCollector(config={"xid": {"kmsg": str(log), "max_events": 1}})
+    cfg = agent_config.validate({"xid": {"kmsg": str(log), "max_events": 1, "state_dir": ""}})
+    col = XidCollector(**agent_config.collector_options(cfg, "xid"))
     try:
         append(log, "NVRM: Xid (PCI:0000:3b:00): 13, a\nNVRM: Xid (PCI:0000:3b:00): 13, b\n")
         assert len(col.collect(0)) == 1 and len(col.collect(0)) == 1
     finally:
         col.close()
     with pytest.raises(ConfigError, match="xid.bogus"):
-        XidCollector(config={"xid": {"bogus": 1}})
+        agent_config.validate({"xid": {"bogus": 1}})

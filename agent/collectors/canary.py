@@ -58,9 +58,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpufleet.agent.canary_worker import reference_key
-from gpufleet.agent.model import Sample, register
+from gpufleet.agent.model import STATE_DIR, Sample, register
 
 from gpufleet.errors import ConfigError
+from gpufleet.options import Option
 
 log = logging.getLogger(__name__)
 
@@ -306,6 +307,57 @@ class _Gpu:
 class CanaryCollector:
     """Known-answer GEMM + memory check per GPU in a child process, on an idle GPU, bounded age."""
 
+    needs_nvml = True
+    measurements = ("gpu_canary", "gpufleet_canary")
+    options = (  # the [canary] section (docs/sources.md)
+        Option("engine", "choice", "auto", "auto: the backend's own > torch (CUDA) > cupy, in a child "
+               "process > numpy (CPU) without NVML GPUs",
+               choices=("auto", "backend", "torch", "cupy", "numpy")),
+        Option("interval", "duration", 3600.0, "between checks of one GPU (from the previous due time)",
+               1.0, 30 * 86400.0),
+        Option("max_age", "duration", 21600.0, "the bound: every GPU checked within it (idle windows or "
+               "job-boundary hooks); gpufleet_canary.overdue past it, the analyzer warns at twice it",
+               60.0, 365 * 86400.0),
+        Option("size", "int", 0, "GEMM size; 0: 4096 on a GPU, 256 on the CPU; else 16 .. 32768", 0, 32768),
+        Option("dtype", "choice", "", "\"\": bfloat16 with torch, float32 otherwise",
+               choices=("", "float32", "float16", "bfloat16")),
+        Option("seed", "int", 20261126, "the known answer's seed (part of the reference key)", 0, 2**63 - 1),
+        Option("memory_bytes", "size", 0, "memory pattern check; 0: 256 MiB on a GPU, 8 MiB on the CPU",
+               0, 2**40),
+        Option("idle_util", "float", 5.0, "% utilization at or below which a GPU counts as idle", 0.0, 100.0),
+        Option("busy_size", "int", 0, ">0: on a busy GPU run a check of this size (16 .. 32768) instead of "
+               "skipping", 0, 32768),
+        Option("duty", "float", 0.001, "share of wall time all checks together may take", 1e-9, 1.0),
+        Option("busy_backoff", "duration", 60.0, "before a GPU found busy is looked at again",
+               0.0, 30 * 86400.0),
+        Option("idle_for", "duration", 0.0, "a GPU must have been seen idle this long before a check",
+               0.0, 86400.0),
+        Option("confirm", "int", 2, "rechecks, at once, after a check fails on this GPU's own answer", 0, 10),
+        Option("timeout", "duration", 120.0, "a check's child process is killed past this (reported, not "
+               "waited on)", 1.0, 3600.0),
+        Option("max_rss", "size", 4 << 30, "the child is killed past this resident memory", 0, 2**44),
+        Option("parallel", "int", 1, "children at once on the node", 1, 64),
+        Option("drop_dir", "path", f"{STATE_DIR}/canary-drop", "results of job-boundary checks "
+               "(gpufleet canary in Slurm hooks) picked up at every tick"),
+        Option("status_every", "duration", 60.0, "between gpufleet_canary rows", 1.0, 86400.0),
+        Option("reference", "str", "", "fleet reference digests: a JSON file or an http(s) URL"),
+        Option("reference_refresh", "duration", 3600.0, "how often the reference is read again",
+               1.0, 30 * 86400.0),
+        Option("state_dir", "path", f"{STATE_DIR}/canary", "first answers kept across restarts"),
+        Option("standin", "bool", False, "run each NVML GPU's check on the CPU engine (simulated fleets, "
+               "tests)"),
+        Option("python", "path", "", "the interpreter that runs each check: one with torch or cupy, "
+               "e.g. /opt/gpufleet-canary/bin/python (docs/sources.md); \"\" = gpufleet's own"),
+    )
+
+    @staticmethod
+    def check_options(table: dict) -> None:
+        """What one key's range cannot say (the agent config calls this)."""
+        for key in ("size", "busy_size"):
+            if 0 < table[key] < 16:
+                raise ConfigError(f"config key 'canary.{key}': {table[key]} is outside 16..32768 "
+                                  "(0: the default)")
+
     def __init__(self, backend=None, engine: str = "auto", size: int = 0, dtype: str = "",
                  seed: int = 20261126, memory_bytes: int = 0, interval: float = 3600.0,
                  max_age: float = 21600.0, duty: float = 0.001, idle_util: float = 5.0,
@@ -313,12 +365,7 @@ class CanaryCollector:
                  confirm: int = 2, timeout: float = 120.0, max_rss: int = 4 << 30, parallel: int = 1,
                  drop_dir: str = "", status_every: float = 60.0, reference: str = "",
                  reference_refresh: float = 3600.0, state_dir: str = "", standin: bool = False,
-                 wait: float = 0.0, python: str = "", config: dict | None = None, clock=None):
-        from gpufleet.agent.collectors.ipmi import section_options
-
-        o = section_options(config, "canary", CanaryCollector.__init__, locals())
-        if o:
-            return self.__init__(**o, clock=clock)
+                 wait: float = 0.0, python: str = "", clock=None):
         self.verdict = backend_engine(backend, engine)
         if self.verdict is None and engine not in CHILD_ENGINES:
             raise ConfigError(f"canary.engine: {engine!r} is not auto, backend, torch, cupy or numpy")

@@ -49,10 +49,11 @@ from typing import NamedTuple
 
 import pynvml
 from gpufleet.agent.collectors import CollectorUnavailable
-from gpufleet.agent.jobs import resolve_job
+from gpufleet.agent.jobs import TAG_KEYS, resolve_job
 from gpufleet.agent.model import Sample, register
 
 from gpufleet import catalogue
+from gpufleet.options import Option
 
 log = logging.getLogger(__name__)
 
@@ -327,8 +328,7 @@ class GpuCollector:
     poll period, when known: the deadline is at most half of it; ``job_tags``: low-cardinality job
     labels to add as tags of the ``gpu`` row (``scheduler``, ``namespace``, ``partition``, ``user``;
     see :func:`gpufleet.agent.jobs.job_tags`; empty: none); ``gpm``: read GPM metrics where
-    the GPU supports them; ``config``: the agent config, whose ``[gpu]`` section
-    (``nvlink_interval``, ``job_tags``, ``gpm``) overrides the keyword defaults.
+    the GPU supports them. The agent passes its ``[gpu]`` section (``options``) as these keywords.
 
     Cadences (slow tier, NVLink, retries) follow the tick's time, ``now_ns`` (a node played on a
     simulated fleet's clock keeps them in fleet time; time going backwards restarts them);
@@ -336,11 +336,24 @@ class GpuCollector:
     """
 
     name = "gpu"
+    needs_nvml = True
+    measurements = ("gpu", "gpu_nvlink")
+    options = (  # the [gpu] section
+        Option("nvlink_interval", "duration", 30.0, "NVLink rows (gpu_nvlink: link state and the cumulative "
+               "CRC/replay/recovery counters) are read this often, and on the first poll; 0 = every poll. "
+               "The counters are cumulative, so a longer interval loses no error, only time resolution",
+               0.0, 3600.0, arg="nvlink_interval_s"),
+        Option("job_tags", "strlist", [], "job labels added as tags of the gpu row (job_id stays a field)",
+               choices=TAG_KEYS),
+        Option("gpm", "bool", True, "GPM (Hopper and newer): SM/tensor/DRAM activity and PCIe/NVLink "
+               "bandwidth; absent on GPUs without GPM. About 0.09 ms + 1-4 ms of driver time per GPU poll "
+               "on an H200"),
+    )
 
     def __init__(self, backend="nvml", *, slow_interval_s: float = 60.0, deadline_s: float = 2.0,
                  retry_s: float = 30.0, nvlink: bool = True, nvlink_interval_s: float = 30.0,
-                 jobs: bool = True, interval: float | None = None, config: dict | None = None,
-                 job_tags=(), clock=None, gpm: bool = True):
+                 jobs: bool = True, interval: float | None = None, job_tags=(), clock=None,
+                 gpm: bool = True):
         if isinstance(backend, str):
             from gpufleet.agent.backends import get_backend
 
@@ -352,15 +365,14 @@ class GpuCollector:
             self.deadline_s = min(self.deadline_s, 0.5 * float(interval))
         self.retry_s = float(retry_s)
         self.nvlink = nvlink
-        gcfg = (config or {}).get("gpu") or {}
-        self.nvlink_interval_s = float(gcfg.get("nvlink_interval", nvlink_interval_s))
-        self.gpm = bool(gcfg.get("gpm", gpm))
+        self.nvlink_interval_s = float(nvlink_interval_s)
+        self.gpm = bool(gpm)
         self._gpm_req = None  # the nvmlGpmMetricsGet request, built once (used under _GPM_LOCK)
         self._next_links = 0.0
         self.jobs = jobs
         from gpufleet.agent.jobs import check_tag_keys
 
-        self.job_tags = check_tag_keys(gcfg.get("job_tags", job_tags)) if jobs else ()
+        self.job_tags = check_tag_keys(job_tags) if jobs else ()
         self._clock = clock
         self._last_now: float | None = None
         self._gpus: list[_Gpu] | None = None

@@ -17,6 +17,9 @@ from gpufleet.agent.model import Sample, register
 @register("host")
 class HostCollector:
     name = "host"
+    needs_nvml = False
+    measurements = ("host",)
+    options = ()  # no section of its own
 
     def __init__(self, *, slow_interval_s: float = 60.0, first_sample_s: float = 0.0, clock=time.monotonic):
         self.slow_interval_s = float(slow_interval_s)

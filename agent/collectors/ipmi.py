@@ -34,6 +34,7 @@ from gpufleet.agent.model import Sample, register
 
 from gpufleet.errors import ConfigError, GpufleetError
 from gpufleet.net import backoff_delay
+from gpufleet.options import Option
 from gpufleet.secrets import read_secret
 
 
@@ -121,42 +122,42 @@ def _sensor_type_tag(t: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", t.strip().lower()).strip("_") or "other"
 
 
-def section_options(config, name: str, func, given: dict, aliases: dict | None = None) -> dict:
-    """Options from the agent config's ``[name]`` section for the constructor ``func``.
-
-    A key in the section fills a parameter the caller left at its default; unknown keys are a
-    ConfigError. Returns {} when the section is absent or empty (nothing to merge).
-    """
-    import inspect
-
-    sec = (config or {}).get(name) or {}
-    if not isinstance(sec, dict) or not sec:
-        return {}
-    params = inspect.signature(func).parameters
-    out = {k: v for k, v in given.items() if k in params and k not in ("self", "config", "clock")}
-    for key, value in sec.items():
-        k = (aliases or {}).get(key, key)
-        if k not in params or k in ("self", "config", "clock", "backend"):
-            raise ConfigError(f"config key '{name}.{key}': unknown option")
-        if out.get(k) == params[k].default:
-            out[k] = value
-    return out
-
-
 @register("ipmi")
 class IpmiCollector:
     """One BMC: the local one (``host`` empty: in-band) or a remote one over IPMI 2.0 LAN."""
+
+    needs_nvml = False
+    measurements = ("bmc_sensor", "bmc")
+    options = (  # the [ipmi] section
+        Option("host", "str", "", "BMC address; empty: the local BMC in-band (/dev/ipmi0)", arg="bmc_host"),
+        Option("port", "int", 623, "BMC's IPMI LAN port", 1, 65535, arg="bmc_port"),
+        Option("username", "str", "", "BMC user (IPMI LAN)"),
+        Option("password", "secret", help="BMC password (IPMI LAN)"),
+        Option("privilege", "choice", "", "FreeIPMI privilege level; empty: its default",
+               choices=("", "USER", "OPERATOR", "ADMIN")),
+        Option("driver", "str", "", "FreeIPMI driver (LAN_2_0, KCS, ...); empty = auto"),
+        Option("workarounds", "str", "", "FreeIPMI workaround flags"),
+        Option("deadline", "duration", 4.0, "hard limit of one poll: the tool is killed after it", 0.1, 60.0),
+        Option("backoff_min", "duration", 10.0, "after a failure, the BMC is left alone this long ...",
+               0.01, 86400.0),
+        Option("backoff_max", "duration", 300.0, "... doubling up to this", 0.01, 86400.0),
+        Option("sel", "bool", True, "read the SEL (entry count, new entries)"),
+        Option("sel_every", "int", 6, "read the SEL every this many polls", 1, 100000),
+        Option("dcmi", "bool", True, "DCMI power; probed once, again every 100 polls if absent"),
+        Option("cache_dir", "path", "", "FreeIPMI's SDR cache; empty: a private temporary folder"),
+    )
+
+    @staticmethod
+    def check_options(table: dict) -> None:
+        """What one key's range cannot say (the agent config calls this)."""
+        if table["backoff_min"] > table["backoff_max"]:
+            raise ConfigError("config key 'ipmi.backoff_min': is larger than ipmi.backoff_max")
 
     def __init__(self, bmc_host: str = "", bmc_port: int = 623, username: str = "",
                  password: str | None = None, password_file: str = "", password_env: str = "",
                  privilege: str = "", driver: str = "", workarounds: str = "", deadline: float = 4.0,
                  backoff_min: float = 10.0, backoff_max: float = 300.0, sel: bool = True,
-                 sel_every: int = 6, dcmi: bool = True, cache_dir: str = "", config: dict | None = None,
-                 clock=time.monotonic):
-        o = section_options(config, "ipmi", IpmiCollector.__init__, locals(), {"host": "bmc_host",
-                                                                              "port": "bmc_port"})
-        if o:
-            return self.__init__(**o, clock=clock)
+                 sel_every: int = 6, dcmi: bool = True, cache_dir: str = "", clock=time.monotonic):
         host, port = bmc_host, bmc_port
         for tool in ("ipmi-sensors", "ipmi-sel", "ipmi-dcmi"):
             if shutil.which(tool) is None:

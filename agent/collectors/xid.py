@@ -44,11 +44,12 @@ import threading
 import time
 from pathlib import Path
 
-from gpufleet.agent.model import Sample, register
+from gpufleet.agent.model import STATE_DIR, Sample, register
 
 from gpufleet import catalogue
 from gpufleet.errors import ConfigError, GpufleetError
 from gpufleet.net import backoff_delay
+from gpufleet.options import Option
 
 log = logging.getLogger(__name__)
 
@@ -596,14 +597,24 @@ class XidCollector:
     alone; without a kernel-log path it goes out at once.
     """
 
+    needs_nvml = True
+    measurements = ("gpu_event",)
+    options = (  # the [xid] section
+        Option("kmsg", "path", "/dev/kmsg", "the kernel log: /dev/kmsg, a file (kern.log) or FIFO, "
+               "\"journal\", \"journal:DIR\", \"\" = none; /dev/kmsg refused (EPERM/EACCES) falls back to "
+               "the journal, then to NVML events only"),
+        Option("nvml_events", "bool", True, "the NVML event-set thread"),
+        Option("replay", "bool", False, "read the log from its start instead of from now"),
+        Option("max_events", "int", 1000, "per collect; the rest wait for the next one", 1, 1_000_000),
+        Option("wait_ms", "int", 500, "NVML event wait slice, milliseconds", 10, 60_000),
+        Option("state_dir", "path", f"{STATE_DIR}/xid", "keeps the kernel-log position (journal cursor, "
+               "/dev/kmsg sequence number) so XIDs logged while the agent was stopped arrive at its next "
+               "start; \"\" = none"),
+    )
+
     def __init__(self, backend=None, nvml_events: bool = True, kmsg: str = "/dev/kmsg",
                  replay: bool = False, max_events: int = 1000, wait_ms: int = 500,
-                 state_dir: str = "", config: dict | None = None):
-        from gpufleet.agent.collectors.ipmi import section_options
-
-        o = section_options(config, "xid", XidCollector.__init__, locals())
-        if o:
-            return self.__init__(**o)
+                 state_dir: str = ""):
         if not kmsg and not (nvml_events and backend is not None):
             raise ConfigError("xid: needs kmsg (a path or 'journal') or nvml_events with a backend")
         if kmsg.startswith("journal:") and not os.path.isdir(kmsg[8:]):

@@ -17,15 +17,35 @@ import shutil
 import time
 from pathlib import Path
 
+from gpufleet.agent.model import STATE_DIR, Exporter, register_exporter
+
 from gpufleet.errors import ConfigError
+from gpufleet.options import Option
 
 log = logging.getLogger("gpufleet.agent.file")
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
-class FileSink:
-    name = "file"
+@register_exporter("file")
+class FileSink(Exporter):
+    lines = True
+    options = (  # the [file] section
+        Option("dir", "path", f"{STATE_DIR}/telemetry", "under the unit's `StateDirectory`"),
+        Option("segment_bytes", "size", 64 * 2**20, "", 4096, 2**40),
+        Option("segment_age", "duration", 3600.0, "", 1.0, 7 * 86400.0),
+        Option("compress", "bool", True, "closed segments become .lp.gz"),
+        Option("keep_bytes", "size", 4 * 2**30, "oldest closed segments deleted beyond", 0, 2**50),
+    )
+
+    @classmethod
+    def describe(cls, table: dict) -> str:
+        return str(table["dir"])
+
+    @classmethod
+    def build(cls, table: dict, agent) -> FileSink:
+        return cls(table["dir"], agent.host, table["segment_bytes"], table["segment_age"], table["compress"],
+                   table["keep_bytes"])
 
     def __init__(self, directory: str | Path, host: str = "host", segment_bytes: int = 64 * 2**20,
                  segment_age: float = 3600.0, compress: bool = True, keep_bytes: int = 4 * 2**30):

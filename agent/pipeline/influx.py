@@ -35,9 +35,11 @@ import threading
 import time
 from dataclasses import dataclass
 
+from gpufleet.agent.model import Exporter, register_exporter
 from gpufleet.agent.spool import Spool
 
 from gpufleet.net import RETRY_AFTER_MAX, backoff_delay, classify, redact, redact_url, url_secrets
+from gpufleet.options import Option
 
 log = logging.getLogger("gpufleet.agent.influx")
 
@@ -204,6 +206,39 @@ def resend_rejected(rejected_dir, cfg: dict, secret: str | None) -> tuple[int, i
     finally:
         client.close()
     return done, lines_done, problems
+
+
+@register_exporter("influx")
+class InfluxExporter(Exporter):
+    """The ``[influx]`` section (and each ``[influx.NAME]`` table, with ``destination_options``):
+    the agent builds one :class:`SpoolSink` and :class:`InfluxSender` per destination."""
+
+    lines = True
+    spooled = True
+    options = (
+        Option("url", "str", "", "`http(s)://HOST:PORT`; setting it switches the `influx` exporter on"),
+        Option("api", "choice", "v1", "v1: POST /write (InfluxDB 1.x); v2: influxdb-client WriteApi",
+               choices=("v1", "v2")),
+        Option("db", "str", "gpufleet", "v1 database"),
+        Option("rp", "str", "", "v1 retention policy; empty = the database default"),
+        Option("username", "str", "", "v1 basic auth user"),
+        Option("password", "secret", help="v1 password"),
+        Option("bucket", "str", "", "v2 bucket"),
+        Option("org", "str", "", "v2 organisation"),
+        Option("token", "secret", help="v2 token"),
+        Option("precision", "choice", "ns", choices=("ns", "s")),
+        Option("gzip", "bool", True),
+        Option("batch_lines", "int", 5000, "lines per write", 1, 5000),
+        Option("timeout", "duration", 10.0, "per request", 0.1, 300.0),
+        Option("backoff_min", "duration", 1.0, "the retry delay doubles from here ...", 0.01, 3600.0),
+        Option("backoff_max", "duration", 60.0, "... up to here, with jitter; Retry-After is honoured",
+               0.01, 3600.0),
+    )
+    # the keys an [influx.NAME] table has beyond [influx]'s (its other keys: [influx]'s, same defaults)
+    destination_options = (
+        Option("spool_dir", "path", "", "its own spool, shared with no other destination; empty: "
+               "`spool.dir` + `-NAME`"),
+    )
 
 
 class InfluxSender:

@@ -40,10 +40,12 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from gpufleet.agent.config import parse_listen
+from gpufleet.agent.model import Exporter, register_exporter
 from gpufleet.agent.pipeline.mapping import Catalogue
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
 
 from gpufleet.errors import ConfigError
+from gpufleet.options import Option
 
 log = logging.getLogger("gpufleet.agent.prometheus")
 
@@ -129,10 +131,42 @@ class _Plan:
     slow_group: tuple | None = None
 
 
-class PrometheusExporter(MetricExporter):
+@register_exporter("prometheus")
+class PrometheusExporter(MetricExporter, Exporter):
     """OTel metric data -> the latest snapshot; a threaded HTTP server renders it on GET /metrics."""
 
-    name = "prometheus"
+    # GET /metrics (dcgm-exporter's port); beyond loopback only when listen says so
+    options = (  # the [prometheus] section
+        Option("listen", "str", "127.0.0.1:9400", "`HOST:PORT` (`[v6]:PORT`) of `GET /metrics`, "
+               "dcgm-exporter's port; beyond loopback only when given (`0.0.0.0:9400` to be scraped from "
+               "other hosts)"),
+        Option("names", "choice", "gpufleet", "`dcgm`: dcgm-exporter's names (docs/dcgm.md)",
+               choices=("gpufleet", "dcgm", "both")),
+    )
+
+    @classmethod
+    def check_active(cls, table: dict) -> None:
+        parse_listen(table["listen"])
+
+    @classmethod
+    def describe(cls, table: dict) -> str:
+        return f"GET /metrics on {table['listen']} ({table['names']} names)"
+
+    @classmethod
+    def build(cls, table: dict, agent) -> PrometheusExporter:
+        # slow-tier values are held between the polls that read them: the longest cadence
+        cfg = agent.cfg
+        slow = [float(cfg[s][k]) for s, k in (("gpu", "nvlink_interval"), ("canary", "status_every"))
+                if k in cfg.get(s, {})]
+        return cls(table["listen"], table["names"], hold_s=2 * max(60.0, *slow) + agent.interval)
+
+    @classmethod
+    def open_part(cls, part) -> None:
+        part.start()
+
+    @classmethod
+    def close_part(cls, part) -> None:
+        part.shutdown()
 
     def __init__(self, listen: str = "127.0.0.1:9400", names: str = "gpufleet", hold_s: float = 900.0,
                  catalogue: Catalogue | None = None):

@@ -15,8 +15,10 @@ Entry points for the analyzer and the demo::
 from __future__ import annotations
 
 from gpufleet.analyzer.alerting.base import REGISTRY, Alert, Delivery, Outcome, Sink
-from gpufleet.analyzer.alerting.config import load_sinks
+from gpufleet.analyzer.alerting.config import load_sinks, sink_classes
 from gpufleet.analyzer.alerting.notifier import Notifier, incident_key
+
+sink_classes()  # every sink module registered: REGISTRY lists every type once the package is imported
 
 __all__ = ["REGISTRY", "Alert", "Delivery", "Notifier", "Outcome", "Sink", "incident_key", "load_sinks",
            "page_name", "write_pages"]

@@ -8,6 +8,25 @@ Rules pick the command per incident kind and severity (the first rule that match
 
     [[sink]]
     type = "action"
+    needs_url = False
+    delivery_defaults = {"rate_limit": None, "timeout": 30.0}  # timeout: the command's deadline
+    options = (
+        Option("rule", "tables", [], "at least one `[[sink.rule]]` table: `kinds`, `severities`, "
+               "`command`, `resolve_command`, `verify`, `verify_expect`, `resolve_verify`, "
+               "`resolve_verify_expect` (see below)"),
+        Option("dry_run", "bool", True, "log and record what would run; run nothing"),
+        Option("resume", "bool", False, "a resolved incident runs its rule's resolve_command"),
+        Option("max_per_hour", "int", 10, "commands per hour at most; 0: never run a command", 0),
+        Option("budget_nodes", "int", 2, "nodes held at once at most; 0: never act", 0),
+        Option("budget_percent", "float", 5.0, "share of the fleet held at once at most", 0.0, 100.0,
+               lo_open=True),
+        Option("budget_window", "duration", 3600.0, "the budget's window", 0.0, lo_open=True),
+        Option("budget_ledger", "path", "", "the budget's ledger file; empty: beside the notifier's state"),
+    )
+
+    @classmethod
+    def configure(cls, label: str, kwargs: dict) -> dict:
+        return check_rules(label, kwargs)
     dry_run = false          # default true: log and record what would run, run nothing
     max_per_hour = 4         # safety valve: at most 4 commands per hour, fleet-wide
     timeout = 20             # deadline per command (s); a hanging command is killed
@@ -77,12 +96,11 @@ from gpufleet.analyzer.alerting.budget import Ledger
 
 from gpufleet import hosts
 from gpufleet.errors import ConfigError
+from gpufleet.options import Option
 from gpufleet.records import KINDS, SEVERITIES, to_rfc3339
 
 log = logging.getLogger("gpufleet.alerting")
 
-OPTION_KEYS = {"dry_run", "max_per_hour", "timeout", "resume", "rule", "budget_nodes", "budget_percent",
-               "budget_window", "budget_ledger"}
 RULE_KEYS = {"kinds", "severities", "command", "resolve_command", "verify", "verify_expect",
              "resolve_verify", "resolve_verify_expect"}
 OUTPUT_MAX = 500
@@ -133,13 +151,11 @@ def _names(label: str, key: str, value, allowed) -> list[str]:
     return value
 
 
-def check_options(label: str, spec: dict) -> dict:
-    """The action sink's own keys, validated; a ConfigError names the sink and the key."""
-    rules = spec.get("rule")
-    if not isinstance(rules, list) or not rules or not all(isinstance(r, dict) for r in rules):
-        raise ConfigError(f"{label}: needs at least one [[sink.rule]] with a command")
+def check_rules(label: str, opts: dict) -> dict:
+    """The action sink's keywords from its validated options: its ``[[sink.rule]]`` tables checked
+    (what the key's type cannot say); a ConfigError names the sink, the rule and the key."""
     out_rules = []
-    for i, r in enumerate(rules, 1):
+    for i, r in enumerate(opts.pop("rule"), 1):
         rl = f"{label} rule #{i}"
         unknown = set(r) - RULE_KEYS
         if unknown:
@@ -169,35 +185,14 @@ def check_options(label: str, spec: dict) -> dict:
                     raise ConfigError(f"{rl}: {expect}: unknown placeholder (write a literal brace as "
                                       f"{{{{ or }}}})")
             out_rules[-1][expect] = pattern
-    opts = {"rules": out_rules}
-    for k, default in (("dry_run", True), ("resume", False)):
-        v = spec.get(k, default)
-        if not isinstance(v, bool):
-            raise ConfigError(f"{label}: {k} must be true or false")
-        opts[k] = v
-    mph = spec.get("max_per_hour", 10)
-    if not isinstance(mph, int) or isinstance(mph, bool) or mph < 0:
-        raise ConfigError(f"{label}: max_per_hour must be a whole number >= 0 (0: never run a command)")
-    opts["max_per_hour"] = mph
+    if not out_rules:
+        raise ConfigError(f"{label}: needs at least one [[sink.rule]] with a command")
     for i, r in enumerate(out_rules, 1):
         if opts["resume"] and r["resolve_command"] is not None and r["resolve_verify"] is None:
             raise ConfigError(f"{label} rule #{i}: resume = true needs resolve_verify: a resolve undoes "
                               f"nothing before a check that the node is still held for this incident "
                               f"(a person may have drained it since)")
-    n = spec.get("budget_nodes", 2)
-    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-        raise ConfigError(f"{label}: budget_nodes must be a whole number >= 0 (0: never act)")
-    opts["budget_nodes"] = n
-    for k, default, top in (("budget_percent", 5.0, 100.0), ("budget_window", 3600.0, None)):
-        v = spec.get(k, default)
-        if not isinstance(v, int | float) or isinstance(v, bool) or not (0 < v <= (top or float("inf"))):
-            raise ConfigError(f"{label}: {k} must be a number > 0{f' and <= {top:g}' if top else ''}")
-        opts[k] = float(v)
-    ledger = spec.get("budget_ledger")
-    if ledger is not None and (not isinstance(ledger, str) or not ledger):
-        raise ConfigError(f"{label}: budget_ledger must be a file path")
-    opts["budget_ledger"] = ledger
-    return opts
+    return {**opts, "rules": out_rules, "budget_ledger": opts["budget_ledger"] or None}
 
 
 _SAMPLE = {k: "x" for k in ("key", "status", "kind", "severity", "host", "gpu", "link", "cluster", "rack",
@@ -222,6 +217,25 @@ class ActionSink(Sink):
     command's deadline."""
 
     type = "action"
+    needs_url = False
+    delivery_defaults = {"rate_limit": None, "timeout": 30.0}  # timeout: the command's deadline
+    options = (
+        Option("rule", "tables", [], "at least one `[[sink.rule]]` table: `kinds`, `severities`, "
+               "`command`, `resolve_command`, `verify`, `verify_expect`, `resolve_verify`, "
+               "`resolve_verify_expect` (see below)"),
+        Option("dry_run", "bool", True, "log and record what would run; run nothing"),
+        Option("resume", "bool", False, "a resolved incident runs its rule's resolve_command"),
+        Option("max_per_hour", "int", 10, "commands per hour at most; 0: never run a command", 0),
+        Option("budget_nodes", "int", 2, "nodes held at once at most; 0: never act", 0),
+        Option("budget_percent", "float", 5.0, "share of the fleet held at once at most", 0.0, 100.0,
+               lo_open=True),
+        Option("budget_window", "duration", 3600.0, "the budget's window", 0.0, lo_open=True),
+        Option("budget_ledger", "path", "", "the budget's ledger file; empty: beside the notifier's state"),
+    )
+
+    @classmethod
+    def configure(cls, label: str, kwargs: dict) -> dict:
+        return check_rules(label, kwargs)
 
     def __init__(self, name="action", url="", delivery=None, rules=(), dry_run: bool = True,
                  resume: bool = False, max_per_hour: int = 10, budget_nodes: int = 2,

@@ -17,12 +17,16 @@ import time
 
 from gpufleet.analyzer.alerting.base import Alert, Outcome, Sink, register
 
+from gpufleet.options import Option
 from gpufleet.records import to_rfc3339
 
 
 @register
 class AlertmanagerSink(Sink):
     type = "alertmanager"
+    options = (Option("repost_interval", "duration", 60.0, "active alerts are re-posted this often; keep "
+                      "it well under Alertmanager's resolve_timeout; 0 = never"),)
+    delivery_defaults = {"rate_limit": 600.0}
 
     def __init__(self, name, url, delivery=None, repost_interval: float = 60.0, **options):
         super().__init__(name, url, delivery, **options)

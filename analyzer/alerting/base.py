@@ -4,6 +4,13 @@ A sink turns one :class:`Alert` (a group of incidents, firing or resolved) into 
 and says what happened with it: :class:`Outcome` ``sent``, ``retry`` (timeout, connection
 error, 5xx, 429: try again later, honouring ``Retry-After``) or ``failed`` (any other 4xx:
 give up and log the response). Sinks register by name in :data:`REGISTRY`.
+
+A sink declares its facts on its class, and the ``[[sink]]`` table's validation, its secret
+handling, the ``--sink TYPE=URL`` shortcut and the docs' key tables derive them
+(:mod:`gpufleet.analyzer.alerting.config`, ``python -m gpufleet.regen``): ``options`` (its own keys,
+:class:`gpufleet.options.Option`; a ``secret`` one comes only from ``KEY_file`` / ``KEY_env``, its
+``env`` is the variable ``--sink`` reads it from), ``needs_url`` and ``default_url``, and
+``delivery_defaults`` (where its retry and rate-limit defaults differ from :class:`Delivery`'s).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from urllib.parse import urlsplit
 
 from gpufleet import net
 from gpufleet.net import classify
+from gpufleet.options import Option
 
 log = logging.getLogger("gpufleet.alerting")
 
@@ -97,6 +105,24 @@ class Delivery:
     burst: int = 10
 
 
+# the keys every sink takes, beyond type and name (Delivery's fields, and the URL)
+DELIVERY_OPTIONS = (
+    Option("timeout", "duration", 5.0, "seconds per attempt", 0.0, lo_open=True),
+    Option("backoff", "duration", 1.0, "first retry delay; doubles per attempt, jittered to 50-100 %"),
+    Option("backoff_max", "duration", 60.0, "the retry delay's cap"),
+    Option("give_up_after", "duration", 86400.0, "an undeliverable notification is dropped (logged) "
+           "after this"),
+    Option("rate_limit", "float", 60.0, "notifications per minute (token bucket); 0 = unlimited; excess "
+           "waits, never dropped", 0.0, none_ok=True),
+    Option("burst", "int", 10, "the token bucket's size", 0),
+)
+URL_OPTIONS = (
+    Option("url", "str", "", "http:// or https:// with a host"),
+    Option("url", "secret", help="the URL from a file or the environment, where it is itself the "
+           "credential (a Slack webhook)"),
+)
+
+
 class Sink:
     """One alert destination. Subclasses set ``type`` and implement :meth:`render`.
 
@@ -107,7 +133,28 @@ class Sink:
     """
 
     type: ClassVar[str] = ""
+    options: ClassVar[tuple[Option, ...]] = ()  # its own [[sink]] keys (beyond DELIVERY_OPTIONS, url)
+    needs_url: ClassVar[bool] = True  # a [[sink]] table without url (nor default_url) is an error
+    default_url: ClassVar[str] = ""
+    delivery_defaults: ClassVar[dict[str, object]] = {}  # Delivery fields whose default differs
     repost_interval: float | None = None
+
+    @classmethod
+    def table_options(cls) -> tuple[Option, ...]:
+        """Every key of this type's ``[[sink]]`` table but ``type`` and ``name``, defaults filled in."""
+        from dataclasses import replace
+
+        own = {o.name for o in cls.options}
+        delivery = tuple(replace(o, default=cls.delivery_defaults.get(o.name, o.default))
+                         for o in DELIVERY_OPTIONS if o.name not in own)
+        url = tuple(replace(o, default=cls.default_url) if o.kind == "str" else o for o in URL_OPTIONS)
+        return (*url, *delivery, *cls.options)
+
+    @classmethod
+    def configure(cls, label: str, kwargs: dict) -> dict:
+        """The constructor's keywords from the validated table's own options (``kwargs``): the place
+        for what one key's type and range cannot say. ``label`` names the sink in errors."""
+        return kwargs
 
     def __init__(self, name: str, url: str, delivery: Delivery | None = None, **options):
         self.name = name

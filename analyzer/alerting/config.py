@@ -1,7 +1,10 @@
 """Build sinks from the analyzer's ``[[sink]]`` tables and ``--sink TYPE=URL`` options.
 
-Every problem (unknown type, invalid URL, a secret that is missing, empty or given inline)
-is a :class:`gpufleet.errors.ConfigError` naming the sink, raised before anything is sent.
+A table is checked against what its sink class declares (:mod:`gpufleet.analyzer.alerting.base`:
+``options``, ``needs_url``, ``default_url``, ``delivery_defaults``) through :mod:`gpufleet.options`,
+the one validation of the agent, the analyzer and the sinks. Every problem (unknown type or key,
+a value of the wrong type or out of range, invalid URL, a secret that is missing, empty or given
+inline) is a :class:`gpufleet.errors.ConfigError` naming the sink, raised before anything is sent.
 Secrets come from ``*_file`` (a path) or ``*_env`` (an environment variable name) and are
 never printed: messages name the sink and the key, never the value.
 """
@@ -11,32 +14,28 @@ from __future__ import annotations
 import os
 from urllib.parse import urlsplit
 
-from gpufleet.analyzer.alerting import action, alertmanager, console, pagerduty, slack, webhook  # noqa: F401 (register)
-from gpufleet.analyzer.alerting.base import REGISTRY, Delivery, Sink, redact_url
+from gpufleet.analyzer.alerting.base import DELIVERY_OPTIONS, REGISTRY, Delivery, Sink, redact_url
 
+from gpufleet import options
 from gpufleet.errors import ConfigError
 from gpufleet.secrets import read_secret
 
-# Environment variables that --sink TYPE=URL options read their secret from.
-CLI_SECRET_ENV = {
-    "pagerduty": ("routing_key", "GPUFLEET_PAGERDUTY_ROUTING_KEY"),
-    "webhook": ("secret", "GPUFLEET_WEBHOOK_SECRET"),
-}
-SECRET_KEYS = {"pagerduty": ("routing_key",), "webhook": ("secret",), "slack": (), "alertmanager": (),
-               "console": (), "action": ()}
-REQUIRED_SECRETS = {"pagerduty": ("routing_key",)}
-DELIVERY_KEYS = {"timeout", "backoff", "backoff_max", "give_up_after", "rate_limit", "burst"}
-COMMON_KEYS = {"type", "name", "url", "url_file", "url_env"} | DELIVERY_KEYS
-EXTRA_KEYS = {"alertmanager": {"repost_interval"}, "action": action.OPTION_KEYS}
-DEFAULT_RATE = {"alertmanager": 600.0, "console": None, "action": None}
-NO_URL = ("console", "action")
+
+def sink_classes() -> dict[str, type[Sink]]:
+    """Every sink type: each module of ``analyzer/alerting/`` imported (a sink module registers
+    its class with ``@register``; the others are light), then the registry (type -> class)."""
+    import importlib
+    import pkgutil
+
+    import gpufleet.analyzer.alerting as pkg
+
+    for m in pkgutil.iter_modules(pkg.__path__):
+        importlib.import_module(f"{pkg.__name__}.{m.name}")
+    return dict(sorted(REGISTRY.items()))  # by type: the same order whatever was imported first
 
 
 def _sink_secret(label: str, key: str, spec: dict) -> str | None:
     """Secret ``key`` of a sink from ``key_file`` or ``key_env`` (:func:`gpufleet.secrets.read_secret`)."""
-    if key in spec and key != "url":
-        raise ConfigError(f"{label}: '{key}' must not be written in the config; "
-                          f"use '{key}_file' or '{key}_env'")
     return read_secret(f"{label}: {key}", spec.get(f"{key}_file"), spec.get(f"{key}_env"))
 
 
@@ -51,77 +50,83 @@ def check_url(label: str, url: str) -> str:
     return url
 
 
-def _number(label: str, key: str, value, allow_none: bool = False):
-    if value is None and allow_none:
-        return None
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{label}: {key} must be a number, got {value!r}") from None
-    if v < 0 or v != v:
-        raise ConfigError(f"{label}: {key} must be >= 0, got {value!r}")
-    return v
-
-
 def build_sink(spec: dict, label: str, name: str) -> Sink:
+    """One sink from its ``[[sink]]`` table, checked against what its class declares
+    (``Sink.table_options``: its own options, the delivery keys, the URL)."""
     if not isinstance(spec, dict):
         raise ConfigError(f"{label}: must be a table")
     typ = spec.get("type")
     if typ not in REGISTRY:
         raise ConfigError(f"{label}: unknown sink type {typ!r} (known: {', '.join(sorted(REGISTRY))})")
-    unknown = set(spec) - COMMON_KEYS - EXTRA_KEYS.get(typ, set()) - {
-        f"{k}{s}" for k in SECRET_KEYS[typ] for s in ("", "_file", "_env")}
-    if unknown:
-        raise ConfigError(f"{label}: unknown key(s) {', '.join(sorted(unknown))}")
+    cls = REGISTRY[typ]
+    table = options.validate(cls.table_options(), spec, lambda k: f"{label}: {k}", ignore=("type", "name"))
     # url: inline, or from a file/env (a Slack webhook URL is itself the credential)
-    url = spec.get("url")
-    if url is None and ("url_file" in spec or "url_env" in spec):
-        url = _sink_secret(label, "url", {k: v for k, v in spec.items() if k != "url"})
-    if typ == "pagerduty" and not url:
-        url = pagerduty.DEFAULT_URL
-    if typ not in NO_URL:
+    if spec.get("url") and (table["url_file"] or table["url_env"]):
+        raise ConfigError(f"{label}: give url, url_file or url_env, not two of them")
+    url = spec.get("url") or _sink_secret(label, "url", table) or cls.default_url
+    if cls.needs_url:
         if not url:
             raise ConfigError(f"{label}: missing url (or url_file / url_env)")
         check_url(label, str(url))
-    secrets = {}
-    for key in SECRET_KEYS[typ]:
-        value = _sink_secret(label, key, spec)
-        if value is None and key in REQUIRED_SECRETS.get(typ, ()):
-            raise ConfigError(f"{label}: missing {key} (set {key}_file or {key}_env)")
-        if value is not None:
-            secrets[key] = value
     d = Delivery()
-    d.rate_limit = DEFAULT_RATE.get(typ, d.rate_limit)
-    for k in DELIVERY_KEYS & set(spec):
-        v = _number(label, k, spec[k], allow_none=(k == "rate_limit"))
-        setattr(d, k, int(v) if k == "burst" else v)
-    if d.timeout <= 0:
-        raise ConfigError(f"{label}: timeout must be > 0")
+    for o in DELIVERY_OPTIONS:
+        v = table[o.name]
+        setattr(d, o.name, None if v is None else int(v) if o.kind == "int" else float(v))
     if d.rate_limit == 0:
         d.rate_limit = None
-    if typ == "action":
-        if "timeout" not in spec:
-            d.timeout = 30.0
-        return REGISTRY[typ](name=name, url="", delivery=d, **action.check_options(label, spec))
-    extra = {k: _number(label, k, spec[k]) for k in EXTRA_KEYS.get(typ, set()) & set(spec)}
-    return REGISTRY[typ](name=name, url=str(url or ""), delivery=d, **secrets, **extra)
+    own = {o.keyword: table[o.name] for o in cls.options if not o.secret}
+    secrets = options.read_secrets(cls.options, table, lambda k: f"{label}: {k}")
+    kwargs = cls.configure(label, {**own, **secrets})
+    return cls(name=name, url=str(url or ""), delivery=d, **kwargs)
+
+
+def keys_markdown() -> str:
+    """The sink key tables of docs/alerting.md, from the sink classes (``python -m gpufleet.regen``)."""
+    from gpufleet.analyzer.alerting.base import URL_OPTIONS
+
+    sinks = sink_classes()
+    types = ", ".join(f"`{t}`" for t in sinks)
+    rows = ["Keys every sink takes:", "", "| key | default | meaning |", "|---|---|---|",
+            f"| `type` | required | {types} |",
+            "| `name` | the type (`slack-2` for a second one) | identifies the sink in the state file and "
+            "logs |"]
+    need = [t for t, c in sinks.items() if not c.needs_url]
+    dflt = [f"{t}: {c.default_url}" for t, c in sinks.items() if c.default_url]
+    url, url_secret = URL_OPTIONS
+    rows.append(f"| `url` | required ({'; '.join(dflt)}; {', '.join(need)}: none) | {url.help} |")
+    rows += options.markdown_rows("", (url_secret,))
+    for o in DELIVERY_OPTIONS:
+        row = options.markdown_rows("", (o,))[0]
+        other = [f"{t}: {options.shown(o, c.delivery_defaults[o.name]) or 'none'}"
+                 for t, c in sinks.items() if o.name in c.delivery_defaults]
+        rows.append(row[:-2] + f" ({'; '.join(other)}) |" if other else row)
+    rows += ["", "Keys of one type:", "", "| type | key | default | meaning |", "|---|---|---|---|"]
+    for t, c in sinks.items():
+        rows += options.markdown_rows("", c.options, lead=f"`{t}` |")
+    return "\n".join(rows) + "\n"
 
 
 def parse_cli_spec(spec: str, config_sinks: list[dict]) -> dict:
-    """``TYPE=URL`` (or just ``console``) -> a sink table; secrets from the environment or config."""
+    """``TYPE=URL`` (or just ``console``) -> a sink table; secrets from the environment or config
+    (a secret option's ``env`` variable, or its ``_FILE`` twin naming a file)."""
     typ, sep, url = spec.partition("=")
     typ = typ.strip()
     if typ not in REGISTRY:
         raise ConfigError(f"--sink {typ or spec!r}: unknown sink type (known: {', '.join(sorted(REGISTRY))})")
-    if typ == "action":
-        raise ConfigError("--sink action: the action sink needs rules; configure it as a [[sink]] table")
+    cls = REGISTRY[typ]
+    tables = [o.name for o in cls.options if o.kind == "tables"]
+    if tables:
+        raise ConfigError(f"--sink {typ}: the {typ} sink needs [[sink.{tables[0]}]] tables; configure it "
+                          "as a [[sink]] table")
     table: dict = {"type": typ}
     if url:
         table["url"] = url.strip()
-    elif typ not in ("console", "pagerduty"):
+    elif cls.needs_url and not cls.default_url:
         raise ConfigError(f"--sink {typ}: expected {typ}=URL")
-    if typ in CLI_SECRET_ENV:
-        key, var = CLI_SECRET_ENV[typ]
+    for o in cls.options:
+        if not (o.secret and o.env):
+            continue
+        key, var = o.name, o.env
         if os.environ.get(var, "").strip():
             table[f"{key}_env"] = var
         elif os.environ.get(var + "_FILE", "").strip():

@@ -40,6 +40,8 @@ def line(alert: Alert) -> str:
 @register
 class ConsoleSink(Sink):
     type = "console"
+    needs_url = False
+    delivery_defaults = {"rate_limit": None}
 
     def __init__(self, name="console", url="", delivery=None, **options):
         super().__init__(name, url, delivery, **options)

@@ -14,6 +14,7 @@ import hashlib
 
 from gpufleet.analyzer.alerting.base import Alert, Sink, register
 
+from gpufleet.options import Option
 from gpufleet.records import to_rfc3339
 
 DEFAULT_URL = "https://events.pagerduty.com/v2/enqueue"
@@ -33,6 +34,9 @@ def clip(s: str, n: int) -> str:
 @register
 class PagerDutySink(Sink):
     type = "pagerduty"
+    default_url = DEFAULT_URL
+    options = (Option("routing_key", "secret", help="the Events API v2 integration key", required=True,
+                      env="GPUFLEET_PAGERDUTY_ROUTING_KEY"),)
 
     def __init__(self, name, url, delivery=None, routing_key: str = "", **options):
         super().__init__(name, url or DEFAULT_URL, delivery, **options)

@@ -19,6 +19,7 @@ import time
 
 from gpufleet.analyzer.alerting.base import Alert, Sink, register
 
+from gpufleet.options import Option
 from gpufleet.records import to_rfc3339
 
 VERSION = "1"
@@ -32,6 +33,8 @@ def sign(secret: str, timestamp: str, body: bytes) -> str:
 @register
 class WebhookSink(Sink):
     type = "webhook"
+    options = (Option("secret", "secret", help="HMAC-SHA256 key of the X-Gpufleet-Signature header; "
+                      "without one: unsigned", env="GPUFLEET_WEBHOOK_SECRET"),)
 
     def __init__(self, name, url, delivery=None, secret: str | None = None, **options):
         super().__init__(name, url, delivery, **options)
