@@ -21,7 +21,9 @@ HOSTILE = {
 }
 
 
-def _run(tmp_path, server_args, seconds, host="node-1", labels=None):
+def _run(tmp_path, server_args, ticks, host="node-1", labels=None):
+    """Run an agent (1 s polls) until its file exporter holds ``ticks`` GPU polls (at most 60 s:
+    a loaded machine starts it slowly), then stop it; every point it wrote."""
     labels = labels or {"cluster": "c1", "rack": "r1"}
     args = ["--backend", "sim", "--interval", "1", "--exporter", "file", "--exporter", "influx",
             "--file-dir", str(tmp_path / "lp"), "--spool-dir", str(tmp_path / "spool"), "--host", host,
@@ -29,7 +31,13 @@ def _run(tmp_path, server_args, seconds, host="node-1", labels=None):
     for k, v in labels.items():
         args += ["--label", f"{k}={v}"]
     proc = start_agent(tmp_path, *args)
-    time.sleep(seconds)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        if (tmp_path / "lp").is_dir():
+            polls = {p.time for p in read_lp_dir(tmp_path / "lp") if p.measurement == "gpu"}
+            if len(polls) >= ticks:
+                break
+        time.sleep(0.2)
     rc = stop_agent(proc)
     assert rc == 0, (tmp_path / "agent.log").read_text()
     return read_lp_dir(tmp_path / "lp")
@@ -37,7 +45,7 @@ def _run(tmp_path, server_args, seconds, host="node-1", labels=None):
 
 def test_v1_every_point_read_back_value_by_value(tmp_path, influxdb):
     influxdb.create_db("fleet")
-    points = _run(tmp_path, ["--influx-url", influxdb.url, "--influx-api", "v1", "--influx-db", "fleet"], 3.5)
+    points = _run(tmp_path, ["--influx-url", influxdb.url, "--influx-api", "v1", "--influx-db", "fleet"], 3)
     gpu = [p for p in points if p.measurement == "gpu"]
     assert len({p.time for p in gpu}) >= 3
     assert {p.tags["gpu"] for p in gpu} == {str(i) for i in range(8)}
@@ -55,7 +63,7 @@ def test_hostile_labels_round_trip_exactly(tmp_path, influxdb):
     influxdb.create_db("fleet")
     # (the host tag itself must be a plain node name: the agent refuses another, tests/test_hosts.py)
     host = "node-1.rack_2"
-    points = _run(tmp_path, ["--influx-url", influxdb.url, "--influx-db", "fleet"], 2.5, host=host,
+    points = _run(tmp_path, ["--influx-url", influxdb.url, "--influx-db", "fleet"], 2, host=host,
                   labels=HOSTILE)
     assert points
     assert all(p.tags["host"] == host for p in points)
@@ -71,7 +79,7 @@ def test_v2_into_victoriametrics(tmp_path, victoria):
     token = tmp_path / "token"
     token.write_text("secret-token-value\n")
     points = _run(tmp_path, ["--influx-url", victoria.url, "--influx-api", "v2", "--influx-bucket", "b",
-                             "--influx-org", "o", "--influx-token-file", str(token)], 3.0)
+                             "--influx-org", "o", "--influx-token-file", str(token)], 3)
     assert "secret-token-value" not in (tmp_path / "agent.log").read_text()
     want = {}
     for p in points:

@@ -127,7 +127,7 @@ def test_the_default_canary_without_a_gpu_is_not_checked_exit_3(full):
 def test_simulate_analyze_and_report(full):
     bindir, tmp = full
     sim = tmp / "sim"
-    p = gpufleet(bindir, tmp, "sim", "--nodes", "1", "--duration", "1h", "--step", "10s", "--seed", "5",
+    p = gpufleet(bindir, tmp, "sim", "--nodes", "1", "--duration", "2h", "--step", "10s", "--seed", "5",
                  "--scenario", "thermal", "--out", str(sim), "--no-progress")
     assert p.returncode == 0, p.stderr[-2000:]
     inc = tmp / "incidents.jsonl"
