@@ -1,15 +1,10 @@
 """Generate ``docs/dcgm.md`` (the dcgm-exporter names the agent serves) from the catalogue.
 
-``python -m gpufleet.dcgm_doc`` prints it; ``--write docs/dcgm.md`` writes it; ``--check
-docs/dcgm.md`` exits 1 when the file is out of date. ``python -m gpufleet.regen`` rewrites it with
-the other generated files, and ``tests/test_regen.py`` keeps the committed file in step.
+``python -m gpufleet.regen`` writes it with the other generated files, and
+``tests/test_regen.py`` keeps the committed file in step.
 """
 
 from __future__ import annotations
-
-import argparse
-import sys
-from pathlib import Path
 
 from gpufleet import catalogue
 from gpufleet.schema_doc import _cell
@@ -28,7 +23,7 @@ def render() -> str:
     out = [
         "# dcgm-exporter names",
         "",
-        "<!-- Generated from gpufleet/catalogue.toml by `python -m gpufleet.dcgm_doc --write docs/dcgm.md`; "
+        "<!-- Generated from gpufleet/catalogue.toml by `python -m gpufleet.regen`; "
         "do not edit by hand. -->",
         "",
         "With `[prometheus] names = \"dcgm\"` (or `\"both\"`) the agent's scrape endpoint serves these",
@@ -66,26 +61,3 @@ def render() -> str:
             "`device` is `nvidia` + the NVML index, where dcgm-exporter uses the device minor number",
             "(the same on most nodes)."]
     return "\n".join(out) + "\n"
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    g = ap.add_mutually_exclusive_group()
-    g.add_argument("--write", metavar="PATH", help="write the page to PATH")
-    g.add_argument("--check", metavar="PATH", help="exit 1 when PATH differs from the catalogue")
-    args = ap.parse_args(argv)
-    text = render()
-    if args.write:
-        Path(args.write).write_text(text)
-    elif args.check:
-        p = Path(args.check)
-        if not p.is_file() or p.read_text() != text:
-            print(f"{p} is out of date: python -m gpufleet.dcgm_doc --write {p}", file=sys.stderr)
-            return 1
-    else:
-        sys.stdout.write(text)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

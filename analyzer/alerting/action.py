@@ -8,25 +8,6 @@ Rules pick the command per incident kind and severity (the first rule that match
 
     [[sink]]
     type = "action"
-    needs_url = False
-    delivery_defaults = {"rate_limit": None, "timeout": 30.0}  # timeout: the command's deadline
-    options = (
-        Option("rule", "tables", [], "at least one `[[sink.rule]]` table: `kinds`, `severities`, "
-               "`command`, `resolve_command`, `verify`, `verify_expect`, `resolve_verify`, "
-               "`resolve_verify_expect` (see below)"),
-        Option("dry_run", "bool", True, "log and record what would run; run nothing"),
-        Option("resume", "bool", False, "a resolved incident runs its rule's resolve_command"),
-        Option("max_per_hour", "int", 10, "commands per hour at most; 0: never run a command", 0),
-        Option("budget_nodes", "int", 2, "nodes held at once at most; 0: never act", 0),
-        Option("budget_percent", "float", 5.0, "share of the fleet held at once at most", 0.0, 100.0,
-               lo_open=True),
-        Option("budget_window", "duration", 3600.0, "the budget's window", 0.0, lo_open=True),
-        Option("budget_ledger", "path", "", "the budget's ledger file; empty: beside the notifier's state"),
-    )
-
-    @classmethod
-    def configure(cls, label: str, kwargs: dict) -> dict:
-        return check_rules(label, kwargs)
     dry_run = false          # default true: log and record what would run, run nothing
     max_per_hour = 4         # safety valve: at most 4 commands per hour, fleet-wide
     timeout = 20             # deadline per command (s); a hanging command is killed
