@@ -167,6 +167,12 @@ class Analyzer:
         self._stopped: dict[int, object] = {}  # host id -> its open node_stopped_reporting record
         self.quiet_after = max(60.0, 6 * self.poll)
         self.horizon_ns: int | None = None  # online: rows after this do not move a stream's watermark
+        # online: the fleet's data as a whole landing far behind the clock (see _event_clock)
+        self.data_top = -(2**62)  # ns: the newest row that moved a watermark (the data's own time)
+        self._top_judged = -(2**62)
+        self._rows_ticked = (0, 0)  # (rows at the last clock tick, ticks since a row last landed)
+        self.backlog = False  # the newest row landed more than quiet_after behind the clock
+        self.backlog_lateness = self.lateness  # how late a row of a backlog may land (data time)
 
     # ------------------------------------------------------------------ input
     def wanted(self) -> dict[str, set[str] | None]:
@@ -231,6 +237,7 @@ class Analyzer:
                 self._received(blk)
             self._add(m, blk)
             self.t_first = min(self.t_first, blk.tmin)
+        self._judge_backlog()
         self._cut(final=False)
 
     def _add(self, m: str, blk: _Block) -> None:
@@ -256,6 +263,7 @@ class Analyzer:
             ok = blk.t <= self.horizon_ns
             top = int(blk.t[ok].max()) if ok.any() else -(2**62)
         self.stream_wm[m] = max(self.stream_wm.get(m, -(2**62)), top)
+        self.data_top = max(self.data_top, top)
 
     def _received(self, blk: _Block) -> None:
         """Per GPU, the latest row received (any path): a node whose GPUs all went quiet."""
@@ -628,10 +636,11 @@ class Analyzer:
                 self.window_start[m] = math.floor(tmin / self.window) * self.window
                 self.last_data[m] = self.window_start[m]
             walk = max(EMPTY_WALK_SECONDS, 4 * self.window)
+            lateness = self.backlog_lateness if self.backlog else self.lateness
             while True:
                 start = self.window_start[m]
                 end = start + self.window
-                if not final and wm - self.lateness < end:
+                if not final and wm - lateness < end:
                     break
                 if final and start > wm:
                     break
@@ -642,7 +651,7 @@ class Analyzer:
                 elif start >= self.last_data[m] + walk and self.ctx.get(m) is None:
                     # nothing to analyse for a while: the next window starts at the next data (or
                     # at the last window that may be cut now, for a stream that went quiet)
-                    last = wm if final else wm - self.lateness - self.window
+                    last = wm if final else wm - lateness - self.window
                     target = math.floor(min(nxt / 1e9 if nxt is not None else math.inf, last)
                                         / self.window) * self.window
                     if target > start:
@@ -671,14 +680,42 @@ class Analyzer:
         be in by now are analysed even if no newer point arrived (a quiet stream, a lost GPU), and
         so are a late host's rows once they stop growing."""
         self.now_ns = int(now * 1e9)
-        for m in list(self.stream_wm):
-            self.stream_wm[m] = max(self.stream_wm[m], int(now * 1e9))
+        self._judge_backlog()
+        clock = self._event_clock(now)
+        for m in list(self.stream_wm) if clock is not None else ():
+            self.stream_wm[m] = max(self.stream_wm[m], int(clock * 1e9))
         self._cut(final=False)
         for k in self.late_wm:  # cycles since a late host's rows last grew
             self._late_idle[k] = 0 if k in self._late_grew else self._late_idle.get(k, 0) + 1
         self._late_idle = {k: v for k, v in self._late_idle.items() if k in self.late_wm}
         self._late_grew.clear()
         self._quiet_nodes(now)
+
+    def _judge_backlog(self) -> None:
+        """Online: whether the fleet's newest row landed more than ``quiet_after`` behind the clock
+        (judged when it lands, by the loop's last tick): no host of the fleet is live, the data is
+        a stored backlog arriving (a fleet replayed into the store as fast as possible, every
+        agent's spool draining at once). A stream that stops landing keeps the last judgement."""
+        if self.now_ns is not None and self.data_top > self._top_judged:
+            self._top_judged = self.data_top
+            self.backlog = self.now_ns - self.data_top > self.quiet_after * 1e9
+
+    def _event_clock(self, now: float) -> float | None:
+        """How far the clock moves every stream's watermark (what should be in by now; None: not
+        at all). Live data: to ``now`` (a feed that stops leaves the windows cut on time, and what
+        lands later is late, analysed in its host's own time). A backlog (:meth:`_judge_backlog`):
+        not at all while its rows land: windows are cut on the data's own pace, as a file is, so
+        that no host is "behind the analysis" only because the wall clock is ahead of the whole
+        fleet, and rows may land up to ``backlog_lateness`` (data time) out of order (one body of
+        a store's subscription holds minutes of each measurement in turn). Once no row has landed
+        for two ticks, the backlog is in: every window holding its rows is cut."""
+        rows, quiet = self._rows_ticked
+        self._rows_ticked = (self.rows, 0 if self.rows > rows else quiet + 1)
+        if not self.backlog:
+            return now
+        if self._rows_ticked[1] < 2:
+            return None
+        return min(now, self.data_top / 1e9 + self.backlog_lateness + self.window)
 
     def _host_progress(self) -> None:
         """Online: per host, the latest of its GPU rows analysed; its incidents resolve by its own

@@ -1,0 +1,100 @@
+"""A stored fleet replayed into a real InfluxDB 1.6.7 as fast as possible, an InfluxDB
+SUBSCRIPTION forwarding every write to ``gpufleet analyze --listen``: the fleet's rows are stamped
+days before the analyzer's wall clock and land minutes of data per second, so the whole fleet is
+"late" by the wall clock. Event time follows the data (gpufleet.analyzer.pipeline): every row is
+analysed, none is dropped, and ``gpufleet eval`` scores the incidents against the simulator's
+truth (one page per fault) like the batch analysis of the same file."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+
+from gpufleet import records
+from gpufleet.cli import main
+from tests.agent_support import ROOT, wait_for
+from tests.arrival import same
+from tests.servers import InfluxDB1, answers_ping, free_port, skip_unless
+
+pytestmark = [skip_unless("influxd")]
+
+POLL = 2.0
+
+
+def gauges(url: str) -> dict[str, float]:
+    text = requests.get(url + "/metrics", timeout=5).text
+    return {k: float(v) for k, v in re.findall(r"^gpufleet_analyzer_(\w+) (\S+)$", text, re.M)}
+
+
+def score(capsys, fleet, incidents) -> dict:
+    capsys.readouterr()
+    assert main(["eval", "--truth", str(fleet / "truth.jsonl"), "--incidents", str(incidents), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.slow
+def test_a_fleet_replayed_through_a_subscription_is_found_as_in_batch(tmp_path, capsys):
+    fleet = tmp_path / "fleet"
+    assert main(["sim", "--scenario", "mixed", "--nodes", "8", "--duration", "2h", "--seed", "3",
+                 "--out", str(fleet), "--no-progress"]) == 0
+    assert main(["analyze", "--input", str(fleet / "telemetry.lp.gz"),
+                 "--out", str(tmp_path / "batch.jsonl")]) == 0
+    batch = score(capsys, fleet, tmp_path / "batch.jsonl")
+    gpu_rows = json.loads((fleet / "manifest.json").read_text())["telemetry"]["lines"]["gpu"]
+
+    token = "replay-listen-token"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    out = tmp_path / "online.jsonl"
+    with InfluxDB1(tmp_path / "influx") as db:
+        db.create_db("fleet")
+        db.query(f"CREATE SUBSCRIPTION \"gpufleet\" ON \"fleet\".\"autogen\" DESTINATIONS ALL "
+                 f"'http://gpufleet:{token}@127.0.0.1:{port}'")
+        log = open(tmp_path / "analyze.log", "wb")
+        an = subprocess.Popen([sys.executable, "-m", "gpufleet", "analyze", "--listen", f"127.0.0.1:{port}",
+                               "--poll", f"{POLL:g}s", "--out", str(out)],
+                              stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                              env=dict(os.environ, GPUFLEET_LISTEN_TOKEN=token), start_new_session=True)
+        try:
+            assert answers_ping(url, 60), (tmp_path / "analyze.log").read_text()
+            t0 = time.monotonic()
+            assert main(["replay", str(fleet), "--influx-url", db.url, "--influx-db", "fleet",
+                         "--as-fast-as-possible", "--no-progress"]) == 0
+            took = time.monotonic() - t0
+            # every GPU row forwarded and analysed; then the last windows close on the data's own pace
+            assert wait_for(lambda: gauges(url).get("gpu_samples_total") == gpu_rows, 60), gauges(url)
+            assert wait_for(lambda: gauges(url)["listen_queue_bytes"] == 0, 30)
+            settled = []
+
+            def done():
+                g = gauges(url)
+                settled.append((g["windows_total"], g["incidents"]))
+                return len(settled) > 3 and len(set(settled[-3:])) == 1 and out.is_file()
+
+            assert wait_for(done, 60, step=POLL), settled
+            g = gauges(url)
+        finally:
+            an.send_signal(signal.SIGTERM)
+            an.wait(30)
+            log.close()
+    said = (tmp_path / "analyze.log").read_text()
+    # none dropped, none behind what its host had analysed, no analysis gap
+    assert g["gap_rows_dropped_total"] == 0 and g["late_points_total"] == 0, (g, said[-2000:])
+    assert "analysis gap" not in said
+    online = score(capsys, fleet, out)
+    print(f"replayed {sum(json.loads((fleet / 'manifest.json').read_text())['telemetry']['lines'].values())} "
+          f"lines in {took:.1f}s; batch recall {batch['recall']} precision {batch['precision']}; "
+          f"online recall {online['recall']} precision {online['precision']}")
+    assert online["recall"] >= 0.9, online["per_kind"]
+    assert online["precision"] >= 0.9, online["per_kind"]
+    assert online["recall"] >= batch["recall"] and online["duplicates"] == 0
+    # and the same incidents as the batch analysis: kind, host, GPU, link, start within a poll
+    assert same(records.read(tmp_path / "batch.jsonl"), records.read(out), 10.0) == ([], [])
