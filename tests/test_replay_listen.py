@@ -21,7 +21,7 @@ import requests
 from gpufleet import records
 from gpufleet.cli import main
 from tests.agent_support import ROOT, wait_for
-from tests.arrival import same
+from tests.arrival import EXCLUDE, batch, lines_of, replay, same
 from tests.servers import InfluxDB1, answers_ping, free_port, skip_unless
 
 pytestmark = [skip_unless("influxd")]
@@ -38,6 +38,31 @@ def score(capsys, fleet, incidents) -> dict:
     capsys.readouterr()
     assert main(["eval", "--truth", str(fleet / "truth.jsonl"), "--incidents", str(incidents), "--json"]) == 0
     return json.loads(capsys.readouterr().out)
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    out = tmp_path_factory.mktemp("backlog") / "sim"
+    assert main(["sim", "--nodes", "4", "--duration", "45m", "--step", "10s", "--seed", "7",
+                 "--scenario", "mixed", "--out", str(out), "--no-progress"]) == 0
+    return out / "telemetry.lp.gz"
+
+
+@pytest.mark.parametrize("speed", [60.0, 600.0])
+def test_a_fleet_landing_days_behind_the_clock_is_analysed_as_a_file(small, speed):
+    """The online loop's clock is a week after the fleet's data, which lands ``speed`` times faster
+    than it was written, in bodies of 5000 lines (each holding minutes of one measurement, then of
+    the next): cut on the data's own pace, with the batch lateness, it gives the batch analysis'
+    incidents, no row late or dropped; once nothing lands for two polls every window is cut."""
+    lines = lines_of(small)
+    t0 = min(t for t, _h, _l in lines) / 1e9
+    week = 7 * 86400.0
+    online = replay(lines, lambda t, _h, _i: t0 + week + (t - t0) / speed, poll=2.0)
+    an = online.an
+    assert an.backlog
+    assert (an.late_points, an.late_rows, an.dropped_rows, an.future_points) == (0, 0, 0, 0)
+    assert same(batch(small), an.incidents(), 10.0) == ([], [])
+    assert not [r for r in an.incidents() if r.kind in EXCLUDE]
 
 
 @pytest.mark.slow
