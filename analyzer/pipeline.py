@@ -171,7 +171,7 @@ class Analyzer:
         self.data_top = -(2**62)  # ns: the newest row that moved a watermark (the data's own time)
         self._top_judged = -(2**62)
         self._rows_ticked = (0, 0)  # (rows at the last clock tick, ticks since a row last landed)
-        self.backlog = False  # the newest row landed more than quiet_after behind the clock
+        self.backlog = 0.0  # how far behind the clock the newest row landed (s), past quiet_after
         self.backlog_lateness = self.lateness  # how late a row of a backlog may land (data time)
 
     # ------------------------------------------------------------------ input
@@ -636,7 +636,7 @@ class Analyzer:
                 self.window_start[m] = math.floor(tmin / self.window) * self.window
                 self.last_data[m] = self.window_start[m]
             walk = max(EMPTY_WALK_SECONDS, 4 * self.window)
-            lateness = self.backlog_lateness if self.backlog else self.lateness
+            lateness = self._lateness()
             while True:
                 start = self.window_start[m]
                 end = start + self.window
@@ -698,7 +698,17 @@ class Analyzer:
         agent's spool draining at once). A stream that stops landing keeps the last judgement."""
         if self.now_ns is not None and self.data_top > self._top_judged:
             self._top_judged = self.data_top
-            self.backlog = self.now_ns - self.data_top > self.quiet_after * 1e9
+            lag = (self.now_ns - self.data_top) / 1e9
+            self.backlog = lag if lag > self.quiet_after else 0.0
+
+    def _lateness(self) -> float:
+        """How late (data time) a row may land before its window is cut: a backlog's rows up to
+        ``backlog_lateness``, but no more than the backlog is behind the clock (a fleet whose
+        clocks all run minutes behind, or an analyzer that fell minutes behind live data, waits
+        minutes, not the batch lateness)."""
+        if not self.backlog:
+            return self.lateness
+        return max(self.lateness, min(self.backlog_lateness, self.backlog))
 
     def _event_clock(self, now: float) -> float | None:
         """How far the clock moves every stream's watermark (what should be in by now; None: not
@@ -706,7 +716,7 @@ class Analyzer:
         lands later is late, analysed in its host's own time). A backlog (:meth:`_judge_backlog`):
         not at all while its rows land: windows are cut on the data's own pace, as a file is, so
         that no host is "behind the analysis" only because the wall clock is ahead of the whole
-        fleet, and rows may land up to ``backlog_lateness`` (data time) out of order (one body of
+        fleet, and rows may land up to :meth:`_lateness` (data time) out of order (one body of
         a store's subscription holds minutes of each measurement in turn). Once no row has landed
         for two ticks, the backlog is in: every window holding its rows is cut."""
         rows, quiet = self._rows_ticked
@@ -715,7 +725,7 @@ class Analyzer:
             return now
         if self._rows_ticked[1] < 2:
             return None
-        return min(now, self.data_top / 1e9 + self.backlog_lateness + self.window)
+        return min(now, self.data_top / 1e9 + self._lateness() + self.window)
 
     def _host_progress(self) -> None:
         """Online: per host, the latest of its GPU rows analysed; its incidents resolve by its own
