@@ -154,6 +154,7 @@ class Analyzer:
         self.late_wm: dict[tuple[str, int], int] = {}  # (stream, host id) -> latest late row (ns)
         self._late_grew: set[tuple[str, int]] = set()  # late rows arrived since the last clock tick
         self._late_idle: dict[tuple[str, int], int] = {}  # clock ticks since they last grew
+        self._late_since: dict[tuple[str, int], float] = {}  # the tick (s) at which they last grew
         self.late_rows = 0  # rows analysed in their own host's time after landing behind the cursor
         self.late_per_host: dict[str, int] = {}  # host -> its rows behind what it had analysed (dropped)
         self.store = False  # a store to re-read from: rows beyond the bound are listed in ``reread``
@@ -447,9 +448,13 @@ class Analyzer:
         return tab, peers
 
     def _late_window(self, m: str, start: float, end: float, cur: _Block) -> None:
-        hosts = set(np.unique(self.host_of(m, cur.ent)).tolist())
+        of = self.host_of(m, cur.ent)
+        hosts = set(np.unique(of).tolist())
         for h in hosts:
-            self.late_done[(m, h)] = max(self.late_done.get((m, h), -np.inf), end)
+            # analysed up to just after its last row, not the window's end: a row of a sparse
+            # stream landing later inside a window cut early (its host idle a while) is analysed
+            last = int(cur.t[of == h].max()) / 1e9 + 1e-6
+            self.late_done[(m, h)] = max(self.late_done.get((m, h), -np.inf), min(end, last))
         self.late_rows += len(cur.t)
         if m in ("bmc_sensor", "bmc_fan", "host"):
             # read through the gpu stream's late windows (cut after these): held as context for them
@@ -686,8 +691,14 @@ class Analyzer:
             self.stream_wm[m] = max(self.stream_wm[m], int(clock * 1e9))
         self._cut(final=False)
         for k in self.late_wm:  # cycles since a late host's rows last grew
-            self._late_idle[k] = 0 if k in self._late_grew else self._late_idle.get(k, 0) + 1
+            # ticks a grace apart: the loop may tick many times a poll (it wakes early while
+            # bodies wait), and a late host landing a row every few bodies has not stopped
+            if k in self._late_grew:
+                self._late_idle[k], self._late_since[k] = 0, now
+            elif now - self._late_since.get(k, now) >= self.lateness * (self._late_idle.get(k, 0) + 1) - 1e-6:
+                self._late_idle[k] = self._late_idle.get(k, 0) + 1
         self._late_idle = {k: v for k, v in self._late_idle.items() if k in self.late_wm}
+        self._late_since = {k: v for k, v in self._late_since.items() if k in self.late_wm}
         self._late_grew.clear()
         self._quiet_nodes(now)
 

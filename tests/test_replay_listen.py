@@ -123,3 +123,30 @@ def test_a_fleet_replayed_through_a_subscription_is_found_as_in_batch(tmp_path, 
     assert online["recall"] >= batch["recall"] and online["duplicates"] == 0
     # and the same incidents as the batch analysis: kind, host, GPU, link, start within a poll
     assert same(records.read(tmp_path / "batch.jsonl"), records.read(out), 10.0) == ([], [])
+
+
+def test_a_late_host_landing_every_few_ticks_loses_no_row(small):
+    """The fleet is stamped an hour ahead of the loop's clock (batch-size windows, as a replay
+    stamped from now on), which ticks more often than the grace; gpu0003 lands 20 minutes late, a
+    row every few ticks (its NVLink rows every 30 s, its canary rows minutes apart). It has not
+    stopped landing until a grace passes without a row, and a late window cut while it was idle
+    takes the rows that land in it afterwards: none of its rows is dropped as behind what it
+    analysed (8,253 were), and the incidents are the on-time run's."""
+    lines = lines_of(small)
+    t0 = min(t for t, _h, _l in lines) / 1e9
+
+    def arrive(t, host, _i):
+        return t - 3600 + (1200.0 if host == b"gpu0003" and t >= t0 + 300 else 1.0)
+
+    ontime = replay(lines, lambda t, _h, _i: t - 3600 + 1.0, poll=5.0, grace=30.0)
+    late = replay(lines, arrive, poll=5.0, grace=30.0)
+    for o in (ontime, late):
+        o.an.finish()
+    assert late.an.window == 300.0  # batch-size windows: a late window holds minutes of rows
+    assert late.an.late_rows > 10000 and late.an.late_points == 0 and late.an.dropped_rows == 0
+    # the same incidents, starts within a poll, but for the heat-sink fault of gpu0003 GPU 5, which
+    # the cooling model's per-window fit dates, and whose throttling folds into it or not, by the
+    # windows its rows fell in (the residual of tests/test_event_time.py)
+    a, b = same(ontime.an.incidents(), late.an.incidents(), 10.0)
+    assert {(r.kind, r.host, r.gpu) for r in a + b} <= {("cooling_degradation", "gpu0003", 5),
+                                                        ("thermal_throttle", "gpu0003", 5)}, (a, b)
