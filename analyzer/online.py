@@ -114,6 +114,7 @@ class Online:
         self.grace = grace
         self.batch_window = cfg.analyzer["window_seconds"]
         self.online_window = min(self.batch_window, max(poll, 1.0))
+        backlog_lateness = cfg.analyzer["lateness_seconds"]  # a backlog is cut as a file is
         cfg.analyzer["lateness_seconds"] = grace
         if lateness is not None:
             cfg.analyzer["late_bound_seconds"] = lateness
@@ -121,6 +122,8 @@ class Online:
         self.clock = clock or Clock()
         self.an = Analyzer(cfg, shard)
         self.an.window = self.online_window  # batch-size windows only while catching up
+        self.an.backlog_lateness = backlog_lateness
+        self.an.now_ns = int(self.clock() * 1e9)  # the loop's clock, from before the first rows land
         self.an.store = influx is not None  # rows beyond the bound are read back, not dropped
         self.an.horizon_ns = self._horizon()
         self.written: dict[str, str] = {}

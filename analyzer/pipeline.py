@@ -158,6 +158,7 @@ class Analyzer:
         self.late_wm: dict[tuple[str, int], int] = {}  # (stream, host id) -> latest late row (ns)
         self._late_grew: set[tuple[str, int]] = set()  # late rows arrived since the last clock tick
         self._late_idle: dict[tuple[str, int], int] = {}  # clock ticks since they last grew
+        self._late_since: dict[tuple[str, int], float] = {}  # the tick (s) at which they last grew
         self.late_rows = 0  # rows analysed in their own host's time after landing behind the cursor
         self.late_per_host: dict[str, int] = {}  # host -> its rows behind what it had analysed (dropped)
         self.store = False  # a store to re-read from: rows beyond the bound are listed in ``reread``
@@ -171,6 +172,12 @@ class Analyzer:
         self._stopped: dict[int, object] = {}  # host id -> its open node_stopped_reporting record
         self.quiet_after = max(60.0, 6 * self.poll)
         self.horizon_ns: int | None = None  # online: rows after this do not move a stream's watermark
+        # online: the fleet's data as a whole landing far behind the clock (see _event_clock)
+        self.data_top = -(2**62)  # ns: the newest row that moved a watermark (the data's own time)
+        self._top_judged = -(2**62)
+        self._rows_ticked = (0, 0)  # (rows at the last clock tick, ticks since a row last landed)
+        self.backlog = 0.0  # how far behind the clock the newest row landed (s), past quiet_after
+        self.backlog_lateness = self.lateness  # how late a row of a backlog may land (data time)
 
     # ------------------------------------------------------------------ input
     def wanted(self) -> dict[str, set[str] | None]:
@@ -235,6 +242,7 @@ class Analyzer:
                 self._received(blk)
             self._add(m, blk)
             self.t_first = min(self.t_first, blk.tmin)
+        self._judge_backlog()
         self._cut(final=False)
 
     def _add(self, m: str, blk: _Block) -> None:
@@ -260,6 +268,7 @@ class Analyzer:
             ok = blk.t <= self.horizon_ns
             top = int(blk.t[ok].max()) if ok.any() else -(2**62)
         self.stream_wm[m] = max(self.stream_wm.get(m, -(2**62)), top)
+        self.data_top = max(self.data_top, top)
 
     def _received(self, blk: _Block) -> None:
         """Per GPU, the latest row received (any path): a node whose GPUs all went quiet."""
@@ -443,9 +452,13 @@ class Analyzer:
         return tab, peers
 
     def _late_window(self, m: str, start: float, end: float, cur: _Block) -> None:
-        hosts = set(np.unique(self.host_of(m, cur.ent)).tolist())
+        of = self.host_of(m, cur.ent)
+        hosts = set(np.unique(of).tolist())
         for h in hosts:
-            self.late_done[(m, h)] = max(self.late_done.get((m, h), -np.inf), end)
+            # analysed up to just after its last row, not the window's end: a row of a sparse
+            # stream landing later inside a window cut early (its host idle a while) is analysed
+            last = int(cur.t[of == h].max()) / 1e9 + 1e-6
+            self.late_done[(m, h)] = max(self.late_done.get((m, h), -np.inf), min(end, last))
         self.late_rows += len(cur.t)
         if m in ("bmc_sensor", "bmc_fan", "host"):
             # read through the gpu stream's late windows (cut after these): held as context for them
@@ -632,10 +645,11 @@ class Analyzer:
                 self.window_start[m] = math.floor(tmin / self.window) * self.window
                 self.last_data[m] = self.window_start[m]
             walk = max(EMPTY_WALK_SECONDS, 4 * self.window)
+            lateness = self._lateness()
             while True:
                 start = self.window_start[m]
                 end = start + self.window
-                if not final and wm - self.lateness < end:
+                if not final and wm - lateness < end:
                     break
                 if final and start > wm:
                     break
@@ -646,7 +660,7 @@ class Analyzer:
                 elif start >= self.last_data[m] + walk and self.ctx.get(m) is None:
                     # nothing to analyse for a while: the next window starts at the next data (or
                     # at the last window that may be cut now, for a stream that went quiet)
-                    last = wm if final else wm - self.lateness - self.window
+                    last = wm if final else wm - lateness - self.window
                     target = math.floor(min(nxt / 1e9 if nxt is not None else math.inf, last)
                                         / self.window) * self.window
                     if target > start:
@@ -675,14 +689,58 @@ class Analyzer:
         be in by now are analysed even if no newer point arrived (a quiet stream, a lost GPU), and
         so are a late host's rows once they stop growing."""
         self.now_ns = int(now * 1e9)
-        for m in list(self.stream_wm):
-            self.stream_wm[m] = max(self.stream_wm[m], int(now * 1e9))
+        self._judge_backlog()
+        clock = self._event_clock(now)
+        for m in list(self.stream_wm) if clock is not None else ():
+            self.stream_wm[m] = max(self.stream_wm[m], int(clock * 1e9))
         self._cut(final=False)
         for k in self.late_wm:  # cycles since a late host's rows last grew
-            self._late_idle[k] = 0 if k in self._late_grew else self._late_idle.get(k, 0) + 1
+            # ticks a grace apart: the loop may tick many times a poll (it wakes early while
+            # bodies wait), and a late host landing a row every few bodies has not stopped
+            if k in self._late_grew:
+                self._late_idle[k], self._late_since[k] = 0, now
+            elif now - self._late_since.get(k, now) >= self.lateness * (self._late_idle.get(k, 0) + 1) - 1e-6:
+                self._late_idle[k] = self._late_idle.get(k, 0) + 1
         self._late_idle = {k: v for k, v in self._late_idle.items() if k in self.late_wm}
+        self._late_since = {k: v for k, v in self._late_since.items() if k in self.late_wm}
         self._late_grew.clear()
         self._quiet_nodes(now)
+
+    def _judge_backlog(self) -> None:
+        """Online: whether the fleet's newest row landed more than ``quiet_after`` behind the clock
+        (judged when it lands, by the loop's last tick): no host of the fleet is live, the data is
+        a stored backlog arriving (a fleet replayed into the store as fast as possible, every
+        agent's spool draining at once). A stream that stops landing keeps the last judgement."""
+        if self.now_ns is not None and self.data_top > self._top_judged:
+            self._top_judged = self.data_top
+            lag = (self.now_ns - self.data_top) / 1e9
+            self.backlog = lag if lag > self.quiet_after else 0.0
+
+    def _lateness(self) -> float:
+        """How late (data time) a row may land before its window is cut: a backlog's rows up to
+        ``backlog_lateness``, but no more than the backlog is behind the clock (a fleet whose
+        clocks all run minutes behind, or an analyzer that fell minutes behind live data, waits
+        minutes, not the batch lateness)."""
+        if not self.backlog:
+            return self.lateness
+        return max(self.lateness, min(self.backlog_lateness, self.backlog))
+
+    def _event_clock(self, now: float) -> float | None:
+        """How far the clock moves every stream's watermark (what should be in by now; None: not
+        at all). Live data: to ``now`` (a feed that stops leaves the windows cut on time, and what
+        lands later is late, analysed in its host's own time). A backlog (:meth:`_judge_backlog`):
+        not at all while its rows land: windows are cut on the data's own pace, as a file is, so
+        that no host is "behind the analysis" only because the wall clock is ahead of the whole
+        fleet, and rows may land up to :meth:`_lateness` (data time) out of order (one body of
+        a store's subscription holds minutes of each measurement in turn). Once no row has landed
+        for two ticks, the backlog is in: every window holding its rows is cut."""
+        rows, quiet = self._rows_ticked
+        self._rows_ticked = (self.rows, 0 if self.rows > rows else quiet + 1)
+        if not self.backlog:
+            return now
+        if self._rows_ticked[1] < 2:
+            return None
+        return min(now, self.data_top / 1e9 + self._lateness() + self.window)
 
     def _host_progress(self) -> None:
         """Online: per host, the latest of its GPU rows analysed; its incidents resolve by its own

@@ -9,7 +9,10 @@ side by side, in one run, against a real InfluxDB 1.6.7 (tests/servers.py):
   ``SELECT * FROM <m> ... GROUP BY *`` for every measurement, for the same rows;
 - ``--since 30d`` over that store (it holds a few hours), and ``--follow --since 30d``'s catch-up;
 - ``--listen`` path: the fleet POSTed as the agent posts (gzip, 5000 lines), the listener's
-  GPU-samples per second of its CPU time and its peak RSS;
+  GPU-samples per second of its CPU time and its peak RSS; the same with one host in ten 30 min
+  late;
+- ``--listen`` peak RSS for larger fleets (the small one copied), all on time and with one rack
+  an hour late;
 - online latency: rows written live into InfluxDB, a DBE on a new GPU every few seconds, from
   the write of the row to the alert at a real Alertmanager, fed by a subscription (``--listen``)
   and by ``--follow`` (1 s polls).
@@ -288,11 +291,23 @@ def bench_paths(quick: bool, tmp: Path) -> list[dict]:
                 f"{line.strip()[len('gpufleet analyze: ') :]}; {caught:.1f} s from start",
             )
         )
-    # --listen: the fleet POSTed as the agent posts it, timestamps from now on (the analysis keeps
-    # pace with the data's own clock: windows are cut as the pushed data's time passes)
+    return rows + bench_listen(quick, tmp)
+
+
+def bench_listen(quick: bool, tmp: Path) -> list[dict]:
+    """``--listen``: the fleet POSTed as the agent posts it, timestamps from now on (the analysis
+    keeps pace with the data's own clock: windows are cut as the pushed data's time passes); then
+    the same with one host in ten 30 min late."""
+    nodes, dur = (4, "1h") if quick else (16, "2h")
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 60))
     fl2 = tmp / "fleet-live"
     man2 = _agent_shaped(fl2, nodes, dur, start=now)
+    lines = man2["telemetry"]["lines"]
+    shape = (
+        f"{man2['fleet']['gpus']} GPUs x {dur} agent-shaped ({lines.get('gpu', 0):,} gpu rows, "
+        f"{lines.get('gpu_nvlink', 0):,} NVLink rows)"
+    )
+    rows = []
     body = gzip.decompress((fl2 / "telemetry.lp.gz").read_bytes()).splitlines(keepends=True)
     n_all = man2["telemetry"]["lines"].get("gpu", 0)
     n, cpu, took, refused, got, rss, nb = _listen_path(tmp, body, n_all, "listen")
@@ -343,12 +358,17 @@ def _ts(line: bytes) -> int:
     return int(line.rsplit(b" ", 1)[1])
 
 
-def _listen_path(tmp: Path, body: list[bytes], n_all: int, name: str):
-    """POST ``body`` (lines) to a fresh ``--listen`` as the agent posts (gzip, 5000 lines) and wait
-    until every GPU sample is analysed: (samples, CPU s, wall s, 429s, /metrics, peak RSS MiB, bodies)."""
+def _listen_path(tmp: Path, body, n_all: int, name: str):
+    """POST ``body`` (lines, or an iterable of gzip bodies) to a fresh ``--listen`` as the agent
+    posts (gzip, 5000 lines) and wait until every GPU sample is analysed: (samples, CPU s, wall s,
+    429s, /metrics, peak RSS MiB, bodies)."""
     from tests.servers import answers_ping, free_port
 
-    batches = [gzip.compress(b"".join(body[i : i + 5000]), 1) for i in range(0, len(body), 5000)]
+    if isinstance(body, list):
+        batches = [gzip.compress(b"".join(body[i : i + 5000]), 1) for i in range(0, len(body), 5000)]
+    else:
+        batches = body
+    posted = 0
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     p = subprocess.Popen(
@@ -375,6 +395,7 @@ def _listen_path(tmp: Path, body: list[bytes], n_all: int, name: str):
         s = requests.Session()
         refused = 0
         for b in batches:
+            posted += 1
             while True:
                 r = s.post(
                     url + "/write",
@@ -394,13 +415,100 @@ def _listen_path(tmp: Path, body: list[bytes], n_all: int, name: str):
             time.sleep(0.1)
         took = time.perf_counter() - t
         cpu = _cpu(p.pid) - cpu0
-        got = _metrics(url)
+        # the peak once what landed last is analysed too (a late host's last windows): the
+        # counters unchanged across a poll
+        keys = ("gpufleet_analyzer_windows_total", "gpufleet_analyzer_late_rows_analysed_total")
+        seen = None
+        for _ in range(8):
+            got = _metrics(url)
+            if seen == [got.get(k) for k in keys]:
+                break
+            seen = [got.get(k) for k in keys]
+            time.sleep(11)
         rss = _hwm(p.pid)
     finally:
         p.terminate()
         p.wait(30)
     n = got.get("gpufleet_analyzer_gpu_samples_total", 0)
-    return n, cpu, took, refused, got, rss, len(batches)
+    return n, cpu, took, refused, got, rss, posted
+
+
+LATE_RACK = b"r001"
+
+
+def _replicated(base: list[tuple[int, bytes]], copies: int, late_s: float):
+    """A large fleet from a small one, in gzip bodies of 5000 lines: ``copies`` copies of every
+    host (``gpu0001`` -> ``gpu0001-c07``, its rack and GPU UUIDs renamed alike), in time order,
+    except rack r001 of the first copy, whose rows land ``late_s`` after the others' rows of their
+    time (those past the end land at the end, as a spool drains)."""
+    tags = re.compile(rb"((?:host|rack)=[^, ]+|uuid=GPU-[0-9a-f-]+)")
+    rack = re.compile(rb",rack=([^, ]+)")
+    renamed: dict[bytes, list[bytes]] = {}  # series key -> its key in each copy
+    late: dict[bytes, bool] = {}  # series key -> in the late rack
+    entries = []  # (landing key, copies it stands for, series key, the rest of the line)
+    everyone = range(copies)
+    for t, line in base:
+        i = line.find(b" ")  # the series key: up to the first unescaped space
+        while i > 0 and line[i - 1] == 0x5C:
+            i = line.find(b" ", i + 1)
+        key, rest = line[:i], line[i:]
+        if key not in renamed:
+            renamed[key] = [tags.sub(lambda m, s=b"-c%02d" % c: m.group(0) + s, key) for c in everyone]
+            m = rack.search(key)
+            late[key] = m is not None and m.group(1) == LATE_RACK
+        if late[key]:
+            entries.append((t, range(1, copies), key, rest))
+            entries.append((t + int(late_s * 1e9), range(1), key, rest))
+        else:
+            entries.append((t, everyone, key, rest))
+    entries.sort(key=lambda e: e[0])
+    out: list[bytes] = []
+    for _t, which, key, rest in entries:
+        keys = renamed[key]
+        out.extend(keys[c] + rest for c in which)
+        if len(out) >= 5000:
+            yield gzip.compress(b"".join(out[:5000]), 1)
+            del out[:5000]
+    while out:
+        yield gzip.compress(b"".join(out[:5000]), 1)
+        del out[:5000]
+
+
+def bench_memory(quick: bool, tmp: Path) -> list[dict]:
+    """Peak RSS of ``--listen`` for a large fleet online with one rack an hour late: a 64-GPU
+    agent-shaped fleet (90 min, stamped from a minute ahead of the wall clock, as the --listen
+    rate above) copied to the sizes measured, POSTed as fast as the analyzer takes it."""
+    fl = tmp / "fleet-mem"
+    ahead = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 60))
+    man = _agent_shaped(fl, 8, "90m", start=ahead)
+    base = []
+    for line in gzip.decompress((fl / "telemetry.lp.gz").read_bytes()).splitlines(keepends=True):
+        if line.strip():
+            base.append((_ts(line), line))
+    n_base = man["telemetry"]["lines"].get("gpu", 0)
+    rows = []
+    for copies in (4,) if quick else (16, 32):
+        gpus = 64 * copies
+        for late in (0.0, 3600.0):
+            name = f"mem-{gpus}-{int(late)}"
+            n, cpu, took, refused, got, rss, nb = _listen_path(tmp, _replicated(base, copies, late),
+                                                               n_base * copies, name)
+            (tmp / f"{name}.jsonl").unlink(missing_ok=True)
+            what = "one rack (32 GPUs) 1 h late" if late else "all on time"
+            rows.append(
+                _row(
+                    f"--listen peak RSS, {gpus:,} GPUs, {what}",
+                    rss,
+                    "MiB",
+                    "<= 2,048 at 10,000 GPUs",
+                    f"{n:,.0f} GPU rows of 90 min (10 s polls, NVLink every 30 s) in {nb} gzip bodies; "
+                    f"{n / cpu:,.0f} GPU-samples/s per core; rows analysed late "
+                    f"{got.get('gpufleet_analyzer_late_rows_analysed_total', 0):,.0f}, dropped "
+                    f"{got.get('gpufleet_analyzer_gap_rows_dropped_total', 0):.0f}, late points "
+                    f"{got.get('gpufleet_analyzer_late_points_total', 0):.0f}; {refused} answered 429",
+                )
+            )
+    return rows
 
 
 class _Writer(threading.Thread):
@@ -514,7 +622,7 @@ def bench_latency(quick: bool, tmp: Path) -> list[dict]:
 def run(quick: bool) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        return bench_paths(quick, tmp) + bench_latency(quick, tmp)
+        return bench_paths(quick, tmp) + bench_latency(quick, tmp) + bench_memory(quick, tmp)
 
 
 if __name__ == "__main__":  # pragma: no cover
