@@ -187,7 +187,8 @@ def test_a_node_cut_off_for_two_minutes_loses_nothing_and_pages_its_faults_with_
     (tmp_path / "cut.toml").write_text(SCENARIO)
     # the xid collector on NVML's event set (the sim backend plays the node's XIDs through it)
     (tmp_path / "agent.toml").write_text('[agent]\ncollectors = ["gpu", "host", "xid"]\n'
-                                         '[xid]\nkmsg = ""\nstate_dir = ""\n')
+                                         '[xid]\nkmsg = ""\nstate_dir = ""\n'
+                                         '[influx]\nbackoff_max = "2s"\n')  # back within 2 s of the link
     t0 = time.time() + 4  # the agents' interpreters start meanwhile
     sim_env = {"GPUFLEET_SIM_SCENARIO": str(tmp_path / "cut.toml"), "GPUFLEET_SIM_T0": f"{t0:.3f}",
                "GPUFLEET_SIM_STEP": "1s", "GPUFLEET_SIM_DURATION": "10m", "GPUFLEET_SIM_SEED": "3"}
@@ -242,6 +243,9 @@ def test_a_node_cut_off_for_two_minutes_loses_nothing_and_pages_its_faults_with_
                                   "LIMIT 1") is None, "the cut let rows through"
             link.mend()
             mended = time.time()
+            q_back = f"SELECT * FROM gpu WHERE host = 'gpu0002' AND time > {int(cut_at + 2)}s LIMIT 1"
+            assert wait_for(lambda: first_time(db, q_back), 30, step=0.1), "the spool did not drain"
+            drained = time.time()  # the cut's first rows are readable in InfluxDB
             # the spool drains; both analyzers page the cut node's three faults
             want = [("gpu0002", "1", "memory_errors"), ("gpu0002", "3", "gpu_lost"),
                     ("gpu0002", "2", "power_brake")]
@@ -251,7 +255,11 @@ def test_a_node_cut_off_for_two_minutes_loses_nothing_and_pages_its_faults_with_
 
             assert wait_for(paged, 60, step=0.5), (
                 {n: [(w, len(firing(rx[n], *w))) for w in want] for n in rx}, said())
-            print(f"cut node's faults paged by both {time.time() - mended:.1f}s after the link came back")
+            print(f"the cut's rows landed {drained - mended:.1f}s after the link came back; "
+                  f"its faults paged by both {time.time() - drained:.1f}s after that")
+            assert wait_for(lambda: all((h, g) in s.seen for h, g, _k in want for s in seen.values()), 10)
+            print("backlog landing -> Alertmanager holds the alert:",
+                  {n: {k: round(s.seen[(h, g)] - drained, 1) for h, g, k in want} for n, s in seen.items()})
             time.sleep(3 * POLL)
             text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
             g = {k: float(v) for k, v in re.findall(r"^gpufleet_analyzer_(\w+) (\S+)$", text, re.M)}
