@@ -15,18 +15,17 @@ import os
 import re
 import socket
 import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import requests
 
 from gpufleet import records
-from tests.agent_support import ROOT, compare, read_lp_dir, start_agent, stop_agent, wait_for
+from tests.agent_support import compare, read_lp_dir, start_agent, stop_agent, wait_for
 from tests.alerting_receiver import Receiver
 from tests.servers import Alertmanager, InfluxDB1, free_port, skip_unless
+from tests.test_online_live import AlertSeen, analyzer  # the same analyzer process and alert watch
 
 pytestmark = [skip_unless("influxd"), skip_unless("prometheus-alertmanager")]
 
@@ -141,14 +140,6 @@ class Link:
             x.close()
 
 
-def analyzer(tmp: Path, name: str, mode: list[str], am_url: str, env: dict) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "gpufleet", "analyze", *mode, "--poll", f"{POLL:g}s", "--grace", "1s",
-           "--sink", f"alertmanager={am_url}", "--state", str(tmp / f"{name}.db"),
-           "--out", str(tmp / f"{name}.jsonl")]
-    return subprocess.Popen(cmd, stdout=open(tmp / f"{name}.out", "ab"), stderr=subprocess.STDOUT, cwd=ROOT,
-                            env=env, start_new_session=True)
-
-
 def firing(rx, host: str, gpu: str | None, kind: str) -> list:
     return [a for r in rx.requests for a in r["json"]["alerts"]
             if a["status"] == "firing" and a["labels"].get("host") == host and a["labels"].get("gpu") == gpu
@@ -159,25 +150,6 @@ def first_time(db, q: str) -> float | None:
     """The time (s) of the first row a query answers, None while none."""
     series = db.query(q, db="fleet", epoch="ns")["results"][0].get("series")
     return series[0]["values"][0][0] / 1e9 if series else None
-
-
-class AlertSeen(threading.Thread):
-    """When Alertmanager first holds an alert for each (host, gpu) (wall time)."""
-
-    def __init__(self, am):
-        super().__init__(daemon=True)
-        self.am, self.seen, self.stop = am, {}, threading.Event()
-
-    def run(self):
-        while not self.stop.is_set():
-            try:
-                alerts = requests.get(self.am.url + "/api/v2/alerts", timeout=2).json()
-            except (requests.RequestException, ValueError):
-                alerts = []
-            now = time.time()
-            for a in alerts:
-                self.seen.setdefault((a["labels"].get("host"), a["labels"].get("gpu")), now)
-            time.sleep(0.1)
 
 
 @pytest.mark.slow
