@@ -127,6 +127,7 @@ class Online:
         self.an.store = influx is not None  # rows beyond the bound are read back, not dropped
         self.an.horizon_ns = self._horizon()
         self.written: dict[str, str] = {}
+        self.first_out: dict[str, float] = {}  # incident id -> when it was first delivered
         self.cursor: int | None = None  # pull mode: everything before it has been read
         self.rows_in = 0
         self.write_failing = False
@@ -299,6 +300,13 @@ class Online:
         for r in changed:
             if r.id not in self.written:
                 _found_late(r, now, self.poll + self.grace)
+                self.first_out.setdefault(r.id, now)
+        # delivered before its backlog landed, which then moved its start back: found when delivered
+        late = [r for r in incs if r.id in self.written and r.evidence.get("arrived_late")
+                and "found_after_seconds" not in r.evidence] if an.late_rows else []
+        for r in late:
+            _found_late(r, self.first_out.get(r.id, now), self.poll + self.grace)
+        changed += [r for r in late if "found_after_seconds" in r.evidence]
         if self.notifier is not None:
             self.notifier.update(incs, now)
         if self.out_path and changed:

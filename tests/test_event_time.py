@@ -167,6 +167,51 @@ def test_online_equals_batch_whatever_the_arrival_order(fleet, order):
     assert online.an.dropped_rows == 0
 
 
+def test_a_short_node_cut_whose_rows_land_after_its_live_rows_keeps_one_incident_with_its_true_start():
+    """gpu b is cut off for 2 minutes (less than the context) and has a DBE inside the cut; its rows
+    after the cut land on time, the cut's own rows 10 s later (a writer that sends its live rows
+    before its backlog). At reconnection the counter's step over the gap pages at once (the
+    error happened somewhere in the gap: ``over_gap_seconds``); when the backlog lands it is
+    analysed in b's own time, and the same incident, not a second one, takes the true start,
+    the first hit's evidence from the backlog, and says it was found late (``arrived_late``,
+    ``found_after_seconds``: from its start to when it was first delivered)."""
+    cut, back, dbe, land = 100, 220, 150, 230
+    lines = []
+    for s in range(300):
+        for h in ("a", "b"):
+            for g in range(2):
+                e = int(h == "b" and g == 1 and s >= dbe)
+                lines.append(((T + s) * 10**9, h.encode(), (
+                    f"gpu,host={h},gpu={g} up=1i,power_watts=300,ecc_uncorrected_volatile_total={e}i "
+                    f"{(T + s) * 10**9}").encode()))
+
+    def arrive(t, host, _i):
+        return T + land + 0.5 if host == b"b" and cut <= t - T < back else t + 0.5
+
+    first = {}
+
+    def after(o, now):
+        for r in o.an.incidents():
+            first.setdefault((r.kind, r.host, r.gpu), (now, r.start))
+
+    online = replay(lines, arrive, poll=1.0, after=after)
+    an = online.an
+    got = [r for r in an.incidents() if r.kind == "memory_errors"]
+    assert [(r.host, r.gpu) for r in got] == [("b", 1)], got
+    r = got[0]
+    paged, start = first[("memory_errors", "b", 1)]
+    assert back <= paged - T <= back + 3 and start == T + back  # paged at reconnection, over the gap
+    assert r.start == T + dbe and r.end is None  # the backlog's true start, the same incident
+    assert r.evidence["arrived_late"] is True
+    assert r.evidence["found_after_seconds"] == pytest.approx(paged - r.start, abs=0.1)
+    assert "over_gap_seconds" not in r.evidence["first"] and r.evidence["first"]["new_dbe"] == 1
+    assert "found 1 min after it began: its data arrived late" in r.summary
+    assert online.written[r.id] == "firing"
+    assert an.late_rows == 2 * (back - cut) and an.dropped_rows == 0 and an.late_points == 0
+    stopped = [x for x in an.incidents() if x.kind == "node_stopped_reporting"]
+    assert [(x.host, x.start) for x in stopped] == [("b", T + cut - 1)] and stopped[0].end is not None
+
+
 # ---------------------------------------------------------------- clocks
 T = 1_795_100_000
 
