@@ -7,6 +7,7 @@ poll, and its incidents are compared with the batch analysis of the same file.""
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -167,7 +168,8 @@ def test_online_equals_batch_whatever_the_arrival_order(fleet, order):
     assert online.an.dropped_rows == 0
 
 
-def test_a_short_node_cut_whose_rows_land_after_its_live_rows_keeps_one_incident_with_its_true_start():
+def test_a_short_node_cut_whose_rows_land_after_its_live_rows_keeps_one_incident_with_its_true_start(
+        tmp_path):
     """gpu b is cut off for 2 minutes (less than the context) and has a DBE inside the cut; its rows
     after the cut land on time, the cut's own rows 10 s later (a writer that sends its live rows
     before its backlog). At reconnection the counter's step over the gap pages at once (the
@@ -194,7 +196,11 @@ def test_a_short_node_cut_whose_rows_land_after_its_live_rows_keeps_one_incident
         for r in o.an.incidents():
             first.setdefault((r.kind, r.host, r.gpu), (now, r.start))
 
-    online = replay(lines, arrive, poll=1.0, after=after)
+    from gpufleet.analyzer.alerting import Notifier
+
+    with Notifier([], tmp_path / "state.db") as notifier:
+        online = replay(lines, arrive, poll=1.0, after=after, notifier=notifier)
+        alerts = [json.loads(a) for (a,) in notifier.store.db.execute("SELECT alert FROM grp")]
     an = online.an
     got = [r for r in an.incidents() if r.kind == "memory_errors"]
     assert [(r.host, r.gpu) for r in got] == [("b", 1)], got
@@ -207,6 +213,9 @@ def test_a_short_node_cut_whose_rows_land_after_its_live_rows_keeps_one_incident
     assert "over_gap_seconds" not in r.evidence["first"] and r.evidence["first"]["new_dbe"] == 1
     assert "found 1 min after it began: its data arrived late" in r.summary
     assert online.written[r.id] == "firing"
+    # the notifier's alert (what the next re-post and the resolve send) says the same
+    alert = next(a for a in alerts if a["kind"] == "memory_errors")
+    assert alert["start"] == r.start and "found 1 min after it began" in alert["description"]
     assert an.late_rows == 2 * (back - cut) and an.dropped_rows == 0 and an.late_points == 0
     stopped = [x for x in an.incidents() if x.kind == "node_stopped_reporting"]
     assert [(x.host, x.start) for x in stopped] == [("b", T + cut - 1)] and stopped[0].end is not None
