@@ -421,8 +421,9 @@ def listen(online: Online, listener, since: float | None) -> None:
     The listener takes writes from the start; while the catch-up reads InfluxDB they wait in its
     queue (429 once it is full). Then the loop takes the queue every poll, and early when a chunk's
     worth waits (``Listener.ready``). Catch-up rounds repeat until one ends within a poll of now, and
-    none refused a write meanwhile; queued rows older than where the last round read to were read
-    by it and are dropped, the rest are analysed. An InfluxDB that cannot be read ends the
+    none refused a write meanwhile; rows queued meanwhile older than where the last round read to
+    were read by it and are dropped, the rest are analysed, and so is every later write, whatever
+    its stamp (a host's backlog is analysed in its own time). An InfluxDB that cannot be read ends the
     catch-up (said once): the writes that arrive are analysed without it.
     """
     listener.start()
@@ -444,5 +445,8 @@ def listen(online: Online, listener, since: float | None) -> None:
     while True:
         for rows in listener.take():
             online.feed(rows, handoff)
+        # later writes are analysed whatever their stamps (a backlog stamped before the catch-up's
+        # end was not in what it read); a copy of a row already analysed is counted, not analysed
+        handoff = None
         online.deliver(int(online.clock() * 1e9))
         online.wait(listener.ready)

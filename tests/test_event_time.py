@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import random
+import re
+import time
 
 import pytest
 from gpufleet.analyzer.config import Config
@@ -310,3 +312,84 @@ def test_follow_reads_back_a_reappearing_host_s_gap(tmp_path):
         assert online.an.gpu_samples == 2 * 2 * 90  # every row read once
         stopped = [r for r in online.an.incidents() if r.kind == "node_stopped_reporting"]
         assert [r.host for r in stopped] == ["b"] and stopped[0].end is not None
+
+
+# ---------------------------------------------------------------- --listen after its catch-up
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("shutil").which("influxd") is None, reason="needs influxd")
+def test_listen_analyses_a_backlog_stamped_before_its_catch_up_ended(tmp_path):
+    """``--listen --influx-url`` catches up from InfluxDB on start, then takes writes. Host b was
+    cut off before the analyzer started; after the catch-up, b's spool drains (written to InfluxDB,
+    forwarded by the subscription) with stamps from before where the catch-up read to. Those rows
+    are analysed in b's own time like any backlog: none dropped, its XID 79 found with its true
+    start. Only what was queued while the catch-up read, and so was read by it, is left out."""
+    import subprocess
+    import sys
+
+    import requests
+
+    from gpufleet import records
+    from tests.agent_support import ROOT, wait_for
+    from tests.servers import InfluxDB1, free_port
+
+    now = int(time.time())
+    cut, xid = now - 90, now - 60
+
+    def rows(h: str, a: int, b: int, xid_at: int | None = None) -> bytes:
+        return b"".join(_rows(h, t, xid=t == xid_at) for t in range(a, b))
+
+    with InfluxDB1(tmp_path / "influx") as db:
+        db.create_db("fleet")
+        db.write("fleet", rows("a", now - 180, now) + rows("b", now - 180, cut))
+        port = free_port()
+        cmd = [sys.executable, "-m", "gpufleet", "analyze", "--listen", f"127.0.0.1:{port}", "--influx-url",
+               db.url, "--influx-db", "fleet", "--since", "5m", "--poll", "1s", "--grace", "1s",
+               "--state", str(tmp_path / "state.db"), "--out", str(tmp_path / "out.jsonl")]
+        proc = subprocess.Popen(cmd, stdout=open(tmp_path / "an.out", "ab"), stderr=subprocess.STDOUT,
+                                cwd=ROOT, start_new_session=True)
+        url = f"http://127.0.0.1:{port}"
+
+        def gauges():
+            try:
+                text = requests.get(url + "/metrics", timeout=5).text
+            except requests.RequestException:
+                return {}
+            return {k: float(v) for k, v in re.findall(r"^gpufleet_analyzer_(\w+) (\S+)$", text, re.M)}
+
+        def post(body: bytes) -> None:
+            r = requests.post(url + "/write", params={"db": "fleet"}, data=body, timeout=10)
+            assert r.status_code == 204, r.text
+
+        try:
+            before = 2 * (180 + cut - (now - 180))  # a's and b's GPU rows read by the catch-up
+            assert wait_for(lambda: gauges().get("rows_total", 0) >= before, 60, step=0.2), (
+                gauges(), (tmp_path / "an.out").read_text())
+            for _ in range(4):  # both hosts live again, on time; b's backlog not landed yet
+                t = int(time.time())
+                live = rows("a", t, t + 1) + rows("b", t, t + 1)
+                db.write("fleet", live)
+                post(live)
+                time.sleep(max(0.0, t + 1 - time.time()))
+            backlog = rows("b", cut, now, xid_at=xid)  # the spool drains, oldest first
+            db.write("fleet", backlog)
+            post(backlog)
+            want = before + 4 * 4 + 2 * (now - cut)
+
+            def found():
+                incs = records.read(tmp_path / "out.jsonl") if (tmp_path / "out.jsonl").exists() else []
+                return [r for r in incs if r.kind == "gpu_lost"]
+
+            assert wait_for(lambda: found() and gauges().get("gpu_samples_total") == want, 30, step=0.5), (
+                {k: v for k, v in gauges().items() if not k.startswith("listen")}, want, found(),
+                (tmp_path / "an.out").read_text()[-2000:])
+            got = found()
+            assert [(r.host, r.gpu) for r in got] == [("b", 0)] and abs(got[0].start - xid) <= 1, got
+            g = gauges()
+            assert g["gap_rows_dropped_total"] == 0 and g["late_points_total"] == 0, g
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
