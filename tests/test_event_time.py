@@ -170,6 +170,19 @@ def test_online_equals_batch_whatever_the_arrival_order(fleet, order):
     assert online.an.dropped_rows == 0
 
 
+def _dbe_fleet(dbe: int, seconds: int = 300) -> list:
+    """Hosts a and b, 2 GPUs each, a row a second from T; b's GPU 1 has a DBE at T + ``dbe``."""
+    lines = []
+    for s in range(seconds):
+        for h in ("a", "b"):
+            for g in range(2):
+                e = int(h == "b" and g == 1 and s >= dbe)
+                lines.append(((T + s) * 10**9, h.encode(), (
+                    f"gpu,host={h},gpu={g} up=1i,power_watts=300,ecc_uncorrected_volatile_total={e}i "
+                    f"{(T + s) * 10**9}").encode()))
+    return lines
+
+
 def test_a_short_node_cut_whose_rows_land_after_its_live_rows_keeps_one_incident_with_its_true_start(
         tmp_path):
     """gpu b is cut off for 2 minutes (less than the context) and has a DBE inside the cut; its rows
@@ -180,14 +193,7 @@ def test_a_short_node_cut_whose_rows_land_after_its_live_rows_keeps_one_incident
     the first hit's evidence from the backlog, and says it was found late (``arrived_late``,
     ``found_after_seconds``: from its start to when it was first delivered)."""
     cut, back, dbe, land = 100, 220, 150, 230
-    lines = []
-    for s in range(300):
-        for h in ("a", "b"):
-            for g in range(2):
-                e = int(h == "b" and g == 1 and s >= dbe)
-                lines.append(((T + s) * 10**9, h.encode(), (
-                    f"gpu,host={h},gpu={g} up=1i,power_watts=300,ecc_uncorrected_volatile_total={e}i "
-                    f"{(T + s) * 10**9}").encode()))
+    lines = _dbe_fleet(dbe)
 
     def arrive(t, host, _i):
         return T + land + 0.5 if host == b"b" and cut <= t - T < back else t + 0.5
@@ -221,6 +227,25 @@ def test_a_short_node_cut_whose_rows_land_after_its_live_rows_keeps_one_incident
     assert an.late_rows == 2 * (back - cut) and an.dropped_rows == 0 and an.late_points == 0
     stopped = [x for x in an.incidents() if x.kind == "node_stopped_reporting"]
     assert [(x.host, x.start) for x in stopped] == [("b", T + cut - 1)] and stopped[0].end is not None
+
+
+def test_a_backlog_landing_newest_part_first_is_analysed_whole():
+    """b's cut (100-220 s, a DBE at 130 s) drains in two parts, the newer one (160-220 s) first and
+    the older one 20 s later, after the newer one was analysed in late windows: the older part is
+    analysed too (not counted as behind what b has analysed), and the incident takes its start."""
+    def arrive(t, host, _i):
+        s = t - T
+        if host == b"b" and 160 <= s < 220:
+            return T + 230.5
+        if host == b"b" and 100 <= s < 160:
+            return T + 250.5
+        return t + 0.5
+
+    an = replay(_dbe_fleet(130), arrive, poll=1.0).an
+    got = [r for r in an.incidents() if r.kind == "memory_errors"]
+    assert [(r.host, r.gpu, r.start) for r in got] == [("b", 1, T + 130)], got
+    assert got[0].evidence["arrived_late"] is True and "over_gap_seconds" not in got[0].evidence["first"]
+    assert an.late_points == 0 and an.late_rows == 2 * 120 and an.dropped_rows == 0
 
 
 # ---------------------------------------------------------------- clocks
