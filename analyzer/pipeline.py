@@ -19,7 +19,8 @@ listed for re-reading (``reread``), without one they are dropped, counted per ho
 as an ``analysis_gap`` record (host, from, to, rows, why). Rows inside what their own host has
 already analysed (duplicates, a host's own reordering beyond the grace) are counted
 (``late_points``); a part of a host's backlog older than what its late windows analysed (it
-landed after them) is analysed in late windows of its own. Memory is bounded by window + lateness + context + the peers held.
+landed after them) is analysed in late windows of its own. Memory is bounded by window +
+lateness + context + the peers held.
 
 Time is bounded: after a stream's data stops, empty windows are walked for ``EMPTY_WALK_SECONDS``
 (a GPU that stopped reporting is noticed there); past that the next window starts at the stream's
