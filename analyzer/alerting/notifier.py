@@ -31,7 +31,7 @@ from gpufleet.analyzer.alerting.base import Alert, Outcome, Sink
 
 from gpufleet.errors import ConfigError
 from gpufleet.net import RETRY_AFTER_MAX, backoff_delay
-from gpufleet.records import Record, to_rfc3339
+from gpufleet.records import Record, from_rfc3339, to_rfc3339
 
 log = logging.getLogger("gpufleet.alerting")
 
@@ -235,12 +235,18 @@ class Notifier:
         ``taker``: the key of the incident that took this one in, if any."""
         db = self.store.db
         key = incident_key(r)
-        row = db.execute("SELECT grp, ended FROM incident WHERE key=?", (key,)).fetchone()
+        row = db.execute("SELECT grp, ended, json_extract(record, '$.start') FROM incident WHERE key=?",
+                         (key,)).fetchone()
         if row is not None:
-            grp, ended = row
+            grp, ended, start = row
             if r.end is not None and not ended:
                 db.execute("UPDATE incident SET ended=1, end_t=?, record=? WHERE key=?",
                            (r.end, r.to_json(), key))
+                return grp, False
+            if not ended and start is not None and r.start < (from_rfc3339(start) or r.start):
+                # its backlog landed after it was paged: the true start (and "found N min after it
+                # began") go out with the next re-post and the resolve
+                db.execute("UPDATE incident SET record=? WHERE key=?", (r.to_json(), key))
                 return grp, False
             return None, False
         grp = self._continued(r, taker)
