@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from gpufleet.errors import ConfigError
-from gpufleet.units import parse_duration, parse_size
+from gpufleet.units import format_duration, parse_duration, parse_size
 
 KINDS = ("str", "path", "choice", "bool", "int", "float", "duration", "size", "strlist", "intlist", "tables",
          "secret")
@@ -214,10 +214,7 @@ def _num(x: float) -> str:
 
 
 def _duration(s: float) -> str:
-    for unit, n in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
-        if s >= n and s % n == 0:
-            return f"{int(s // n)}{unit}"
-    return f"{s:g}s"
+    return format_duration(s)
 
 
 def _size(b: int) -> str:

@@ -230,6 +230,21 @@ def test_a_reloaded_agent_serves_again_on_the_same_port(tmp_path):
         requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
 
 
+def test_held_values_outlive_the_slowest_collector_rows():
+    """The hold is twice the longest gap between two rows of one series that any collector
+    declares (``slowest_rows``: gpu's nvlink_interval, canary's status_every) plus one tick."""
+    from types import SimpleNamespace
+
+    from gpufleet.agent.pipeline.prometheus import PrometheusExporter
+
+    for text, hold in (('[gpu]\nnvlink_interval = "5m"\n', 2 * 300 + 10),
+                       ('[canary]\nstatus_every = "2m"\n', 2 * 120 + 10),
+                       ("", 2 * 60 + 10)):
+        cfg = config.parse_text(text)
+        exp = PrometheusExporter.build(cfg["prometheus"], SimpleNamespace(cfg=cfg, interval=10.0))
+        assert exp.hold_ns == hold * 10**9, text
+
+
 def test_held_values_stay_while_their_gpu_is_reported_and_no_longer():
     """Slow-tier values are served between the polls that read them; a GPU no longer reported
     takes all its series along; a held value older than hold_s goes too (never stale forever)."""
