@@ -65,7 +65,7 @@ def exporter_lines(cfg: dict) -> list[str]:
         else:  # its class says where it sends (the file exporter when none is listed: the default)
             cls = agent_config.exporter_classes()[name]
             out.append(f"exporter {name}: {cls.describe(cfg[name])}" + (
-                " ([influx] url is not set)" if name == "file" and not given else ""))
+                " ([influx] url is not set)" if not given else ""))
     return out
 
 

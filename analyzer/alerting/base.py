@@ -129,7 +129,9 @@ class Sink:
     ``render(alert)`` is pure: it returns the JSON document to POST. ``deliver`` sends it and
     classifies the answer. ``repost_interval`` (seconds) asks the notifier to re-send active
     alerts on that period through :meth:`repost` (Alertmanager expires alerts it stops hearing
-    about).
+    about). ``acts``: it acts on the fleet (runs a command) instead of telling people: the pages
+    the sinks raise themselves (a refused action) go to every sink but these, the others keep
+    delivering while one still runs, and closing waits for its running command.
     """
 
     type: ClassVar[str] = ""
@@ -137,6 +139,7 @@ class Sink:
     needs_url: ClassVar[bool] = True  # a [[sink]] table without url (nor default_url) is an error
     default_url: ClassVar[str] = ""
     delivery_defaults: ClassVar[dict[str, object]] = {}  # Delivery fields whose default differs
+    acts: ClassVar[bool] = False
     repost_interval: float | None = None
 
     @classmethod
