@@ -18,7 +18,6 @@ units once, at the edge. A value that is missing or "not supported" is simply no
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
@@ -82,7 +81,7 @@ class Collector(Protocol):
     def close(self) -> None: ...
 
 
-REGISTRY: dict[str, Callable[..., Collector]] = {}
+REGISTRY: dict[str, type[Collector]] = {}
 
 
 def _available(cls, table: dict) -> str | None:

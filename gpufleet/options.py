@@ -299,8 +299,10 @@ def toml_value(opt: Option, value: object) -> str:
     return json.dumps("" if value is None else str(value), ensure_ascii=False)
 
 
-def toml_section(section: str, options: Iterable[Option], width: int = 100) -> list[str]:
-    """``[section]`` with every key at its default, each after its help as comment lines."""
+def toml_section(section: str, options: Iterable[Option], values: dict | None = None,
+                 width: int = 100) -> list[str]:
+    """``[section]`` with every key at its default (or its value in ``values``), each after its
+    help as comment lines."""
     import textwrap
 
     out = [f"[{section}]"]
@@ -315,7 +317,7 @@ def toml_section(section: str, options: Iterable[Option], width: int = 100) -> l
         if o.secret:
             out += [f'{o.name}_file = ""', f'{o.name}_env = ""']
         else:
-            out.append(f"{o.name} = {toml_value(o, o.default)}")
+            out.append(f"{o.name} = {toml_value(o, (values or {}).get(o.name, o.default))}")
     return out
 
 
