@@ -131,7 +131,9 @@ class Sink:
     alerts on that period through :meth:`repost` (Alertmanager expires alerts it stops hearing
     about). ``acts``: it acts on the fleet (runs a command) instead of telling people: the pages
     the sinks raise themselves (a refused action) go to every sink but these, the others keep
-    delivering while one still runs, and closing waits for its running command.
+    delivering while one still runs, and closing waits for its running command. ``url_is_address``:
+    its URL's path and query name a place, not a credential (Alertmanager), so they may be logged;
+    otherwise (a Slack or PagerDuty-style webhook) they are secrets, redacted wherever they appear.
     """
 
     type: ClassVar[str] = ""
@@ -140,6 +142,7 @@ class Sink:
     default_url: ClassVar[str] = ""
     delivery_defaults: ClassVar[dict[str, object]] = {}  # Delivery fields whose default differs
     acts: ClassVar[bool] = False
+    url_is_address: ClassVar[bool] = False
     repost_interval: float | None = None
 
     @classmethod
@@ -178,7 +181,9 @@ class Sink:
 
     def secrets(self) -> list[str]:
         """Strings that must never be logged (keys, tokens, secret URL paths)."""
-        out = []
+        out: list[str] = []
+        if self.url_is_address:
+            return out
         parts = urlsplit(self.url)
         if parts.path not in ("", "/"):
             out.append(parts.path)
