@@ -9,6 +9,7 @@ import json
 import sys
 import time
 
+import pytest
 from gpufleet.analyzer.alerting import Notifier, load_sinks, page_name
 from gpufleet.analyzer.alerting.audit import read_actions
 from gpufleet.analyzer.pipeline import Analyzer
@@ -28,6 +29,7 @@ VERIFY = ("import sys; h = sys.argv[1]\n"
           "print('NodeName=' + h)")
 
 
+@pytest.mark.slow
 def test_the_page_names_each_refusal_and_why_escaped(tmp_path):
     names = ["gpu001", "gpu002", "gpu003", HOSTILE]
     data = tmp_path / "fleet.lp"

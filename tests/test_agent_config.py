@@ -101,6 +101,7 @@ def test_fuzz_never_anything_but_config_error(doc):
         assert msg and "\n" not in msg.strip() or "\\n" in repr(msg)
 
 
+@pytest.mark.slow
 def test_bad_configs_through_the_real_cli(tmp_path):
     cases = ["[agent]\ninterval = 0", "[agent]\nfoo = 1", "not toml [[[", "[influx]\napi = 3",
              "[agent]\nexporters = [\"influx\"]\n[influx]\nurl = \"http://h:1\"\napi = \"v2\""]
@@ -119,6 +120,7 @@ def test_bad_configs_through_the_real_cli(tmp_path):
 
 @pytest.mark.parametrize("host", ["ALL", "all", "gpu[001-100]", "n1,n2", "-n", "--selector=x=y", "a b",
                                   "node1 State=RESUME", "x" * 254])
+@pytest.mark.slow
 def test_an_unsafe_host_is_refused_in_one_line_exit_2(host, tmp_path):
     import sys
 

@@ -53,6 +53,7 @@ def test_directory_gzip_and_garbage(tmp_path):
     assert [(i.kind, i.host, i.gpu) for i in incs] == [("sdc", "node1", 2)]
 
 
+@pytest.mark.slow
 def test_shards_cover_every_host_once_and_find_the_same(tmp_path):
     data = fleet(nodes=6, fault=("gpu_lost", 4, 1, 120), steps=240)
     full = Analyzer()
@@ -218,6 +219,7 @@ def _wait_incident(db, seconds):
     return None
 
 
+@pytest.mark.slow
 def test_console_sink_pages_each_incident_once(tmp_path, capsys):
     data = fleet(fault=("sdc", 1, 2, 95), steps=200)
     lp = tmp_path / "a.lp"

@@ -41,6 +41,7 @@ def test_cpu_known_answer_and_planted_bitflips():
     assert healed.fields["passed"] == 1 and healed.fields["digest"] == r.fields["digest"]
 
 
+@pytest.mark.slow
 def test_fleet_reference_file_and_url(tmp_path):
     probe = CanaryCollector(engine="numpy", size=64, interval=0, wait=60)
     row = rows_of(probe, 1)[0]

@@ -208,6 +208,7 @@ def test_drop_directory_results_become_rows(tmp_path, caplog):
         drop_sample({"version": 1, "tags": {"gpu": "0"}, "fields": {"bogus": 1}, "time_ns": 1})
 
 
+@pytest.mark.slow
 def test_canary_cli_json_and_drop(tmp_path):
     drop = tmp_path / "drop"
     r = subprocess.run([sys.executable, "-m", "gpufleet", "canary", "--gpu", "all", "--engine", "numpy",
@@ -284,6 +285,7 @@ def test_a_recheck_that_crashes_ends_the_round_with_the_failure_it_has():
     assert status(got)["cpu"]["errors_total"] == 1 and col.skipped["cpu"].startswith("check failed")
 
 
+@pytest.mark.slow
 def test_cli_on_a_gpu_without_a_cuda_engine_is_not_checked_exit_3(tmp_path):
     """NVML shows a GPU (a recording), the interpreter has neither torch nor cupy: no verdict,
     exit 3, the JSON says checked: false and how to get an engine; one line on stderr."""

@@ -76,6 +76,7 @@ def test_the_identity_is_added_only_when_a_listed_exporter_declares_it(tmp_path)
             ag.close(0)
 
 
+@pytest.mark.slow
 def test_gpu_points_carry_semconv_identity_and_line_protocol_keeps_its_tags(tmp_path):
     rx = Receiver()
     cfg = config.validate({"agent": {"backend": "sim", "interval": 1, "exporters": ["otlp", "file"],

@@ -74,6 +74,7 @@ def test_config_keys_and_bad_values_name_the_key():
     assert config.parse_listen("[::1]:9400") == ("::1", 9400)
 
 
+@pytest.mark.slow
 def test_a_port_in_use_is_one_line_and_exit_2(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -92,6 +93,7 @@ def test_a_port_in_use_is_one_line_and_exit_2(tmp_path):
 
 
 # ---------------------------------------------------------------------------- the endpoint
+@pytest.mark.slow
 def test_both_formats_parse_and_gpufleet_names_are_the_influx_series(tmp_path):
     """names = "both": the text format and OpenMetrics parse with prometheus_client's parsers;
     the gpufleet names and labels are exactly the line protocol's <measurement>_<field> and tags
@@ -168,6 +170,7 @@ class CountingBackend:
         return attr
 
 
+@pytest.mark.slow
 def test_scrapes_never_touch_nvml_and_a_stalled_scraper_never_stalls_the_loop(tmp_path):
     ag, clock = make_agent(tmp_path, names="dcgm", exporters=("prometheus",))
     try:
@@ -214,6 +217,7 @@ def test_scrapes_never_touch_nvml_and_a_stalled_scraper_never_stalls_the_loop(tm
         ag.close(0)
 
 
+@pytest.mark.slow
 def test_a_reloaded_agent_serves_again_on_the_same_port(tmp_path):
     """SIGHUP builds a new Agent after closing the old one: the port is free again at once."""
     port = free_port()

@@ -128,6 +128,7 @@ def test_every_collector_has_a_recorded_or_replay_test():
         assert found, f"collector {name}: no test names {cls.__name__} and runs it on real data {REAL_DATA}"
 
 
+@pytest.mark.slow
 def test_one_raising_collector_never_stops_the_others(tmp_path, monkeypatch):
     from gpufleet.agent import config
     from gpufleet.agent.daemon import Agent

@@ -85,6 +85,7 @@ def memory(tmp_path_factory):
     return Parsed(run_sim(tmp_path_factory.mktemp("memory"), "memory", nodes=3, duration=2 * 3600.0))
 
 
+@pytest.mark.slow
 def test_same_seed_same_bytes_other_seed_differs(tmp_path):
     a = run_sim(tmp_path / "a", "chaos", nodes=4, duration=1800.0)
     b = run_sim(tmp_path / "b", "chaos", nodes=4, duration=1800.0)
@@ -95,6 +96,7 @@ def test_same_seed_same_bytes_other_seed_differs(tmp_path):
     assert not list(tmp_path.rglob(".*tmp-*"))  # no temp directory left behind
 
 
+@pytest.mark.slow
 def test_lines_are_the_catalogue_schema_and_encode_identically(mixed):
     cat = {m.key: m for m in catalogue.load()}
     checked = 0
@@ -113,6 +115,7 @@ def test_lines_are_the_catalogue_schema_and_encode_identically(mixed):
     assert checked > 1000
 
 
+@pytest.mark.slow
 def test_encode_round_trip_is_byte_identical(tmp_path):
     out = run_sim(tmp_path, "mixed", nodes=2, duration=1800.0)
     for line in lines(out)[:3000]:
@@ -216,6 +219,7 @@ def test_power_brake_signature(mixed):
     assert counter == braked
 
 
+@pytest.mark.slow
 def test_nvlink_signature_on_one_link(mixed):
     # every link every 30 s (the agent's gpu.nvlink_interval); healthy links carry a background of
     # sporadic CRC errors and rare replays, far below a degrading link's; only that one goes down
@@ -274,6 +278,7 @@ def test_sdc_only_canary(mixed):
     assert not [e for e in mixed.by["gpu_event"] if (e.tags["host"], int(e.tags["gpu"])) == (host, gpu)]
 
 
+@pytest.mark.slow
 def test_gpu_lost_signature(mixed):
     ((host, gpu),) = mixed.truth_gpus("gpu_lost")
     lost_rows = mixed.gpus_with("gpu", lambda p: p.fields.get("health_code") == 2)
@@ -313,6 +318,7 @@ def test_straggler_slower_than_peers_without_reason(mixed):
     assert len(ratios) > 20 and np.median(ratios) < 0.92
 
 
+@pytest.mark.slow
 def test_memory_signatures(memory):
     mem_gpus = memory.truth_gpus("memory_errors")
     assert len(mem_gpus) == 6
@@ -411,6 +417,7 @@ def test_chaos_nuisances_are_visible_but_not_in_truth(tmp_path):
         (["--scenario", "nope"], "unknown scenario"),
     ],
 )
+@pytest.mark.slow
 def test_bad_input_is_one_line_exit_2(tmp_path, capsys, args, msg):
     out = tmp_path / "o"
     assert main(["sim", "--out", str(out), *args]) == 2
@@ -530,6 +537,7 @@ def test_thermal_scenario_scopes_and_early_signal(tmp_path):
     assert early >= 1
 
 
+@pytest.mark.slow
 def test_link_scenario_modes(tmp_path):
     p = Parsed(run_sim(tmp_path, "link", nodes=2, duration=3 * 3600.0))
     nv = [r for r in p.truth if r.kind == "nvlink_degradation"]
