@@ -115,6 +115,7 @@ def test_the_page_names_each_refusal_and_why_escaped(tmp_path):
     assert not (tmp_path / "p3").exists()
 
 
+@pytest.mark.slow
 def test_actions_of_a_group_show_on_every_member_page(tmp_path):
     """An incident that joined another's group (same kind, host, near in time) shows the group's
     actions: the sink acted once, for both."""
@@ -137,6 +138,7 @@ def test_actions_of_a_group_show_on_every_member_page(tmp_path):
         assert " drain n1</code>" in p.read_text()
 
 
+@pytest.mark.slow
 def test_a_page_the_action_sink_queues_while_closing_still_goes_out(tmp_path):
     """Batch mode closes the notifier right after its one update: the webhook has sent the
     incidents and has nothing left while the action sink is still running a slow command; the

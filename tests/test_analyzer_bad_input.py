@@ -87,6 +87,7 @@ def test_a_point_absurdly_in_the_future_is_counted_not_followed(tmp_path):
     assert stats["windows"] == want_stats["windows"]
 
 
+@pytest.mark.slow
 def test_a_config_bounds_the_future(tmp_path):
     from gpufleet.analyzer.config import Config
     from gpufleet.analyzer.pipeline import Analyzer

@@ -896,6 +896,7 @@ def test_a_stream_that_arrives_after_the_others_is_not_resolved_by_their_progres
     assert [(i.host, i.gpu, i.link, i.end) for i in incs] == [("node2", 1, 1, None)]
 
 
+@pytest.mark.slow
 def test_cooling_found_at_a_60_s_poll():
     # baselines take the same 20 minutes at a 60 s poll (20 samples, not 120): a heatsink failing
     # 40 min in is found, not learned as the GPU's normal

@@ -194,6 +194,7 @@ def _pages_within(online, now: FakeClock, steps, xid_at: int, ahead: int = 0) ->
     return None
 
 
+@pytest.mark.slow
 def test_a_writer_stamping_the_future_delays_no_other_host():
     """Host b's clock runs 2 h ahead: the poll-sized windows stay, and host a's XID 79 is found
     within two polls."""

@@ -124,6 +124,7 @@ def test_a_page_per_incident_plus_index(pages):
     assert ">4242, 4243<" in sdc  # the jobs on the GPU during the incident
 
 
+@pytest.mark.slow
 def test_pages_load_without_network_and_stay_small(pages):
     _, _, paths = pages
     for p in paths:

@@ -124,6 +124,7 @@ def test_encode_round_trip_is_byte_identical(tmp_path):
         assert fast_parse(line) == p
 
 
+@pytest.mark.slow
 def test_h200_values_realistic_and_absent_fields_absent(mixed):
     gpu = mixed.by["gpu"]
     busy = [p for p in gpu if p.fields.get("clock_event_reasons") == 4]
@@ -154,6 +155,7 @@ def test_h200_values_realistic_and_absent_fields_absent(mixed):
     assert abs(de / dt - mean_p) / mean_p < 0.03
 
 
+@pytest.mark.slow
 def test_truth_records_shape(mixed):
     kinds = {r.kind for r in mixed.truth}
     assert {
@@ -187,6 +189,7 @@ def Record_time(s):
     return from_rfc3339(s)
 
 
+@pytest.mark.slow
 def test_thermal_signature_only_on_thermal_faults(mixed):
     throttled = mixed.gpus_with(
         "gpu",
@@ -212,6 +215,7 @@ def test_thermal_signature_only_on_thermal_faults(mixed):
     assert checked
 
 
+@pytest.mark.slow
 def test_power_brake_signature(mixed):
     braked = mixed.gpus_with("gpu", lambda p: p.fields.get("clock_event_reasons", 0) & 0x80)
     assert braked == mixed.truth_gpus("power_brake")
@@ -253,6 +257,7 @@ def test_nvlink_signature_on_one_link(mixed):
     assert links == set(range(18))
 
 
+@pytest.mark.slow
 def test_pcie_signature(mixed):
     # healthy GPUs replay a few times an hour (the background); the faulty one storms
     last = {}
@@ -264,6 +269,7 @@ def test_pcie_signature(mixed):
     assert sum(v > 0 for k, v in last.items() if k not in storm) > len(last) / 2
 
 
+@pytest.mark.slow
 def test_sdc_only_canary(mixed):
     failed = mixed.gpus_with("gpu_canary", lambda p: p.fields["passed"] == 0)
     assert failed == mixed.truth_gpus("sdc")
@@ -297,6 +303,7 @@ def test_gpu_lost_signature(mixed):
     ]
 
 
+@pytest.mark.slow
 def test_straggler_slower_than_peers_without_reason(mixed):
     ((host, gpu),) = mixed.truth_gpus("straggler")
     r = next(r for r in mixed.truth if r.kind == "straggler")
@@ -426,6 +433,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys, args, msg):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_malformed_and_invalid_scenario_files(tmp_path, capsys):
     cases = {
         "x = [": "malformed",

@@ -226,6 +226,7 @@ def test_dev_kmsg_resumes_after_its_last_sequence_number(tmp_path):
         col.close()
 
 
+@pytest.mark.slow
 def test_an_xid_seen_by_nvml_and_the_kernel_log_is_one_row(tmp_path, monkeypatch):
     monkeypatch.setattr(xidmod, "NVML_HOLD_S", 0.3)
     log = tmp_path / "kern.log"
