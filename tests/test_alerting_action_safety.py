@@ -173,6 +173,7 @@ def gpufleet(*args):
                           timeout=60)
 
 
+@pytest.mark.slow
 def test_gpufleet_actions_lists_what_ran_was_refused_and_undone(tmp_path):
     cmd, out = recorder(tmp_path)
     fail = [sys.executable, "-c", "import sys; print('Node gone'); sys.exit(1)"]

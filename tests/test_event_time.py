@@ -58,6 +58,7 @@ def _once(recs):
     assert len(k) == len(set(k)), f"an open incident twice: {k}"
 
 
+@pytest.mark.slow
 def test_a_node_cut_off_for_30_minutes_is_analysed_in_its_own_time(fleet):
     """gpu0003 is cut off for 30 minutes and its spool drains at once: none of its rows is dropped,
     its faults (a DBE storm, a power brake, a lost GPU, PCIe replays, cooling) are found with their
@@ -88,6 +89,7 @@ def test_a_node_cut_off_for_30_minutes_is_analysed_in_its_own_time(fleet):
     assert not [r for r in got if r.kind == "analysis_gap"]
 
 
+@pytest.mark.slow
 def test_beyond_the_bound_without_a_store_is_a_gap_record(fleet):
     """With a bound of 10 minutes and no store, a host 30 minutes late loses the rows beyond it, and
     says so: counted, logged, and one analysis_gap record with host, range, rows and why."""
@@ -138,6 +140,7 @@ def arrivals(draw):
 @settings(max_examples=3, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.generate],
           suppress_health_check=list(HealthCheck))
 @given(arrivals())
+@pytest.mark.slow
 def test_online_equals_batch_whatever_the_arrival_order(fleet, order):
     """The same data gives the same incidents (kind, host, GPU, link, start within one poll)
     however it lands."""
@@ -272,6 +275,7 @@ def _pages_within(online, now: FakeClock, steps, xid_at: int, ahead: int = 0) ->
     return None
 
 
+@pytest.mark.slow
 def test_a_writer_stamping_the_future_delays_no_other_host():
     """Host b's clock runs 2 h ahead: the poll-sized windows stay, and host a's XID 79 is found
     within two polls."""
@@ -283,6 +287,7 @@ def test_a_writer_stamping_the_future_delays_no_other_host():
     assert online.an.window == 1.0
 
 
+@pytest.mark.slow
 def test_a_step_of_the_analyzer_s_clock_freezes_no_window():
     """The analyzer's wall clock steps 2 h ahead for 8 s: the loop keeps the monotonic pace, and an
     XID 79 inside the step is found within two polls."""
@@ -304,6 +309,7 @@ def test_a_step_of_the_analyzer_s_clock_freezes_no_window():
 
 # ---------------------------------------------------------------- --follow
 @pytest.mark.skipif(__import__("shutil").which("influxd") is None, reason="needs influxd")
+@pytest.mark.slow
 def test_follow_reads_back_a_reappearing_host_s_gap(tmp_path):
     """``--follow`` reads ``[cursor, now - grace)`` each poll; host b is cut off, then its spool
     drains into InfluxDB with the old stamps, behind the cursor. When b reappears its gap is read

@@ -86,6 +86,7 @@ def pages(tmp_path_factory):
     return d, data, sorted((d / "out").glob("*.html"))
 
 
+@pytest.mark.slow
 def test_a_page_per_incident_plus_index(pages):
     d, _, paths = pages
     names = [p.name for p in paths]
@@ -123,6 +124,7 @@ def test_a_page_per_incident_plus_index(pages):
     assert ">4242, 4243<" in sdc  # the jobs on the GPU during the incident
 
 
+@pytest.mark.slow
 def test_pages_load_without_network_and_stay_small(pages):
     _, _, paths = pages
     for p in paths:
@@ -133,6 +135,7 @@ def test_pages_load_without_network_and_stay_small(pages):
         assert not re.search(r"\bsrc=\"(?!data:)", html) and "@import" not in html and "url(" not in html
 
 
+@pytest.mark.slow
 def test_plots_show_the_gpu_against_its_peers(pages):
     from gpufleet.analyzer.alerting.data import load
     from gpufleet.analyzer.alerting.pages import plot, window
@@ -150,6 +153,7 @@ def test_plots_show_the_gpu_against_its_peers(pages):
     assert nothing is None
 
 
+@pytest.mark.slow
 def test_every_page_renders_in_headless_chromium_with_images_loaded(pages, tmp_path):
     _, _, paths = pages
     probe = ("<script>addEventListener('load',()=>{const ok=[...document.images].filter("
@@ -180,6 +184,7 @@ def test_every_page_renders_in_headless_chromium_with_images_loaded(pages, tmp_p
     shutil.copy(shot, keep)
 
 
+@pytest.mark.slow
 def test_write_pages_accepts_points_and_handles_no_data(tmp_path):
     from gpufleet.lineprotocol import parse_line
 

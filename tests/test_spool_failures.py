@@ -41,6 +41,7 @@ def test_a_deleted_spool_keeps_its_open_segment_and_counts_the_rest(tmp_path, ca
     sp.close()
 
 
+@pytest.mark.slow
 def test_an_agent_whose_spool_is_deleted_just_before_sigterm_keeps_its_ticks(tmp_path):
     """InfluxDB down, the spool holds every tick; the directory is deleted and SIGTERM follows at
     once: the points are written back (the segment was still open), and the exit line's count is
@@ -96,6 +97,7 @@ cat "$DIR.log"
 
 
 @pytest.mark.skipif(not _userns_tmpfs(), reason="needs unshare -Urm and a tmpfs mount (user namespaces)")
+@pytest.mark.slow
 def test_an_agent_starting_on_a_full_disk_runs_degraded_then_writes_again(tmp_path):
     mnt = tmp_path / "disk"
     mnt.mkdir()

@@ -199,6 +199,7 @@ class ActionSink(Sink):
     command's deadline."""
 
     type = "action"
+    acts = True
     needs_url = False
     delivery_defaults = {"rate_limit": None, "timeout": 30.0}  # timeout: the command's deadline
     options = (
