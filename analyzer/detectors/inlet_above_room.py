@@ -49,13 +49,19 @@ class InletAboveRoom(Detector):
     )
 
     def score(self, window: Window) -> np.ndarray:
-        """Per bmc row: the rack's inlet above the room that minute, in units of ``above_celsius``."""
-        bmc = window.bmc
-        out = np.full(len(bmc), np.nan)
+        """Per gpu row: its rack's inlet above the room that minute, in units of ``above_celsius``."""
+        tab = window.gpu
+        out = np.full(len(tab), np.nan)
         got = self._racks(window)
-        if got is not None:
-            inv, ok, excess = got[0], got[1], got[3]
-            out[np.flatnonzero(ok)] = excess[inv] / self.above_celsius
+        if got is None or not len(tab):
+            return out
+        g_rack, excess, minute = got[2], got[3], got[4]
+        key = minute * 10**7 + g_rack
+        order = np.argsort(key)
+        q = np.floor(tab.t / 60.0).astype(np.int64) * 10**7 + window.rack_of[tab.ent]
+        j = np.clip(np.searchsorted(key[order], q), 0, len(key) - 1)
+        hit = key[order][j] == q
+        out[hit] = excess[order][j[hit]] / self.above_celsius
         return out
 
     def _racks(self, window: Window):
