@@ -20,12 +20,12 @@ import secrets
 import shutil
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 from bench import sim
 
-HEALTHY = (64, "6h")  # nodes of 8 GPUs, duration: 128 GPU-days a fleet
+HEALTHY = (32, "6h")  # nodes of 8 GPUs, duration: 64 GPU-days a fleet
 CHAOS = (16, "6h")
 
 
@@ -52,7 +52,8 @@ def _one(scenario: str, nodes: int, duration: str, seed: int, tmp: str) -> dict:
     finally:
         shutil.rmtree(d, ignore_errors=True)
     return {
-        "scenario": scenario, "seed": seed, "gpu_days": res["gpu_days"] or 0.0,
+        "scenario": scenario, "seed": seed, "gpus": nodes * 8, "duration": duration,
+        "gpu_days": res["gpu_days"] or 0.0,
         "false": res["false_incidents"], "notes": res["notes"], "cpu_s": time.process_time() - t0,
         "truth": [r.to_json() for r in truth], "incidents": [r.to_json() for r in incs],
         "false_pages": [r.summary for r in incs if r.severity != "info"] if not truth else [],
@@ -60,28 +61,47 @@ def _one(scenario: str, nodes: int, duration: str, seed: int, tmp: str) -> dict:
 
 
 def run(quick: bool) -> list[dict]:
-    from gpufleet.analyzer.evaluate import evaluate
-
-    from gpufleet.records import Record
-
     need = 40.0 if quick else float(os.environ.get("GPUFLEET_BENCH_HEALTHY_GPU_DAYS", "1000"))
     chaos_runs = 1 if quick else int(os.environ.get("GPUFLEET_BENCH_CHAOS_RUNS", "4"))
     hn, hd = (8, "6h") if quick else HEALTHY
     cn, cd = (8, "3h") if quick else CHAOS
     per_fleet = hn * 8 * _hours(hd) / 24
     jobs = int(os.environ.get("GPUFLEET_BENCH_JOBS", str(os.cpu_count() or 1)))
+    # each fleet's result is appended here as it lands (a run cut short still says what it measured:
+    # ``python -m bench.bench_site_life --summarize FILE``)
+    log = Path(os.environ["GPUFLEET_BENCH_RESULTS"]) if os.environ.get("GPUFLEET_BENCH_RESULTS") else None
     t0 = time.time()
-    with tempfile.TemporaryDirectory() as tmp, ProcessPoolExecutor(max_workers=jobs) as pool:
-        def seed():
-            return secrets.randbelow(2**31)
+    done: list[dict] = []
 
-        futs = [pool.submit(_one, "chaos", cn, cd, seed(), tmp) for _ in range(chaos_runs)]
+    def seed():
+        return secrets.randbelow(2**31)
+
+    def keep(r):
+        done.append(r)
+        if log is not None:
+            with log.open("a") as f:
+                f.write(json.dumps({**r, "wall_s": round(time.time() - t0, 1), "jobs": jobs}) + "\n")
+
+    with tempfile.TemporaryDirectory() as tmp, ProcessPoolExecutor(max_workers=jobs) as pool:
         n_healthy = max(1, int(-(-need // per_fleet)))  # nominal GPU-days; topped up below if short
-        futs += [pool.submit(_one, "healthy", hn, hd, seed(), tmp) for _ in range(n_healthy)]
-        done = [f.result() for f in futs]
+        # chaos fleets spread among the healthy ones
+        plan = [("healthy", hn, hd)] * n_healthy
+        for i in range(chaos_runs):
+            plan.insert(min(len(plan), i * (n_healthy // max(chaos_runs, 1) + 1)), ("chaos", cn, cd))
+        futs = [pool.submit(_one, sc, n, dur, seed(), tmp) for sc, n, dur in plan]
+        for f in as_completed(futs):
+            keep(f.result())
         while sum(r["gpu_days"] for r in done if r["scenario"] == "healthy") < need:
-            done.append(_one("healthy", hn, hd, seed(), tmp))
-    wall = time.time() - t0
+            keep(_one("healthy", hn, hd, seed(), tmp))
+    return summarize(done, time.time() - t0, jobs)
+
+
+def summarize(done: list[dict], wall: float, jobs: int) -> list[dict]:
+    """The table's rows from the fleets' results (``_one``)."""
+    from gpufleet.analyzer.evaluate import evaluate
+
+    from gpufleet.records import Record
+
     healthy = [r for r in done if r["scenario"] == "healthy"]
     chaos = [r for r in done if r["scenario"] == "chaos"]
     days = sum(r["gpu_days"] for r in healthy)
@@ -93,6 +113,7 @@ def run(quick: bool) -> list[dict]:
         for s in r["false_pages"]:
             print(f"healthy seed {r['seed']}: false page: {s}")
     cpu = sum(r["cpu_s"] for r in done)
+    shape = sorted({f"{r['gpus']} GPUs x {r['duration']}" for r in healthy})
     rows = [
         {
             "benchmark": "site_life/healthy",
@@ -101,7 +122,7 @@ def run(quick: bool) -> list[dict]:
             "unit": "1/1000 GPU-days",
             "target": "<= 0.2",
             "note": f"{false} false incidents in {days:.0f} GPU-days (GPU rows present): {len(healthy)} "
-            f"fleets of {hn * 8} GPUs x {hd}, every nuisance on, seeds "
+            f"fleets of {', '.join(shape)}, every nuisance on, seeds "
             f"{', '.join(str(r['seed']) for r in healthy)}",
         },
         {
@@ -110,8 +131,8 @@ def run(quick: bool) -> list[dict]:
             "value": sum(notes.values()),
             "unit": "records",
             "target": "<= 1 per node or rack",
-            "note": ", ".join(f"{k} {n}" for k, n in sorted(notes.items()))
-            + f"; the fleets' nuisances: 2 power caps and 1 warm rack each ({len(healthy)} fleets)",
+            "note": (", ".join(f"{k} {n}" for k, n in sorted(notes.items())) or "none")
+            + f"; each fleet has 2 power caps and 1 warm rack ({len(healthy)} fleets)",
         },
     ]
     pooled_truth: list[Record] = []
@@ -124,31 +145,33 @@ def run(quick: bool) -> list[dict]:
                 rec.host = None if rec.host is None else f"{r['seed']}/{rec.host}"
                 rec.rack = None if rec.rack is None else f"{r['seed']}/{rec.rack}"
                 lines.append(rec)
-    pooled = evaluate(pooled_truth, pooled_inc)
-    for kind, dk in pooled["per_kind"].items():
+    if chaos:
+        cshape = sorted({f"{r['gpus']} GPUs x {r['duration']}" for r in chaos})
+        pooled = evaluate(pooled_truth, pooled_inc)
+        for kind, dk in pooled["per_kind"].items():
+            rows.append(
+                {
+                    "benchmark": "site_life/chaos",
+                    "metric": f"{kind}: precision / recall (one-to-one)",
+                    "value": f"{dk['precision']} / {dk['recall']}",
+                    "unit": "",
+                    "target": ">= 0.97",
+                    "note": f"{dk['truths']} faults, {dk['incidents']} incidents, "
+                    f"{dk['duplicates']} duplicate pages",
+                }
+            )
         rows.append(
             {
                 "benchmark": "site_life/chaos",
-                "metric": f"{kind}: precision / recall (one-to-one)",
-                "value": f"{dk['precision']} / {dk['recall']}",
+                "metric": "overall precision / recall / F1",
+                "value": f"{pooled['precision']} / {pooled['recall']} / {pooled['f1']}",
                 "unit": "",
                 "target": ">= 0.97",
-                "note": f"{dk['truths']} faults, {dk['incidents']} incidents, "
-                f"{dk['duplicates']} duplicate pages",
+                "note": f"{len(chaos)} fleets of {', '.join(cshape)}, "
+                f"{sum(r['gpu_days'] for r in chaos):.0f} GPU-days, seeds {', '.join(str(r['seed']) for r in chaos)}; informational records "
+                f"{sum(sum(r['notes'].values()) for r in chaos)} (not scored)",
             }
         )
-    rows.append(
-        {
-            "benchmark": "site_life/chaos",
-            "metric": "overall precision / recall / F1",
-            "value": f"{pooled['precision']} / {pooled['recall']} / {pooled['f1']}",
-            "unit": "",
-            "target": ">= 0.97",
-            "note": f"{len(chaos)} fleets of {cn * 8} GPUs x {cd}, seeds "
-            f"{', '.join(str(r['seed']) for r in chaos)}; informational records "
-            f"{sum(sum(r['notes'].values()) for r in chaos)} (not scored)",
-        }
-    )
     rows.append(
         {
             "benchmark": "site_life",
@@ -172,5 +195,11 @@ def _hours(duration: str) -> float:
 if __name__ == "__main__":  # pragma: no cover
     import sys
 
-    for row in run(quick="--quick" in sys.argv):
-        print(row)
+    if sys.argv[1:2] == ["--summarize"]:  # the rows of a results file, complete or cut short
+        got = [json.loads(x) for x in Path(sys.argv[2]).read_text().splitlines() if x.strip()]
+        from bench.run import table
+
+        print(table(summarize(got, max((r["wall_s"] for r in got), default=0), got[0]["jobs"] if got else 0)))
+    else:
+        for row in run(quick="--quick" in sys.argv):
+            print(row)
