@@ -168,7 +168,8 @@ def summarize(done: list[dict], wall: float, jobs: int) -> list[dict]:
                 "unit": "",
                 "target": ">= 0.97",
                 "note": f"{len(chaos)} fleets of {', '.join(cshape)}, "
-                f"{sum(r['gpu_days'] for r in chaos):.0f} GPU-days, seeds {', '.join(str(r['seed']) for r in chaos)}; informational records "
+                f"{sum(r['gpu_days'] for r in chaos):.0f} GPU-days, seeds "
+                f"{', '.join(str(r['seed']) for r in chaos)}; informational records "
                 f"{sum(sum(r['notes'].values()) for r in chaos)} (not scored)",
             }
         )
