@@ -100,16 +100,17 @@ class InletAboveRoom(Detector):
         np.maximum.at(tmax, inv, t)
         return inv, ok, g_rack, excess, minute, rmed, room, hosts, tmax
 
-    def _rising(self, rack: np.ndarray, minute: np.ndarray, excess: np.ndarray) -> np.ndarray:
+    def _rising(self, rack: np.ndarray, minute: np.ndarray, excess: np.ndarray, ask: np.ndarray):
         """Per (rack, minute) group: did the rack's excess rise ``rise_celsius`` over the trailing
-        ``rise_seconds`` (its history kept per rack, two spans)?"""
+        ``rise_seconds`` (its history kept per rack, two spans)? Answered where ``ask``ed."""
         hist = self.__dict__.setdefault("hist_", {})  # rack -> {minute: excess}
         span = max(int(self.rise_seconds // 60), 1)
         for r, m, x in zip(rack.tolist(), minute.tolist(), excess.tolist(), strict=True):
             if np.isfinite(x):
                 hist.setdefault(r, {})[m] = x
         out = np.zeros(len(rack), bool)
-        for i, (r, m, x) in enumerate(zip(rack.tolist(), minute.tolist(), excess.tolist(), strict=True)):
+        for i in np.flatnonzero(ask).tolist():
+            r, m, x = int(rack[i]), int(minute[i]), float(excess[i])
             h = hist.get(r, {})
             past = [h[k] for k in range(m - span, m) if k in h]
             out[i] = bool(past) and np.isfinite(x) and x - min(past) >= self.rise_celsius
@@ -144,9 +145,9 @@ class InletAboveRoom(Detector):
         if got is None:
             return Hits.none(self.kind)
         _, _, g_rack, excess, minute, rmed, room, hosts, tmax = got
-        rising = self._rising(g_rack, minute, excess)
         with np.errstate(invalid="ignore"):
             warm = excess >= self.above_celsius
+        rising = self._rising(g_rack, minute, excess, warm)  # (the history is kept for every rack)
         if not warm.any():
             return Hits.none(self.kind)
         warm &= ~rising & ~np.isin(g_rack, self._near_limits(window))

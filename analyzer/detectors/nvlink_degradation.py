@@ -90,11 +90,15 @@ class NvlinkDegradation(Detector):
         # per GPU model too (its links' count, generation and background are its own): a model's
         # rate from its own links, where a window has more than 20 of their rows
         per = self.model_crc_rate_ = getattr(self, "model_crc_rate_", {})
-        model = _models(window)
-        for m in np.unique(model[ok]).tolist() if ok.any() else []:
-            mine = r[ok & (model == m)]
-            if len(mine) > 20:
-                p90 = _p90(mine)
+        if int(window.reg.model_ids().max(initial=0)) == 0:
+            return self  # one model: the fleet's rate is its own
+        model = _models(window)[ok]
+        r = r[ok]
+        order = np.argsort(model, kind="stable")
+        ms, first = np.unique(model[order], return_index=True)
+        for m, part in zip(ms.tolist(), np.split(r[order], first[1:]), strict=True):
+            if len(part) > 20:
+                p90 = _p90(part)
                 per[m] = p90 if m not in per else 0.9 * per[m] + 0.1 * p90
         return self
 
