@@ -287,21 +287,26 @@ def _write(out_path, incidents) -> None:
 
 
 def summary_line(an, seconds: float) -> str:
-    """One line on what ``analyze`` did: rows, GPUs, time span, incidents by kind, time taken."""
+    """One line on what ``analyze`` did: rows, GPUs, time span, incidents by kind, informational records
+    (severity info, never paged) by kind, time taken."""
     from collections import Counter
 
     from gpufleet.times import to_rfc3339
 
-    incs = an.incidents()
+    recs = an.incidents()
+    incs = [r for r in recs if r.severity != "info"]
     kinds = Counter(r.kind for r in incs)
     by_kind = ", ".join(f"{k} {n}" for k, n in sorted(kinds.items()))
+    info = Counter(r.kind for r in recs if r.severity == "info")
+    notes = ", ".join(f"{k} {n}" for k, n in sorted(info.items()))
     last = max(an.stream_wm.values(), default=None)
     span = ""
     if last is not None and an.t_first <= last:
         span = (f", {to_rfc3339(an.t_first / 1e9)} .. {to_rfc3339(last / 1e9)} "
                 f"({(last - an.t_first) / 3.6e12:.1f} h)")
     return (f"analyze: {an.rows} rows, {len(an.reg.gpu_host)} GPUs{span}, {len(incs)} incident(s)"
-            + (f" ({by_kind})" if by_kind else "") + f" in {seconds:.1f} s")
+            + (f" ({by_kind})" if by_kind else "")
+            + (f", {sum(info.values())} informational ({notes})" if notes else "") + f" in {seconds:.1f} s")
 
 
 def _report(an, stats: bool, seconds: float) -> None:

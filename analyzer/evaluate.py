@@ -15,7 +15,8 @@ Latency = the truth's incident start - truth start. ``cooling_before_impact`` = 
 cooling_degradation truths with an ``impact_at`` whose incident started before it. False
 incidents per 1000 GPU-days need the fleet's GPU-days: ``--gpu-days``, else counted from the
 telemetry (GPU rows present: each GPU's time between consecutive rows, gaps over 5 min not
-counted), else the simulator's manifest.
+counted), else the simulator's manifest. Informational records (severity ``info``: a setting or
+the room worth telling someone, never paged) are not scored: counted per kind in ``notes``.
 """
 
 from __future__ import annotations
@@ -121,6 +122,9 @@ def _counts(ti: list[int], ii: list[int], taken, first, dup_of, truth) -> dict:
 def evaluate(
     truth: list[Record], incidents: list[Record], gpu_days: float | None = None, lenient: bool = False
 ) -> dict:
+    # informational records (severity info) are not pages: counted apart, never true or false
+    notes = [r for r in incidents if r.severity == "info"]
+    incidents = [r for r in incidents if r.severity != "info"]
     taken, first, dup_of = assign(truth, incidents, lenient)
     per_kind = {}
     kinds = [k for k in KINDS if any(r.kind == k for r in truth) or any(r.kind == k for r in incidents)]
@@ -162,6 +166,7 @@ def evaluate(
         "gpu_days": _r(gpu_days),
         "false_incidents": n_false,
         "false_per_1000_gpu_days": round(n_false / gpu_days * 1000, 4) if gpu_days else None,
+        "notes": {k: sum(r.kind == k for r in notes) for k in sorted({r.kind for r in notes})},
     }
     return out
 
@@ -320,4 +325,7 @@ def table(result: dict) -> str:
         f"false incidents per 1000 GPU-days: {result['false_per_1000_gpu_days']} "
         f"({result['false_incidents']} false, GPU-days: {result['gpu_days']})"
     )
+    if result.get("notes"):
+        lines.append("informational records, not scored: "
+                     + ", ".join(f"{k} {n}" for k, n in result["notes"].items()))
     return "\n".join(lines)

@@ -24,10 +24,17 @@ KINDS = (
     "canary_unchecked",
     "gpu_lost",
     "straggler",
+    "power_limit_below_peers",
+    "inlet_above_room",
 )
+# informational records (severity "info"): a setting or the room worth telling someone, not a fault.
+# Never sent to a sink (the notifier drops them), never scored as pages by ``gpufleet eval``, never
+# injected by the simulator
+INFO_KINDS = ("power_limit_below_peers", "inlet_above_room")
+FAULT_KINDS = tuple(k for k in KINDS if k not in INFO_KINDS)
 # records the online analysis writes about its own input, not faults (gpufleet.analyzer.pipeline)
 ANALYSIS_KINDS = ("analysis_gap", "node_stopped_reporting")
-SEVERITIES = ("critical", "warning")
+SEVERITIES = ("critical", "warning", "info")
 
 
 def from_rfc3339(s: str | None) -> float | None:

@@ -29,7 +29,7 @@ TAG_DOC = {
     "cluster": "operator label",
     "rack": "operator label",
     "kind": "incident kind (`thermal_throttle`, `nvlink_degradation`, `gpu_lost`, ...)",
-    "severity": "`critical` or `warning`",
+    "severity": "`critical`, `warning` or `info` (an informational record, never paged)",
 }
 
 def _rows(measurement: str) -> str:

@@ -44,6 +44,9 @@ EVIDENCE = {
     "gpu_lost": {"xid": 79},
     "straggler": {"clock_vs_peers": 0.87, "power_vs_peers": 0.8},
     "canary_unchecked": {"unchecked_hours": 13.5, "max_age_hours": 6.0},
+    "power_limit_below_peers": {"power_limit_watts": 500, "peers_power_limit_watts": 700,
+                                "model": "NVIDIA H200"},
+    "inlet_above_room": {"inlet_celsius": 30.2, "room_celsius": 24.1, "above_room_celsius": 6.1},
 }
 
 

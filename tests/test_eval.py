@@ -155,3 +155,24 @@ def test_cli_gpu_days_from_data_and_lenient(tmp_path, capsys):
     assert main(["eval", "--truth", str(t), "--incidents", str(i), "--lenient", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["scoring"] == "lenient" and out["false_incidents"] == 1
+
+
+def test_informational_records_are_not_scored_as_pages(tmp_path, capsys):
+    """A setting or the room (severity info) is neither a true nor a false incident: counted apart."""
+    truth = [rec(kind="straggler", gpu=5, start=T)]
+    note = rec(kind="power_limit_below_peers", gpu=None, start=T - 3600)
+    note.severity = "info"
+    room = rec(kind="inlet_above_room", host=None, gpu=None, rack="r1", start=T)
+    room.severity = "info"
+    incs = [rec(kind="straggler", gpu=5, start=T + 30), note, room]
+    r = evaluate(truth, incs, gpu_days=10.0)
+    assert (r["precision"], r["recall"], r["false_incidents"]) == (1.0, 1.0, 0)
+    assert r["overall"]["incidents"] == 1 and set(r["per_kind"]) == {"straggler"}
+    assert r["notes"] == {"inlet_above_room": 1, "power_limit_below_peers": 1}
+    t, i = tmp_path / "truth.jsonl", tmp_path / "inc.jsonl"
+    write(t, truth)
+    write(i, incs)
+    assert main(["eval", "--truth", str(t), "--incidents", str(i), "--gpu-days", "10"]) == 0
+    out = capsys.readouterr().out
+    assert "(0 false, GPU-days: 10.0)" in out
+    assert "informational records, not scored: inlet_above_room 1, power_limit_below_peers 1" in out

@@ -137,3 +137,41 @@ def test_link_idle_while_its_siblings_are_busy_without_errors_stays_quiet():
     assert analyse(data).incidents() == []
     # and a healthy fleet's links, all carrying the same traffic, busy and idle together
     assert analyse(_with_link_traffic(fleet(links=4))).incidents() == []
+
+
+def _mixed_link_background(data: bytes, rng, bad_from: int) -> bytes:
+    """Nodes 0 and 1 become A100s whose healthy links take CRC errors at ~0.2/s each (a noisier
+    generation's background); node3 GPU 1 link 0, an H200's, takes 2/s from step ``bad_from``."""
+    totals: dict = {}
+    out = []
+    for ln in data.decode().splitlines():
+        node = re.search(r"host=node(\d+),", ln)
+        if node and int(node.group(1)) < 2:
+            ln = ln.replace("model=NVIDIA\\ H200", "model=NVIDIA\\ A100-SXM4-80GB")
+        if ln.startswith("gpu_nvlink,"):
+            key = (node.group(1), re.search(r",gpu=(\d+)", ln).group(1),
+                   re.search(r",link=(\d+)", ln).group(1))
+            more = int(rng.poisson(2.0)) if int(key[0]) < 2 else 0
+            if key == ("3", "1", "0") and _step(ln) >= bad_from:
+                more += 20
+            totals[key] = totals.get(key, 0) + more
+            ln = ln.replace("crc_flit_errors_total=0i", f"crc_flit_errors_total={totals[key]}i")
+        out.append(ln)
+    return ("\n".join(out) + "\n").encode()
+
+
+def test_nvlink_rates_are_judged_against_the_links_of_the_gpus_own_model():
+    """A mixed fleet: the A100s' links run a CRC background of ~0.2/s (theirs, not a fault), the H200s'
+    none. An H200 link at 2/s is paged against the H200s' rate (a fleet-wide rate, lifted by the
+    A100s' background to 20 x ~0.3/s, would hide it), and no A100 link is paged."""
+    import numpy as np
+
+    data = _mixed_link_background(fleet(nodes=4, gpus=4, steps=360, links=2), np.random.default_rng(5),
+                                  bad_from=150)
+    an = analyse(data)
+    nv = [r for r in an.incidents() if r.kind == "nvlink_degradation"]
+    assert [(r.host, r.gpu, r.link) for r in nv] == [("node3", 1, 0)], [r.summary for r in nv]
+    ev = nv[0].evidence["peak"]
+    assert ev["crc_threshold_per_s"] == 1.0  # the H200s' links: no background, the floor
+    det = next(d for d in an.detectors if d.kind == "nvlink_degradation")
+    assert det.fleet_crc_rate_ > 0.05 and sorted(det.model_crc_rate_.values())[0] == 0.0

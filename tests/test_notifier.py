@@ -225,3 +225,16 @@ def test_an_incident_that_takes_in_a_paged_one_is_its_update_not_a_second_page(t
         assert n.flush(5)
     assert events(rx) == [("thr", "firing"), ("thr", "resolved"), ("other", "firing")]
     assert rx.requests[1]["json"]["incidents"] == ["thr", "cool"]
+
+
+def test_informational_records_never_reach_a_sink(tmp_path):
+    """A setting or the room (severity info) is written, never paged; a fault beside it pages once."""
+    note = incident(kind="power_limit_below_peers", gpu=None, severity="info", id="note",
+                    evidence={"peak": {"setting": "power limit 500 W (peers 700 W)"}})
+    room = incident(kind="inlet_above_room", host=None, gpu=None, severity="info", id="room")
+    fault = incident(kind="sdc", gpu=3, id="fault")
+    with Receiver() as rx, Notifier(webhook(rx), tmp_path / "s.db") as n:
+        assert n.update([note, room, fault], now=T0 + 10) == 1
+        assert n.update([dataclasses.replace(note, end=T0 + 60), room, fault], now=T0 + 70) == 0
+        assert n.flush(5)
+    assert events(rx) == [("fault", "firing")]

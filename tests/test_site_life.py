@@ -1,5 +1,6 @@
 """A site's life is not a fault: a node of another GPU generation, an operator's power cap and a warmer
-rack raise no page, while a real fault on the same node, in the same fleet, is paged once.
+rack raise no page, while a real fault on the same node, in the same fleet, is paged once. The cap
+and the warm rack are each one informational record (never paged), the other generation none.
 
 Each fleet comes from the simulator (gpufleet.sim) with the site's life placed on the faulty node
 (its rack), then goes through ``gpufleet analyze`` and ``gpufleet eval`` as any fleet does."""
@@ -73,6 +74,8 @@ onset = "25%"
     cooling = [r for r in incidents if r.kind == "cooling_degradation"]
     ev = cooling[0].evidence["peak"]
     assert ev["model"] == "NVIDIA A100-SXM4-80GB" and ev["baseline"].startswith("own model")
+    # its 400 W limit is its own model's, not a limit below the H200s' 700 W: no note either
+    assert not [r for r in incidents if r.severity == "info"], [r.summary for r in incidents]
 
 
 @pytest.mark.slow
@@ -100,6 +103,13 @@ onset = "20%"
     # the cap is in the telemetry as the agent writes it: the limit and the SW power-cap bit
     lines = [ln for ln in _gpu_lines(tmp_path / "sim", "gpu0002") if "power_limit_watts=500.0" in ln]
     assert lines and any("clock_event_sw_power_cap=1i" in ln for ln in lines)
+    # worth telling someone: one informational record for the node, from when the cap began
+    (note,) = [r for r in incidents if r.severity == "info"]
+    assert (note.kind, note.host, note.gpu) == ("power_limit_below_peers", "gpu0002", None)
+    assert note.evidence["peak"]["setting"] == "power limit 500 W (peers 700 W)"
+    assert note.evidence["peak"]["gpus"] == list(range(8))
+    t0 = truth[0].start - 0.2 * HOURS * 3600  # the run's start (the fault's onset at 20 %)
+    assert abs(note.start - (t0 + 0.1 * HOURS * 3600)) <= 120  # it begins with the cap
 
 
 @pytest.mark.slow
@@ -125,6 +135,13 @@ onset = "25%"
 
     truth, incidents = _fleet(tmp_path, toml, life=life)
     _one_page_per_fault(truth, incidents)
+    # a facility note for the rack, once its inlet is steadily above the other rack's (the room)
+    (note,) = [r for r in incidents if r.severity == "info"]
+    assert (note.kind, note.host, note.rack) == ("inlet_above_room", None, "r001")
+    ev = note.evidence["peak"]
+    assert 6.0 <= ev["above_room_celsius"] <= 8.0 and ev["setting"].startswith("rack r001 inlet ")
+    t0 = truth[0].start - 0.25 * HOURS * 3600  # the run's start (the fault's onset at 25 %)
+    assert note.start >= t0 + 3600 + 1800  # the step an hour in: a note once its inlet no longer rises
 
 
 def _gpu_lines(out, host: str) -> list[str]:

@@ -14,6 +14,9 @@ a node-wide fault pages once. An incident that took in one already paged (a node
 absorbing its GPUs', a cooling incident folding the throttling it caused) joins that page's group:
 online, throttling pages first and the cooling incident found minutes later is its update. The
 group resolves when every member has ended.
+
+Informational records (severity ``info``: ``gpufleet.records.INFO_KINDS``, an operator's setting or
+the room, not a fault) never reach a sink: they stay in the incident file and the store.
 """
 
 from __future__ import annotations
@@ -182,7 +185,8 @@ class Notifier:
             try:
                 changed: set[str] = set()
                 created: list[str] = []
-                incidents = list(incidents)
+                # informational records (a setting, the room: severity info) are never paged
+                incidents = [r for r in incidents if r.severity != "info"]
                 # id of an incident taken into a wider one -> that one's key (the taker goes first)
                 taker = {k: incident_key(r) for r in incidents for k in _taken(r)}
                 for r in sorted(incidents, key=lambda r: (incident_key(r) in taker, r.start)):

@@ -10,10 +10,12 @@ from __future__ import annotations
 from gpufleet.analyzer.detectors.base import Detector, Hits
 from gpufleet.analyzer.detectors.cooling_degradation import CoolingDegradation
 from gpufleet.analyzer.detectors.gpu_lost import GpuLost
+from gpufleet.analyzer.detectors.inlet_above_room import InletAboveRoom
 from gpufleet.analyzer.detectors.memory_errors import MemoryErrors
 from gpufleet.analyzer.detectors.nvlink_degradation import NvlinkDegradation
 from gpufleet.analyzer.detectors.pcie_degradation import PcieDegradation
 from gpufleet.analyzer.detectors.power_brake import PowerBrake
+from gpufleet.analyzer.detectors.power_limit_below_peers import PowerLimitBelowPeers
 from gpufleet.analyzer.detectors.sdc import SilentDataCorruption
 from gpufleet.analyzer.detectors.sdc_unchecked import CanaryUnchecked
 from gpufleet.analyzer.detectors.straggler import Straggler
@@ -32,6 +34,8 @@ REGISTRY: dict[str, type[Detector]] = {
         CanaryUnchecked,
         GpuLost,
         Straggler,
+        PowerLimitBelowPeers,
+        InletAboveRoom,
     )
 }
 

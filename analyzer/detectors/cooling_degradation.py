@@ -153,20 +153,33 @@ class CoolingDegradation(Detector):
         band = nan_as_zero_ge(power, self.low_power_watts).astype(np.int64)
         # (over deviations from each GPU's own baseline the room's common mode is the same for every
         # model; split by model it would be a few nodes' own, and absorb a node's fault)
+        # In a mixed fleet a baseline learned where too few GPUs had one (the minutes below) is an
+        # offset from its own model's raw level, not the fleet's: its frame, the model's level above
+        # the fleet's then, is learned with it and taken out here, so every GPU's deviation is in the
+        # fleet's frame (an A100 rack learned against the A100s' level is not 4 °C "hot" once the
+        # fleet-wide median, mostly H200s, is its common mode), and each GPU is judged in its own.
         groups = {"band": buckets(tab.t, 60.0, band)}
-        own = self._reference(tab, power)[0]
+        own, _, frame = self._reference(tab, power)
+        frame = np.where(np.isfinite(frame), frame, 0.0)
         c = np.full(len(u), np.nan)
         if np.isfinite(own).any():
-            c = _common_mode(groups, tab.t, uc - own, np.isfinite(u))
+            c = _common_mode(groups, tab.t, uc - own - frame, np.isfinite(u)) + frame
+        level = np.zeros(len(u))  # per row: the frame a baseline learned from it would have
         few = np.isnan(c) & np.isfinite(u)
         if few.any():  # minutes where too few GPUs have a baseline yet: their raw levels
-            if len(getattr(self, "slopes_", {})) > 1:  # a mixed fleet: raw levels per model
-                band = band + 2 * window.reg.model_ids()[tab.ent]
             idx = np.flatnonzero(_same_minute(tab.t, few))
             if np.isfinite(uc[idx]).any():  # (not so in a table's first minute: nothing steady yet)
                 part = {"band": buckets(tab.t[idx], 60.0, band[idx])}
-                c[idx] = np.where(few[idx], _common_mode(part, tab.t[idx], uc[idx], few[idx]), c[idx])
-        return u - c, steady, throttled, temp, power
+                raw = _common_mode(part, tab.t[idx], uc[idx], few[idx])
+                if len(getattr(self, "slopes_", {})) > 1:  # a mixed fleet: raw levels per model
+                    mb = band[idx] + 2 * window.reg.model_ids()[tab.ent[idx]]
+                    per_model = _common_mode({"band": buckets(tab.t[idx], 60.0, mb)}, tab.t[idx], uc[idx],
+                                             few[idx])
+                    level[idx] = np.where(few[idx] & np.isfinite(raw), per_model - raw, 0.0)
+                    raw = per_model
+                c[idx] = np.where(few[idx], raw, c[idx])
+        level = np.where(np.isfinite(level), level, 0.0)
+        return u - c, steady, throttled, temp, power, level
 
     def _slope_rows(self, window: Window):
         """The °C per W of each row's GPU model (a scalar where the fleet has one model); NaN for a
@@ -207,11 +220,11 @@ class CoolingDegradation(Detector):
                     self.model_learned_ = {**getattr(self, "model_learned_", {}), m: float(tab.t.max())}
                 getattr(self, "_memo_keep", {}).clear()  # the features change with the slope
 
-    def _reference(self, tab, power) -> tuple[np.ndarray, np.ndarray]:
-        """Per row: the GPU's learned offset and the bar its excess must pass. At low power the
-        low-power baseline with the lower bar, at load the high-power one, where the GPU has them;
-        otherwise the baseline over all steady load. Once per window unless fit() froze a baseline
-        in between."""
+    def _reference(self, tab, power) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per row: the GPU's learned offset, the bar its excess must pass and the offset's frame (the
+        common mode it was learned against). At low power the low-power baseline with the lower bar,
+        at load the high-power one, where the GPU has them; otherwise the baseline over all steady
+        load. Once per window unless fit() froze a baseline in between."""
         return self._cached("reference", lambda: self._reference_uncached(tab, power))
 
     def _reference_uncached(self, tab, power) -> tuple[np.ndarray, np.ndarray]:
@@ -226,6 +239,7 @@ class CoolingDegradation(Detector):
         hi = ~low & np.isfinite(a_hi)
         # (np.select's choice, as nested np.where: the first condition that holds wins)
         base = np.where(lo, a_lo, np.where(hi, a_hi, a))
+        frame = np.where(lo, learned("frame_lo_"), np.where(hi, learned("frame_hi_"), learned("frame_")))
         thr = np.where(
             lo,
             np.fmax(self.low_excess_celsius, self.sigma * learned("scale_lo_")),
@@ -235,7 +249,7 @@ class CoolingDegradation(Detector):
                 np.fmax(self.excess_celsius, self.sigma * learned("scale_")),
             ),
         )
-        return base, thr
+        return base, thr, frame
 
     # ------------------------------------------------------------------ learning
     def fit(self, window: Window) -> CoolingDegradation:
@@ -258,12 +272,12 @@ class CoolingDegradation(Detector):
             return self
         self._open_memo(window)  # detect() on this window reuses these features
         try:
-            v, steady, *_ = self._features(window)
+            v, steady, *_, cm = self._features(window)  # (cm: the frame of each row, see _features)
         finally:
             self._memo = None
-        for band in ("lo", "hi"):
-            for name in ("samples", "offset", "scale"):
-                setattr(self, f"{name}_{band}_", getattr(self, f"{name}_{band}_", {}))
+        for band in ("", "lo_", "hi_"):
+            for name in ("samples", "offset", "scale", "frames", "frame"):
+                setattr(self, f"{name}_{band}", getattr(self, f"{name}_{band}", {}))
         good = np.isfinite(v) & steady & (thermal_bits(tab) == 0)
         # nothing is learned from a GPU (node) held as faulty: its broken state is not its normal
         held = list(getattr(self, "latch_gpu_", {}))
@@ -284,20 +298,23 @@ class CoolingDegradation(Detector):
             if len(dt) >= 20:
                 self.poll_ = float(np.median(dt))
         n_learn = max(20, round(self.min_learn_samples * 10.0 / getattr(self, "poll_", 10.0)))
-        for ok, samples, offset, scale, need in (
-            (good, self.samples_, self.offset_, self.scale_, n_learn),
-            (good & low, self.samples_lo_, self.offset_lo_, self.scale_lo_, max(20, n_learn // 2)),
-            (good & ~low, self.samples_hi_, self.offset_hi_, self.scale_hi_, n_learn),
+        for ok, band, need in (
+            (good, "", n_learn),
+            (good & low, "lo_", max(20, n_learn // 2)),
+            (good & ~low, "hi_", n_learn),
         ):
+            samples, offset, scale = (getattr(self, f"{x}_{band}") for x in ("samples", "offset", "scale"))
+            frames, frame = getattr(self, f"frames_{band}"), getattr(self, f"frame_{band}")
             ok = ok & np.isnan(lookup(offset, tab.ent))  # GPUs without a frozen (finite) baseline
-            ents, vals = tab.ent[ok], v[ok]
+            ents, vals, cms = tab.ent[ok], v[ok], cm[ok]
             if len(ents):
                 order = np.argsort(ents, kind="stable")
-                ents, vals = ents[order], vals[order]
+                ents, vals, cms = ents[order], vals[order], cms[order]
                 u, first = np.unique(ents, return_index=True)
-                vals, bounds = vals.tolist(), first.tolist() + [len(ents)]
+                vals, cms, bounds = vals.tolist(), cms.tolist(), first.tolist() + [len(ents)]
                 for e, a, b in zip(u.tolist(), bounds[:-1], bounds[1:], strict=True):
                     samples.setdefault(e, []).extend(vals[a:b])
+                    frames.setdefault(e, []).extend(cms[a:b])
             # freeze a GPU's baseline once it has seen enough steady samples: median and MAD
             ready = [e for e, s in samples.items() if len(s) >= need]
             if ready:
@@ -306,9 +323,12 @@ class CoolingDegradation(Detector):
                 vals = np.concatenate(arrs)
                 med = group_median(g, vals, len(ready))[0]
                 mad = group_median(g, np.abs(vals - med[g]), len(ready))[0]
-                for e, m, d in zip(ready, med.tolist(), mad.tolist(), strict=True):
+                cms = np.concatenate([np.asarray(frames.pop(e)) for e in ready])
+                cmed = group_median(g, cms, len(ready))[0]  # the frame: the common mode it was learned in
+                for e, m, d, f in zip(ready, med.tolist(), mad.tolist(), cmed.tolist(), strict=True):
                     offset[e] = m
                     scale[e] = max(1.4826 * d, 0.25)
+                    frame[e] = f
                 getattr(self, "_memo_keep", {}).pop("reference", None)  # the baselines moved
         return self
 
@@ -336,8 +356,8 @@ class CoolingDegradation(Detector):
 
     def _excess_uncached(self, window: Window):
         tab = window.gpu
-        v, steady, throttled, temp, power = self._features(window)
-        base, thr = self._reference(tab, power)
+        v, steady, throttled, temp, power, _ = self._features(window)
+        base, thr, _ = self._reference(tab, power)
         r = tab.rolling_mean(v - base, self.smooth_seconds)
         from_fleet = np.full(len(v), np.nan)
         if self.fleet_spread_celsius > 0:

@@ -6,7 +6,9 @@ docs/analyzer.md for the sources): healthy links throw a sporadic CRC error now 
 replay mechanism corrects it) and, rarely, a replay; NVIDIA DCGM's health watch fails a link at a
 CRC rate of 100/s or more, at any replay or recovery, or when it is down, and only warns below.
 Here: a CRC rate at or above ``crc_rate_max`` (DCGM's 100/s), or sustained above the fleet's own
-links (``crc_fleet_factor`` x their 90th-percentile rate, at least ``crc_rate_min``); a sustained
+links (``crc_fleet_factor`` x their 90th-percentile rate, at least ``crc_rate_min``; in a mixed
+fleet the links of the GPU's own model: each model's link count, generation and background
+error rate are its own); a sustained
 CRC rate of ``crc_count_min`` errors within ``crc_span_seconds`` (45 in 15 min: 0.05/s, hundreds
 of times a healthy link's background); ``replay_count_min`` replays within the span (one replay
 is a link correcting one error); any recovery (the link retrained: critical); a link down while
@@ -30,7 +32,7 @@ import math
 import numpy as np
 from gpufleet.analyzer.detectors.base import Detector, Hits, concat, nz
 from gpufleet.analyzer.frame import Window
-from gpufleet.analyzer.groupby import dense_inverse, group_median
+from gpufleet.analyzer.groupby import dense_inverse, group_median, lookup
 
 
 class NvlinkDegradation(Detector):
@@ -76,29 +78,52 @@ class NvlinkDegradation(Detector):
         return tab.cached("nvlink_crc_rate", lambda: _crc_rate(tab))
 
     def fit(self, window: Window) -> NvlinkDegradation:
-        r = self._crc_rate(window.nvlink)
-        r = r[np.isfinite(r)]
-        if len(r) > 20:
-            p90 = _p90(r)  # a few bad links cannot raise the fleet's own rate
+        tab = window.nvlink
+        r = self._crc_rate(tab)
+        ok = np.isfinite(r)
+        if ok.sum() > 20:
+            p90 = _p90(r[ok])  # a few bad links cannot raise the fleet's own rate
             prev = getattr(self, "fleet_crc_rate_", None)
             self.fleet_crc_rate_ = p90 if prev is None else 0.9 * prev + 0.1 * p90
         else:
             self.fleet_crc_rate_ = getattr(self, "fleet_crc_rate_", 0.0)
+        # per GPU model too (its links' count, generation and background are its own): a model's
+        # rate from its own links, where a window has more than 20 of their rows
+        per = self.model_crc_rate_ = getattr(self, "model_crc_rate_", {})
+        if int(window.reg.model_ids().max(initial=0)) == 0:
+            return self  # one model: the fleet's rate is its own
+        model = _models(window)[ok]
+        r = r[ok]
+        order = np.argsort(model, kind="stable")
+        ms, first = np.unique(model[order], return_index=True)
+        for m, part in zip(ms.tolist(), np.split(r[order], first[1:]), strict=True):
+            if len(part) > 20:
+                p90 = _p90(part)
+                per[m] = p90 if m not in per else 0.9 * per[m] + 0.1 * p90
         return self
 
-    def _crc_hit(self, tab) -> np.ndarray:
+    def _crc_hit(self, window: Window) -> np.ndarray:
         """CRC errors per second since the link's previous row (0 where unknown); at a row after a
         gap, their mean over the gap where even that is above the bar (a lower bound of the rate
         somewhere in it), else 0: what a silent link collected is no one row's rate."""
+        tab = window.nvlink
         crc = _crc(tab)
-        over = _crc_gap_rate(tab) > self._threshold()
+        over = _crc_gap_rate(tab) > self._threshold(window)
         return np.where(over, _crc_gap_rate(tab), crc) if over.any() else crc
 
-    def _threshold(self) -> float:
-        return min(
-            self.crc_rate_max,
-            max(self.crc_rate_min, self.crc_fleet_factor * getattr(self, "fleet_crc_rate_", 0.0)),
-        )
+    def _rate(self, window: Window):
+        """The healthy links' CRC rate each link row is judged against: its GPU model's own where a
+        mixed fleet has learned one (an array), the whole fleet's otherwise (a number)."""
+        fleet = getattr(self, "fleet_crc_rate_", 0.0)
+        per = getattr(self, "model_crc_rate_", {})
+        if len(per) <= 1 or not len(window.nvlink):
+            return fleet
+        return lookup(per, _models(window), default=fleet)
+
+    def _threshold(self, window: Window):
+        """The CRC rate bar: crc_fleet_factor x the healthy rate, within crc_rate_min .. crc_rate_max."""
+        return np.minimum(self.crc_rate_max,
+                          np.maximum(self.crc_rate_min, self.crc_fleet_factor * self._rate(window)))
 
     def _slow(self, window: Window):
         """(throughput B/s, its GPU's median link throughput at that poll, slow, slow long enough),
@@ -135,7 +160,8 @@ class NvlinkDegradation(Detector):
         def at(v):
             return v if rows is None else v[rows]
 
-        crc = at(self._crc_hit(tab)) / self._threshold()
+        thr = self._threshold(window)
+        crc = at(self._crc_hit(window)) / (thr if np.ndim(thr) == 0 else at(thr))
         rep = at(tab.increase("replay_errors_total")) / max(self.replay_count_min, 1)
         rep = rep + at(tab.increase("recovery_errors_total", gaps=True))
         down = (at(tab.col("up")) == 0).astype(float)
@@ -144,8 +170,8 @@ class NvlinkDegradation(Detector):
 
     def detect(self, window: Window) -> Hits:
         tab = window.nvlink
-        thr = self._threshold()
-        crc = self._crc_hit(tab)
+        thr = self._threshold(window)  # a number, or one per row (per GPU model)
+        crc = self._crc_hit(window)
         rep = tab.increase("replay_errors_total")
         # any recovery pages, one somewhere in a gap too (its evidence says so); CRC errors and replays
         # are judged as rates and counts within a span: what a gap collected is no one row's
@@ -171,8 +197,8 @@ class NvlinkDegradation(Detector):
             return out
 
         count = span_sum(dcrc)
-        fleet = self.crc_fleet_factor * getattr(self, "fleet_crc_rate_", 0.0) * self.crc_span_seconds
-        growing = (count >= max(self.crc_count_min, fleet)) & (dcrc > 0)
+        fleet = self.crc_fleet_factor * self._rate(window) * self.crc_span_seconds
+        growing = (count >= np.maximum(self.crc_count_min, fleet)) & (dcrc > 0)
         replays = span_sum(rep)
         replaying = (replays >= self.replay_count_min) & (rep > 0)
         # a link far below its busy siblings for slow_seconds that took an error within the span
@@ -188,12 +214,15 @@ class NvlinkDegradation(Detector):
         # date it to a healthy link's background error from before the fault, as often as not
         t_hit = tab.t
 
+        def bar(i):
+            return float(thr if np.ndim(thr) == 0 else thr[i])
+
         def ev(i):
             out = {
                 "signals": [
                     n
                     for n, on in (
-                        ("crc_errors", crc[i] > thr or growing[i]),
+                        ("crc_errors", crc[i] > bar(i) or growing[i]),
                         ("replay_errors", replaying[i]),
                         ("recovery_errors", rec[i] > 0),
                         ("link_down", down[i]),
@@ -202,7 +231,7 @@ class NvlinkDegradation(Detector):
                     if on
                 ],
                 "crc_rate_per_s": round(float(crc[i]), 3),
-                "crc_threshold_per_s": round(thr, 3),
+                "crc_threshold_per_s": round(bar(i), 3),
                 "crc_errors_in_span": int(count[i]),
                 "new_replays": int(rep[i]),
                 "replays_in_span": int(replays[i]),
@@ -211,9 +240,9 @@ class NvlinkDegradation(Detector):
                 "throughput_bytes_per_s": None if not np.isfinite(tput[i]) else round(float(tput[i])),
                 "siblings_median_bytes_per_s": None if not np.isfinite(med[i]) else round(float(med[i])),
             }
-            if tab.over_gap()[i] and (rec[i] > 0 or crc[i] > thr):  # it happened somewhere in the gap
+            if tab.over_gap()[i] and (rec[i] > 0 or crc[i] > bar(i)):  # it happened somewhere in the gap
                 out["over_gap_seconds"] = round(float(tab.gap()[i]))
-                if crc[i] > thr:
+                if crc[i] > bar(i):
                     out["crc_rate_per_s"] = None
                     out["crc_errors_over_gap"] = int(
                         tab.increase("crc_flit_errors_total", gaps=True)[i]
@@ -233,6 +262,15 @@ class NvlinkDegradation(Detector):
         clean = (up == 1) & (dcrc == 0) & (rep == 0) & (rec == 0)
         held = self._hold(window, tab, hit & new, new & clean, [("link", tab.ent, hit & new)])
         return concat(self.kind, [hits, held])
+
+
+def _models(window: Window) -> np.ndarray:
+    """The GPU model number of each link row's GPU (``Registry.model_ids``)."""
+    tab = window.nvlink
+    if not len(tab):
+        return np.zeros(0, np.int64)
+    link_gpu, _ = window.reg.link_arrays()
+    return window.reg.model_ids()[link_gpu[tab.ent]]
 
 
 def _p90(r: np.ndarray) -> float:

@@ -476,12 +476,12 @@ class Generator:
             gs = np.nonzero(ok[c])[0]
             if not len(gs):
                 continue
-            v = counts[gs]
-            u = up[gs]
+            v = counts[gs].tolist()  # (one conversion per snapshot, not one per link)
+            u = up[gs].tolist()
             tmpl = self.t_link
             heads = self.link_head
             out.extend(
-                tmpl % (heads[g][li], u[j, li], *v[j, li].tolist(), t)
+                tmpl % (heads[g][li], u[j][li], *v[j][li], t)
                 for j, g in enumerate(gs.tolist())
                 for li in range(len(heads[g]))
             )

@@ -12,7 +12,7 @@ from importlib import resources
 from pathlib import Path
 
 from gpufleet.errors import GpufleetError
-from gpufleet.records import KINDS
+from gpufleet.records import FAULT_KINDS
 from gpufleet.sim.units import parse_duration
 from gpufleet.times import parse_time
 
@@ -218,8 +218,8 @@ def parse(doc: dict, name: str, src: str) -> Scenario:
         if unknown:
             raise GpufleetError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
         kind = f.get("kind")
-        if kind not in KINDS:
-            raise GpufleetError(f"{where}: unknown kind {kind!r} (one of {', '.join(KINDS)})")
+        if kind not in FAULT_KINDS:
+            raise GpufleetError(f"{where}: unknown kind {kind!r} (one of {', '.join(FAULT_KINDS)})")
         mode = f.get("mode", MODES[kind][0])
         if mode not in MODES[kind]:
             raise GpufleetError(f"{where}: {kind} mode {mode!r} not one of {', '.join(MODES[kind])}")
