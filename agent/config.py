@@ -1,13 +1,14 @@
 """The agent's configuration: one TOML file, validated up front, command-line overrides on top.
 
-Every key is declared once as a :class:`gpufleet.options.Option`: the agent's own sections and the
-exporters' in ``CORE``, each collector's section on its class (:func:`sections` joins them); an
+Every key is declared once as a :class:`gpufleet.options.Option`: the agent's own sections on their
+:class:`Section` classes (``OWN``), each exporter's and collector's section on its class
+(:func:`sections` joins them); an
 unknown key or a bad value is a :class:`gpufleet.errors.ConfigError` naming the key (the CLI prints
 one line, exit 2). Secrets (InfluxDB token and password, the BMC password) are read from a file or
 an environment variable, never from the TOML itself, and never logged:
 :func:`gpufleet.net.redact_url` strips credentials from URLs before logging. The key table of
-``docs/agent.md`` is generated from the declarations (``python -m gpufleet.regen``);
-``packaging/config/agent.toml`` holds every key.
+``docs/agent.md`` and every section of ``packaging/config/agent.toml`` are generated from the
+declarations (``python -m gpufleet.regen``).
 
 Several InfluxDB-protocol destinations: besides ``[influx]`` (exporter ``influx``), a table
 ``[influx.NAME]`` declares the destination ``influx.NAME`` (the same keys, plus ``spool_dir``),
@@ -23,9 +24,10 @@ import socket
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 from urllib.parse import urlsplit
 
-from gpufleet.agent.model import STATE_DIR, Exporter
+from gpufleet.agent.model import STATE_DIR, Collector, Exporter
 
 from gpufleet import options
 from gpufleet.errors import ConfigError
@@ -42,36 +44,109 @@ def _o(name, kind, default=None, help="", lo=None, hi=None, **kw) -> Option:
     return Option(name, kind, default, help, lo, hi, **kw)
 
 
-# The agent's own sections and its exporters'; each collector's section is declared on its class
-# (``options``, gpufleet.agent.model) and joined in by :func:`sections`.
-CORE: dict[str, tuple[Option, ...]] = {
-    "agent": (
+class Section:
+    """One of the agent's own config sections, its facts declared on the class as a collector's
+    or an exporter's are: ``name``, ``options`` (its keys), ``lead`` (the comment lines above it
+    in the packaged config) and :meth:`example` (the keys the packaged config sets otherwise than
+    their defaults). The config's validation, the key table of ``docs/agent.md`` and the section
+    in ``packaging/config/agent.toml`` come from them (``python -m gpufleet.regen``)."""
+
+    name: ClassVar[str] = ""
+    options: ClassVar[tuple[Option, ...]] = ()
+    lead: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def example(cls) -> dict[str, object]:
+        """Keys the packaged config sets otherwise than their defaults."""
+        return {}
+
+    @classmethod
+    def validate(cls, given: dict) -> dict[str, object]:
+        return options.validate(cls.options, given, options.agent_key(cls.name))
+
+    @classmethod
+    def markdown_rows(cls) -> list[str]:
+        return options.markdown_rows(f"{cls.name}.", cls.options)
+
+    @classmethod
+    def toml_lines(cls) -> list[str]:
+        values = cls.example()
+        lines = [*(f"# {line}" for line in cls.lead),
+                 *options.toml_section(cls.name, cls.options, values)]
+        for key, value in values.items():  # say the default the packaged value replaces
+            opt = next(o for o in cls.options if o.name == key)
+            at = lines.index(f"{key} = {options.toml_value(opt, value)}")
+            lines.insert(at, f"# (without this file: {options.toml_value(opt, opt.default)})")
+        return lines
+
+
+class AgentSection(Section):
+    name = "agent"
+    options = (
         _o("interval", "duration", 10.0, "poll and export interval", 1.0, 3600.0),
         _o("backend", "str", "nvml", "`nvml`, `sim` or `recorded:PATH`"),
         _o("sim_node", "str", "", "with `sim`: play this node of a simulated fleet"),
         _o("host", "str", "", "the `host` tag; empty: the host name"),
-        _o("collectors", "strlist", ["gpu", "host"], "registered names (`gpu`, `host`, `ipmi`, `xid`, "
-           "`canary`) or `package.module:Class`; those that read NVML share one backend, snapshotted "
-           "once per tick. The packaged config lists all five; `ipmi` in-band starts only where "
-           "`/dev/ipmi0` and FreeIPMI are"),
-        _o("exporters", "strlist", [], "`file`, `influx`, `otlp`, `prometheus`, `influx.NAME` (an "
-           "`[influx.NAME]` table); `[]`: `influx` when `influx.url` is set, else `file`"),
+        _o("collectors", "strlist", ["gpu", "host"], "registered names (the `[NAME]` sections of the "
+           "collectors, docs/sources.md) or `package.module:Class`; those that read NVML share one "
+           "backend, snapshotted once per tick. The packaged config lists every registered one: each "
+           "says in one line at start (and `gpufleet agent check` says now) whether it is on, off or "
+           "unavailable and why; `ipmi` in-band starts only where `/dev/ipmi0` and FreeIPMI are"),
+        _o("exporters", "strlist", [], "registered names (the `[NAME]` sections of the exporters) and "
+           "`influx.NAME` (an `[influx.NAME]` table); `[]`: `influx` when `influx.url` is set, else `file`"),
         _o("log_level", "choice", "info", choices=("debug", "info", "warning", "error")),
         _o("flush_timeout", "duration", 5.0, "spool drain budget on SIGTERM", 0.0, 60.0),
         _o("degraded_restart", "duration", 300.0, "spool unwritable this long: watchdog pings stop "
            "(systemd restarts the unit; without a watchdog: exit 1); `0` = never", 0.0, 86400.0),
-    ),
-    "labels": (),  # free-form operator labels: name = "value" (checked by _check_label)
-    "spool": (
-        _o("dir", "path", f"{STATE_DIR}/spool"),
+    )
+
+    @classmethod
+    def example(cls) -> dict[str, object]:
+        """Every source the node may have: the default ones, then every other registered collector."""
+        default = next(o.default for o in cls.options if o.name == "collectors")
+        assert isinstance(default, list)
+        return {"collectors": [*default, *(n for n in collector_classes() if n not in default)]}
+
+
+class LabelsSection(Section):
+    """Free-form operator labels, ``NAME = "value"``: a tag on every row (checked by ``_check_label``)."""
+
+    name = "labels"
+    lead = ("operator labels, added as tags to every row (not a tag the agent sets itself)",)
+
+    @classmethod
+    def validate(cls, given: dict) -> dict[str, object]:
+        return {name: _check_label(f"labels.{name}", name, v) for name, v in given.items()}
+
+    @classmethod
+    def markdown_rows(cls) -> list[str]:
+        return ["| `labels.NAME` | | operator label, a tag on every row (not a reserved tag name) |"]
+
+    @classmethod
+    def toml_lines(cls) -> list[str]:
+        return [*(f"# {line}" for line in cls.lead), "[labels]", '# cluster = "a"', '# rack = "r12"']
+
+
+class SpoolSection(Section):
+    name = "spool"
+    options = (
+        _o("dir", "path", f"{STATE_DIR}/spool", "the disk spool of the `influx` exporter (an "
+           "`[influx.NAME]` destination's: this + `-NAME`)"),
         _o("max_bytes", "size", 512 * 2**20, "bound; oldest dropped beyond", 65536, 2**50),
         _o("segment_bytes", "size", 4 * 2**20, "", 4096, 2**31),
         _o("fsync", "bool", False, "fsync every append"),
         _o("rejected_max_files", "int", 1000, "batches kept in `rejected/`; the oldest deleted (and "
            "logged) beyond", 1, 10_000_000),
         _o("rejected_max_bytes", "size", 64 * 2**20, "bytes kept in `rejected/`", 4096, 2**50),
-    ),
-}
+    )
+
+
+# The agent's own sections; each exporter's and each collector's section is declared on its class
+# (``options``, gpufleet.agent.model) and joined in by :func:`sections`.
+OWN: tuple[type[Section], ...] = (AgentSection, LabelsSection, SpoolSection)
+CORE: dict[str, tuple[Option, ...]] = {cls.name: cls.options for cls in OWN}
+
+
 def exporter_classes() -> dict[str, type[Exporter]]:
     """Every exporter of ``agent/pipeline/`` (and any registered since): name -> class, by name."""
     import importlib
@@ -94,7 +169,7 @@ def _destination_options() -> tuple[Option, ...]:
     return (*cls.options, *cls.destination_options)
 
 
-def collector_classes() -> dict[str, type]:
+def collector_classes() -> dict[str, type[Collector]]:
     """Every collector of ``agent/collectors/`` (and any registered since): name -> class, by
     name. A module whose dependencies are missing (the ``agent`` extra) is left out."""
     import importlib
@@ -140,9 +215,10 @@ def collector_options(cfg: dict, name: str) -> dict[str, object]:
 def keys_markdown() -> str:
     """The key table of docs/agent.md, from the declarations (``python -m gpufleet.regen``)."""
     rows = ["| key | default | meaning |", "|---|---|---|"]
+    own = {cls.name: cls for cls in OWN}
     for section, opts in sections().items():
-        if section == "labels":
-            rows.append("| `labels.NAME` | | operator label, a tag on every row (not a reserved tag name) |")
+        if section in own:
+            rows += own[section].markdown_rows()
             continue
         rows += options.markdown_rows(f"{section}.", opts)
         if section == INFLUX:
@@ -157,6 +233,15 @@ def _sections_toml(classes: dict[str, type]) -> str:
     for name, cls in classes.items():
         if getattr(cls, "options", ()):
             lines += ["", *options.toml_section(name, cls.options)]
+    return "\n".join(lines[1:]) + "\n"
+
+
+def own_sections_toml() -> str:
+    """The agent's own sections of ``packaging/config/agent.toml`` (``[agent]``, ``[labels]``,
+    ``[spool]``), from their :class:`Section` classes (``python -m gpufleet.regen``)."""
+    lines: list[str] = []
+    for cls in OWN:
+        lines += ["", *cls.toml_lines()]
     return "\n".join(lines[1:]) + "\n"
 
 
@@ -204,6 +289,7 @@ def validate(doc: object) -> dict[str, dict[str, object]]:
     if not isinstance(doc, dict):
         raise ConfigError("config: expected a table at the top level")
     schema = sections()
+    own = {cls.name: cls for cls in OWN}
     out: dict[str, dict[str, object]] = {}
     for section, value in doc.items():
         if section not in schema:
@@ -212,8 +298,8 @@ def validate(doc: object) -> dict[str, dict[str, object]]:
             raise _bad(section, "expected a table")
     for section, opts in schema.items():
         given = doc.get(section, {})
-        if section == "labels":
-            out[section] = {name: _check_label(f"labels.{name}", name, v) for name, v in given.items()}
+        if section in own:
+            out[section] = own[section].validate(given)
             continue
         named = {k: v for k, v in given.items() if section == INFLUX and isinstance(v, dict)
                  and k not in {key for o in opts for key in o.keys()}}

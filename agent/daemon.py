@@ -182,7 +182,8 @@ class Agent:
             exps = [LineProtocolExporter(sinks, precision=precision)] if sinks else []
             self.lp = exps[0] if exps else None
             exps += [part for cls, part in self.parts if not cls.lines]
-            self.pipeline = Pipeline(self.host, cfg["labels"], exps, identity="otlp" in exporters)
+            self.pipeline = Pipeline(self.host, cfg["labels"], exps,
+                                     identity=any(c.identity for n, c in classes.items() if n in exporters))
             for cls, part in self.parts:
                 cls.open_part(part)
         except BaseException:

@@ -239,6 +239,10 @@ class Engine:
             start = t
             if st.incident is not None:
                 st.incident.start = min(st.incident.start, t, began)
+                if st.key in self._late:  # opened before its backlog landed: it says so
+                    st.incident.evidence["arrived_late"] = True
+                if e and t < st.first_time:  # the backlog's first hit is the run's first
+                    st.first_evidence, st.first_time, st.first_critical = e, t, critical
             else:
                 st.run_start, st.run_hits = t, st.run_hits + 1
                 st.first_evidence = e or st.first_evidence

@@ -127,6 +127,7 @@ class Online:
         self.an.store = influx is not None  # rows beyond the bound are read back, not dropped
         self.an.horizon_ns = self._horizon()
         self.written: dict[str, str] = {}
+        self.first_out: dict[str, float] = {}  # incident id -> when it was first delivered
         self.cursor: int | None = None  # pull mode: everything before it has been read
         self.rows_in = 0
         self.write_failing = False
@@ -303,6 +304,13 @@ class Online:
         for r in changed:
             if r.id not in self.written:
                 _found_late(r, now, self.poll + self.grace)
+                self.first_out.setdefault(r.id, now)
+        # delivered before its backlog landed, which then moved its start back: found when delivered
+        late = [r for r in incs if r.id in self.written and r.evidence.get("arrived_late")
+                and "found_after_seconds" not in r.evidence] if an.late_rows else []
+        for r in late:
+            _found_late(r, self.first_out.get(r.id, now), self.poll + self.grace)
+        changed += [r for r in late if "found_after_seconds" in r.evidence]
         if self.notifier is not None:
             self.notifier.update(incs, now)
         if self.out_path and changed:
@@ -417,8 +425,9 @@ def listen(online: Online, listener, since: float | None) -> None:
     The listener takes writes from the start; while the catch-up reads InfluxDB they wait in its
     queue (429 once it is full). Then the loop takes the queue every poll, and early when a chunk's
     worth waits (``Listener.ready``). Catch-up rounds repeat until one ends within a poll of now, and
-    none refused a write meanwhile; queued rows older than where the last round read to were read
-    by it and are dropped, the rest are analysed. An InfluxDB that cannot be read ends the
+    none refused a write meanwhile; rows queued meanwhile older than where the last round read to
+    were read by it and are dropped, the rest are analysed, and so is every later write, whatever
+    its stamp (a host's backlog is analysed in its own time). An InfluxDB that cannot be read ends the
     catch-up (said once): the writes that arrive are analysed without it.
     """
     listener.start()
@@ -440,5 +449,8 @@ def listen(online: Online, listener, since: float | None) -> None:
     while True:
         for rows in listener.take():
             online.feed(rows, handoff)
+        # later writes are analysed whatever their stamps (a backlog stamped before the catch-up's
+        # end was not in what it read); a copy of a row already analysed is counted, not analysed
+        handoff = None
         online.deliver(int(online.clock() * 1e9))
         online.wait(listener.ready)

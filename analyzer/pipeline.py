@@ -16,9 +16,11 @@ own data is ``lateness_seconds`` past its end, its complete windows once its row
 for a cycle (online), all of them after two.
 Rows more than ``late_bound_seconds`` behind the cursor are not held: with a store they are
 listed for re-reading (``reread``), without one they are dropped, counted per host and reported
-as an ``analysis_gap`` record (host, from, to, rows, why). Rows behind what their own host has
+as an ``analysis_gap`` record (host, from, to, rows, why). Rows inside what their own host has
 already analysed (duplicates, a host's own reordering beyond the grace) are counted
-(``late_points``). Memory is bounded by window + lateness + context + the peers held.
+(``late_points``); a part of a host's backlog older than what its late windows analysed (it
+landed after them) is analysed in late windows of its own. Memory is bounded by window +
+lateness + context + the peers held.
 
 Time is bounded: after a stream's data stops, empty windows are walked for ``EMPTY_WALK_SECONDS``
 (a GPU that stopped reporting is noticed there); past that the next window starts at the stream's
@@ -149,7 +151,9 @@ class Analyzer:
         self.late: dict[str, list[_Block]] = {m: [] for m in MEASUREMENTS}  # rows behind the cursor
         self.late_ctx: dict[str, _Block | None] = {m: None for m in MEASUREMENTS}
         self.hist: dict[str, list[_Block]] = {m: [] for m in MEASUREMENTS}  # analysed rows, peers_hold long
-        self.late_done: dict[tuple[str, int], float] = {}  # (stream, host id) -> analysed up to (s)
+        # (stream, host id) -> the stretches of its rows analysed in late windows, [from, to] (s), in
+        # order, rows no more than a few polls apart one stretch: a row landing inside one is a copy
+        self.late_spans: dict[tuple[str, int], list[list[float]]] = {}
         # stream -> per host id, the current stretch of its rows analysed in time (from, to: s); and
         # (stream, host id) -> its earlier stretches (closed by a gap): see _analysed
         self.covered: dict[str, tuple[np.ndarray, np.ndarray]] = {}
@@ -298,12 +302,10 @@ class Analyzer:
         for h in np.unique(hosts).tolist():
             idx = np.flatnonzero(hosts == h)
             t = blk.t[idx]
-            drop = np.zeros(len(idx), bool)
-            done = self.late_done.get((m, h))  # its late windows analysed up to (exclusive)
-            drop = self._copies(m, h, t)
-            if done is not None:
-                drop |= t < int(done * 1e9)
-            if drop.any():  # behind what this host has analysed already (a copy, a reorder)
+            # inside what this host has analysed already (a copy, a reorder); a part of its backlog
+            # older than what its late windows analysed (landing after it) is analysed still
+            drop = self._copies(m, h, t) | self._late_copies(m, h, t)
+            if drop.any():
                 name = self.reg.hosts[h]
                 self.late_points += int(drop.sum())
                 self.late_per_host[name] = self.late_per_host.get(name, 0) + int(drop.sum())
@@ -455,10 +457,10 @@ class Analyzer:
         of = self.host_of(m, cur.ent)
         hosts = set(np.unique(of).tolist())
         for h in hosts:
-            # analysed up to just after its last row, not the window's end: a row of a sparse
+            # from its first row to just after its last, not the window's end: a row of a sparse
             # stream landing later inside a window cut early (its host idle a while) is analysed
-            last = int(cur.t[of == h].max()) / 1e9 + 1e-6
-            self.late_done[(m, h)] = max(self.late_done.get((m, h), -np.inf), min(end, last))
+            t = cur.t[of == h]
+            self._late_span(m, h, int(t.min()) / 1e9, min(end, int(t.max()) / 1e9 + 1e-6))
         self.late_rows += len(cur.t)
         if m in ("bmc_sensor", "bmc_fan", "host"):
             # read through the gpu stream's late windows (cut after these): held as context for them
@@ -549,6 +551,36 @@ class Analyzer:
                 self.closed.setdefault((m, h), []).append((a[h], z[h]))
             a[h] = lo[h]
         z[has] = np.maximum(z[has], hi[has])
+
+    def _late_span(self, m: str, h: int, lo: float, hi: float) -> None:
+        """Host ``h``'s rows of stream ``m`` in ``[lo, hi]`` were analysed in a late window."""
+        spans = self.late_spans.setdefault((m, h), [])
+        if spans and spans[-1][0] <= lo <= spans[-1][1] + self.join:  # the next window, as a rule
+            spans[-1][1] = max(spans[-1][1], hi)
+            return
+        spans.append([lo, hi])
+        spans.sort()
+        merged = [spans[0]]
+        for a, z in spans[1:]:
+            if a <= merged[-1][1] + self.join:
+                merged[-1][1] = max(merged[-1][1], z)
+            else:
+                merged.append([a, z])
+        self.late_spans[(m, h)] = merged
+
+    def _late_copies(self, m: str, h: int, t: np.ndarray) -> np.ndarray:
+        """Which of host ``h``'s late rows (ns) lie inside a stretch its late windows analysed."""
+        spans = self.late_spans.get((m, h))
+        out = np.zeros(len(t), bool)
+        if not spans:
+            return out
+        lo = np.array([a for a, _z in spans])
+        hi = np.array([z for _a, z in spans])
+        ts = t / 1e9
+        i = np.searchsorted(lo, ts + 1e-6, side="right") - 1
+        ok = i >= 0
+        out[ok] = ts[ok] <= hi[i[ok]] + 1e-6
+        return out
 
     def _copies(self, m: str, h: int, t: np.ndarray) -> np.ndarray:
         """Which of host ``h``'s late rows (ns) lie inside a stretch already analysed."""

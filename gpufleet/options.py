@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from gpufleet.errors import ConfigError
-from gpufleet.units import parse_duration, parse_size
+from gpufleet.units import format_duration, parse_duration, parse_size
 
 KINDS = ("str", "path", "choice", "bool", "int", "float", "duration", "size", "strlist", "intlist", "tables",
          "secret")
@@ -214,10 +214,7 @@ def _num(x: float) -> str:
 
 
 def _duration(s: float) -> str:
-    for unit, n in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
-        if s >= n and s % n == 0:
-            return f"{int(s // n)}{unit}"
-    return f"{s:g}s"
+    return format_duration(s)
 
 
 def _size(b: int) -> str:
@@ -302,8 +299,10 @@ def toml_value(opt: Option, value: object) -> str:
     return json.dumps("" if value is None else str(value), ensure_ascii=False)
 
 
-def toml_section(section: str, options: Iterable[Option], width: int = 100) -> list[str]:
-    """``[section]`` with every key at its default, each after its help as comment lines."""
+def toml_section(section: str, options: Iterable[Option], values: dict | None = None,
+                 width: int = 100) -> list[str]:
+    """``[section]`` with every key at its default (or its value in ``values``), each after its
+    help as comment lines."""
     import textwrap
 
     out = [f"[{section}]"]
@@ -318,7 +317,7 @@ def toml_section(section: str, options: Iterable[Option], width: int = 100) -> l
         if o.secret:
             out += [f'{o.name}_file = ""', f'{o.name}_env = ""']
         else:
-            out.append(f"{o.name} = {toml_value(o, o.default)}")
+            out.append(f"{o.name} = {toml_value(o, (values or {}).get(o.name, o.default))}")
     return out
 
 

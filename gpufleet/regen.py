@@ -13,9 +13,10 @@ The generated files and their sources:
 - ``docs/agent.md`` and ``docs/alerting.md``, the blocks between their ``BEGIN``/``END`` comment
   lines: the config key tables, from the options the agent's sections, its collectors and the
   alert sinks declare (:mod:`gpufleet.options`);
-- ``packaging/config/agent.toml``, the blocks between their ``BEGIN``/``END`` comment lines: each
-  exporter's and each collector's section, every key at its default after its help, from their
-  classes;
+- ``packaging/config/agent.toml``, the blocks between their ``BEGIN``/``END`` comment lines: the
+  agent's own sections (``[agent]``, ``[labels]``, ``[spool]``), each exporter's and each
+  collector's section, every key at its default (or its packaged value) after its help, from
+  their classes;
 - ``dashboards/grafana/*.json``: the Grafana dashboards (:mod:`gpufleet.dashboards.generate`); a
   JSON file there that no builder makes is stale too (``--check`` names it, a rewrite removes it).
 
@@ -91,6 +92,12 @@ def _agent_keys() -> str:
     return keys_markdown()
 
 
+def _own_sections() -> str:
+    from gpufleet.agent.config import own_sections_toml
+
+    return own_sections_toml()
+
+
 def _collector_sections() -> str:
     from gpufleet.agent.config import collector_sections_toml
 
@@ -128,8 +135,9 @@ def targets() -> dict[str, Callable[[Path, str | None], str]]:
         "docs/dcgm.md": _dcgm,
         "docs/agent.md": _block("docs/agent.md", "agent keys", _agent_keys),
         "docs/alerting.md": _block("docs/alerting.md", "sink keys", _sink_keys),
-        "packaging/config/agent.toml": _block("packaging/config/agent.toml", "exporter sections",
-                                              _exporter_sections, ("#", ""),
+        "packaging/config/agent.toml": _block("packaging/config/agent.toml", "agent sections",
+                                              _own_sections, ("#", ""),
+                                              ("exporter sections", _exporter_sections),
                                               ("collector sections", _collector_sections)),
     }
     for name in generate.BUILDERS:

@@ -18,6 +18,15 @@ _PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|min|s|m|h|d|w)?")
 EXAMPLES = "e.g. 10, 30s, 5m, 1h30m, 2d"
 
 
+def format_duration(seconds: float) -> str:
+    """A duration as the config writes it: the largest whole unit (``"10s"``, ``"5m"``, ``"6h"``,
+    ``"2d"``), else seconds (``"90s"``, ``"0.5s"``)."""
+    for unit, n in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if seconds >= n and seconds % n == 0:
+            return f"{int(seconds // n)}{unit}"
+    return f"{seconds:g}s"
+
+
 def parse_duration(value, what: str = "duration", error: type[GpufleetError] = GpufleetError) -> float:
     """``'6h'``, ``'10s'``, ``'1h30m'``, ``'2d'``, ``'500ms'``, ``3600`` -> seconds (float)."""
     if isinstance(value, int | float) and not isinstance(value, bool):

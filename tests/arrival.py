@@ -38,11 +38,13 @@ class FakeClock:
 
 
 def replay(lines, arrive, poll: float = 10.0, grace: float | None = None, cfg: Config | None = None,
-           lateness: float | None = None, influx=None, burst: int = 5000, after=None) -> Online:
+           lateness: float | None = None, influx=None, burst: int = 5000, after=None,
+           notifier=None) -> Online:
     """Each line lands at ``arrive(t_seconds, host, index)`` (seconds; None: never); the loop runs a
     cycle every ``poll`` seconds of its own clock, taking what landed since the last cycle in
     bodies of at most ``burst`` lines (in landing order), as ``--listen`` does. ``after(online,
-    now)`` runs after each cycle. Returns the loop, its analysis finished at the end."""
+    now)`` runs after each cycle; ``notifier`` (gpufleet.analyzer.alerting.Notifier) takes the
+    incidents as the loop delivers them. Returns the loop, its analysis finished at the end."""
     grace = poll if grace is None else grace
     landing = []
     for i, (t, host, line) in enumerate(lines):
@@ -52,7 +54,7 @@ def replay(lines, arrive, poll: float = 10.0, grace: float | None = None, cfg: C
     landing.sort()
     start = min(a for a, _i, _l in landing)
     now = FakeClock(start)
-    online = Online(cfg or Config(), None, influx, None, None, Checkpoint(None), poll, grace, lateness,
+    online = Online(cfg or Config(), None, influx, notifier, None, Checkpoint(None), poll, grace, lateness,
                     clock=Clock(wall=now, mono=now))
     j = 0
     end = max(a for a, _i, _l in landing) + 3 * poll

@@ -26,6 +26,30 @@ def victoria(tmp_path):
         yield server
 
 
+# A test that starts a real server is slow: the fast loop (pytest -m "not slow") leaves it to CI.
+# Such a test says what it needs (``needs`` mark: tests.servers.skip_unless, tests.slurm.
+# skip_unless_slurm) or takes a server fixture; it is skipped where that is missing, but in CI.
+SERVER_FIXTURES = {"influxdb", "victoria"}
+
+
+def _missing(binary: str) -> bool:
+    from tests import servers, slurm
+
+    return not slurm.available() if binary == "slurm" else not servers.have(binary)
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        needs = [b for m in item.iter_markers("needs") for b in m.args]
+        if needs or SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+        missing = [b for b in dict.fromkeys(needs) if _missing(b)]
+        if missing and not os.environ.get("CI"):
+            item.add_marker(pytest.mark.skip(reason=f"{', '.join(missing)} not installed or not usable "
+                                                    "(./run test installs it)"))
+
+
 # Tests clean up after themselves: the code under test and the processes it starts take their
 # temporary folders (tempfile, $TMPDIR) from one folder per run, made here and removed at the end;
 # a gpufleet-* folder still in it when the run ends is a leak and fails the run. pytest's own

@@ -7,7 +7,6 @@ so outage tests can take the server down and bring it back on the same port and 
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import signal
@@ -223,7 +222,9 @@ class Alertmanager(Server):
 
 
 def skip_unless(binary: str):
+    """The test needs ``binary`` (a real server or tool that ./run test installs): skipped where
+    it is missing (but in CI, where it must be there), and slow: it starts a process, so the fast
+    loop leaves it to CI (tests/conftest.py turns the ``needs`` mark into both)."""
     import pytest
 
-    return pytest.mark.skipif(not have(binary) and not os.environ.get("CI"),
-                              reason=f"{binary} not installed (./run test installs it)")
+    return pytest.mark.needs(binary)

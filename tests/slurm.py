@@ -42,10 +42,10 @@ def available() -> bool:
 
 
 def skip_unless_slurm():
+    """As :func:`tests.servers.skip_unless` for munge + Slurm (installed, and root to run them)."""
     import pytest
 
-    return pytest.mark.skipif(not available() and not os.environ.get("CI"),
-                              reason="slurm-wlm + munge not installed or not root (./run test installs them)")
+    return pytest.mark.needs("slurm")
 
 
 class Slurm:

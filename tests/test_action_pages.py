@@ -9,6 +9,7 @@ import json
 import sys
 import time
 
+import pytest
 from gpufleet.analyzer.alerting import Notifier, load_sinks, page_name
 from gpufleet.analyzer.alerting.audit import read_actions
 from gpufleet.analyzer.pipeline import Analyzer
@@ -28,6 +29,7 @@ VERIFY = ("import sys; h = sys.argv[1]\n"
           "print('NodeName=' + h)")
 
 
+@pytest.mark.slow
 def test_the_page_names_each_refusal_and_why_escaped(tmp_path):
     names = ["gpu001", "gpu002", "gpu003", HOSTILE]
     data = tmp_path / "fleet.lp"
@@ -113,6 +115,7 @@ def test_the_page_names_each_refusal_and_why_escaped(tmp_path):
     assert not (tmp_path / "p3").exists()
 
 
+@pytest.mark.slow
 def test_actions_of_a_group_show_on_every_member_page(tmp_path):
     """An incident that joined another's group (same kind, host, near in time) shows the group's
     actions: the sink acted once, for both."""
@@ -135,6 +138,7 @@ def test_actions_of_a_group_show_on_every_member_page(tmp_path):
         assert " drain n1</code>" in p.read_text()
 
 
+@pytest.mark.slow
 def test_a_page_the_action_sink_queues_while_closing_still_goes_out(tmp_path):
     """Batch mode closes the notifier right after its one update: the webhook has sent the
     incidents and has nothing left while the action sink is still running a slow command; the

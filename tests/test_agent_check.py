@@ -67,7 +67,7 @@ def test_each_collector_says_on_off_or_unavailable(tmp_path, capsys):
     assert rc == 0, err
     col = {ln.split(":")[0].split()[1]: ln.split(": ", 1)[1] for ln in out.splitlines()
            if ln.startswith("collector ")}
-    assert list(col) == ["gpu", "host", "xid", "ipmi", "canary"]
+    assert list(col) == ["gpu", "host", "canary", "ipmi", "xid"]  # as the packaged config lists them
     assert col["gpu"].startswith("on (1 GPU(s) through NVML")
     assert col["host"].startswith("on (")
     assert col["xid"].startswith("on (XID lines from the kernel log /dev/kmsg")
@@ -124,7 +124,7 @@ def test_the_agent_logs_the_lines_and_starts_only_what_the_node_has(tmp_path, ca
         assert sorted(c.name for c in a.collectors) == ["canary", "gpu", "host", "xid"]
         lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("collector ")]
         assert [ln.split(":")[0] for ln in lines] == [f"collector {n}" for n in
-                                                      ("gpu", "host", "xid", "ipmi", "canary")]
+                                                      ("gpu", "host", "canary", "ipmi", "xid")]
         assert any(ln.startswith("collector ipmi: unavailable (no /dev/ipmi0") for ln in lines)
         assert a.tick()
     finally:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 from gpufleet.agent import config as agent_config
 from gpufleet.agent.daemon import Daemon
 from gpufleet.agent.notify import Notifier
@@ -15,6 +16,7 @@ from gpufleet.agent.notify import Notifier
 from tests.agent_support import NotifySocket, read_lp_dir
 
 
+@pytest.mark.slow
 def test_a_wall_clock_stepping_back_misses_no_tick_and_no_watchdog_ping(tmp_path):
     cfg = tmp_path / "agent.toml"
     cfg.write_text(f'[agent]\nbackend = "sim"\ninterval = 1\nhost = "n1"\ncollectors = ["gpu"]\n'

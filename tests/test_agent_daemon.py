@@ -10,6 +10,7 @@ import pytest
 from tests.agent_support import NotifySocket, read_lp_dir, start_agent, stop_agent, wait_for
 
 
+@pytest.mark.slow
 def test_notify_reload_stop_and_failing_collector(tmp_path):
     notify = NotifySocket(tmp_path)
     sock_path = notify.path

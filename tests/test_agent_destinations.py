@@ -88,6 +88,7 @@ def test_bad_exporter_lists_name_the_key(text, key):
         config.parse_text(text)
 
 
+@pytest.mark.slow
 def test_config_errors_through_the_real_cli_are_one_line_exit_2(tmp_path):
     spool = tmp_path / "spool"
     cases = {  # two destinations sharing a spool; a bad URL in the second; a secret file missing

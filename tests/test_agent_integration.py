@@ -187,6 +187,7 @@ def test_config_sections_of_the_collectors():
     assert d["canary"]["state_dir"].startswith("/var/lib/gpufleet-agent/")
 
 
+@pytest.mark.slow
 def test_bad_collector_section_is_one_line_exit_2(tmp_path):
     p = tmp_path / "agent.toml"
     p.write_text('[canary]\nidle_util = "busy"\n')

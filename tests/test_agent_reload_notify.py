@@ -5,9 +5,12 @@ from __future__ import annotations
 import signal
 import time
 
+import pytest
+
 from tests.agent_support import NotifySocket, start_agent, stop_agent, wait_for
 
 
+@pytest.mark.slow
 def test_reload_sends_reloading_with_monotonic_usec_then_ready_accepted_or_rejected(tmp_path):
     notify = NotifySocket(tmp_path)
     sock_path = notify.path

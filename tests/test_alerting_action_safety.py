@@ -59,6 +59,30 @@ def test_a_failed_verification_runs_nothing_and_pages_why(tmp_path, caplog):
     assert sum("v1" in m and "refused-verify" in m for m in caplog.messages) == 1
 
 
+def test_a_node_our_own_command_drained_before_a_restart_is_not_a_refusal(tmp_path):
+    # an analyzer claimed n1 for incident w1 in the ledger and started its drain, then was killed
+    # (SIGKILL) before it could write the outcome down; the drain finished without it. Restarted, it
+    # delivers w1 again: the verification now fails ("already drained"), but that is its own doing
+    cmd, out = recorder(tmp_path)
+    drained = [sys.executable, "-c", "import sys; print('NodeName=' + sys.argv[1] + ' State=DRAINED'); "
+               "sys.exit(1)", "{host}"]
+    rule = {"command": cmd + ["drain", "{host}"], "verify": drained}
+    Ledger(tmp_path / "remediation-budget.jsonl").claim("n1", None, None, {}, sink="action", key="w1")
+    with Receiver() as rx:
+        sinks = load_sinks([action([rule]), fast({"type": "webhook", "url": rx.url + "/h"})], [])
+        with Notifier(sinks, tmp_path / "s.db") as n:
+            n.update([incident(kind="sdc", id="w1", host="n1"),
+                      incident(kind="gpu_lost", id="w2", host="n1", start=T0 + 1)], now=T0)
+            assert n.flush(10)
+            log = n.actions()
+        refused = pages(rx, "remediation_refused")
+    assert calls(out) == []  # run by nobody now
+    by = {r["grp"]: r for r in log}
+    assert by["w1"]["status"] == "ran-before" and "before a restart" in by["w1"]["detail"]
+    assert by["w2"]["status"] == "refused-verify"  # another incident on the same node: a refusal
+    assert [p["key"] for p in refused] == ["action-refused:w2"]
+
+
 def test_resolve_verify_keeps_a_node_a_person_took_over(tmp_path):
     cmd, out = recorder(tmp_path)
     state = tmp_path / "reason"
@@ -149,6 +173,7 @@ def gpufleet(*args):
                           timeout=60)
 
 
+@pytest.mark.slow
 def test_gpufleet_actions_lists_what_ran_was_refused_and_undone(tmp_path):
     cmd, out = recorder(tmp_path)
     fail = [sys.executable, "-c", "import sys; print('Node gone'); sys.exit(1)"]

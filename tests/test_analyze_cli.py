@@ -25,6 +25,7 @@ from tests.test_detectors import T0, fleet
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
+@pytest.mark.slow
 def test_real_h200_trace_has_no_incidents(tmp_path, capsys):
     lines = convert(FIXTURES / "h200" / "trace.csv")
     assert len(lines) == 1454
@@ -39,6 +40,7 @@ def test_real_h200_trace_has_no_incidents(tmp_path, capsys):
     assert any("clock_event_sw_power_cap=1i" in ln for ln in lines)
 
 
+@pytest.mark.slow
 def test_directory_gzip_and_garbage(tmp_path):
     data = fleet(fault=("sdc", 1, 2, 95), steps=200)
     d = tmp_path / "lp"
@@ -53,6 +55,7 @@ def test_directory_gzip_and_garbage(tmp_path):
     assert [(i.kind, i.host, i.gpu) for i in incs] == [("sdc", "node1", 2)]
 
 
+@pytest.mark.slow
 def test_shards_cover_every_host_once_and_find_the_same(tmp_path):
     data = fleet(nodes=6, fault=("gpu_lost", 4, 1, 120), steps=240)
     full = Analyzer()
@@ -218,6 +221,7 @@ def _wait_incident(db, seconds):
     return None
 
 
+@pytest.mark.slow
 def test_console_sink_pages_each_incident_once(tmp_path, capsys):
     data = fleet(fault=("sdc", 1, 2, 95), steps=200)
     lp = tmp_path / "a.lp"

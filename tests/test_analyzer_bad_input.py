@@ -4,6 +4,7 @@ test over analyzer configs and command lines: one line and exit 2, never a trace
 
 from __future__ import annotations
 
+import functools
 import json
 import string
 import subprocess
@@ -19,7 +20,11 @@ from tests.agent_support import ROOT
 from tests.servers import InfluxDB1, free_port, skip_unless
 from tests.test_detectors import T0, fleet
 
-DATA = fleet(fault=("sdc", 1, 2, 95), steps=480)
+
+@functools.cache
+def sdc_fleet() -> bytes:
+    """A fleet with one SDC fault (made once, when a test first asks: not at collection)."""
+    return fleet(fault=("sdc", 1, 2, 95), steps=480)
 
 
 def _cli(*args, timeout=60):
@@ -44,15 +49,16 @@ def _one_line_exit_2(r, *words):
 
 
 # ---------------------------------------------------------------- row 4: time is bounded
+@pytest.mark.slow
 def test_a_stray_timestamp_never_walks_empty_time(tmp_path):
     clean = tmp_path / "clean.lp"
-    clean.write_bytes(DATA)
+    clean.write_bytes(sdc_fleet())
     want_stats, want = _analyze_stats(clean)
     assert want
     stray = b"gpu,host=node1,gpu=2 power_watts=100 "
-    for name, data in (("after", DATA + stray + b"1\n"),  # timestamp 1, appended to a good file
-                       ("before", stray + b"1\n" + DATA),
-                       ("seconds", DATA + stray + str(T0 + 4000).encode() + b"\n")):  # s, read as ns
+    for name, data in (("after", sdc_fleet() + stray + b"1\n"),  # timestamp 1, appended to a good file
+                       ("before", stray + b"1\n" + sdc_fleet()),
+                       ("seconds", sdc_fleet() + stray + str(T0 + 4000).encode() + b"\n")):  # s, read as ns
         p = tmp_path / f"{name}.lp"
         p.write_bytes(data)
         stats, got = _analyze_stats(p)  # before the fix: hours (every empty window since 1970)
@@ -67,18 +73,21 @@ def test_a_stray_timestamp_never_walks_empty_time(tmp_path):
         assert stats["windows"] <= want_stats["windows"] + 6 * 13, (name, stats["windows"])
 
 
+@pytest.mark.slow
 def test_a_point_absurdly_in_the_future_is_counted_not_followed(tmp_path):
-    half = DATA.index(b"\n", len(DATA) // 2) + 1
+    half = sdc_fleet().index(b"\n", len(sdc_fleet()) // 2) + 1
     p = tmp_path / "future.lp"
-    p.write_bytes(DATA[:half] + b"gpu,host=node1,gpu=2 power_watts=100 4102444800000000000\n" + DATA[half:])
+    far = b"gpu,host=node1,gpu=2 power_watts=100 4102444800000000000\n"
+    p.write_bytes(sdc_fleet()[:half] + far + sdc_fleet()[half:])
     clean = tmp_path / "clean.lp"
-    clean.write_bytes(DATA)
+    clean.write_bytes(sdc_fleet())
     stats, got = _analyze_stats(p)
     want_stats, want = _analyze_stats(clean)
     assert got == want and stats["future_points"] == 1 and stats["late_points"] == 0
     assert stats["windows"] == want_stats["windows"]
 
 
+@pytest.mark.slow
 def test_a_config_bounds_the_future(tmp_path):
     from gpufleet.analyzer.config import Config
     from gpufleet.analyzer.pipeline import Analyzer
@@ -86,7 +95,7 @@ def test_a_config_bounds_the_future(tmp_path):
     cfg = Config()
     cfg.update({"analyzer": {"max_future": "0s"}})
     an = Analyzer(cfg)
-    an.feed_bytes(DATA + b"gpu,host=node1,gpu=2 power_watts=100 4102444800000000000\n")
+    an.feed_bytes(sdc_fleet() + b"gpu,host=node1,gpu=2 power_watts=100 4102444800000000000\n")
     an.finish()
     assert an.future_points == 1
 
@@ -94,7 +103,7 @@ def test_a_config_bounds_the_future(tmp_path):
 @skip_unless("influxd")
 def test_an_influx_range_from_timestamp_1_skips_empty_time(tmp_path, influxdb):
     influxdb.create_db("fleet")
-    influxdb.write("fleet", DATA.decode())
+    influxdb.write("fleet", sdc_fleet().decode())
     base = ("analyze", "--influx-url", influxdb.url, "--influx-db", "fleet", "--stats")
     r = _cli(*base, "--start", str(T0), "--end", str(T0 + 4800))
     assert r.returncode == 0, r.stderr
@@ -106,9 +115,10 @@ def test_an_influx_range_from_timestamp_1_skips_empty_time(tmp_path, influxdb):
 
 
 # ---------------------------------------------------------------- row 5: --out
+@pytest.mark.slow
 def test_out_must_be_a_writable_file_checked_before_work(tmp_path):
     lp = tmp_path / "in.lp"
-    lp.write_bytes(DATA)
+    lp.write_bytes(sdc_fleet())
     d = tmp_path / "dir"
     d.mkdir()
     _one_line_exit_2(_cli("analyze", "--input", str(lp), "--out", str(d)), "is a directory")
@@ -122,9 +132,10 @@ def test_out_must_be_a_writable_file_checked_before_work(tmp_path):
 
 
 # ---------------------------------------------------------------- row 6: config ranges
+@pytest.mark.slow
 def test_config_values_are_range_checked_naming_the_key(tmp_path):
     lp = tmp_path / "in.lp"
-    lp.write_bytes(DATA)
+    lp.write_bytes(sdc_fleet())
     cases = [
         ("[analyzer]\nwindow = 0\n", "analyzer.window"),
         ('[analyzer]\nwindow = "nan"\n', "analyzer.window"),
@@ -149,6 +160,7 @@ def test_config_values_are_range_checked_naming_the_key(tmp_path):
 
 
 # ---------------------------------------------------------------- row 7: --poll
+@pytest.mark.slow
 def test_poll_must_be_at_least_a_second(tmp_path):
     url = f"http://127.0.0.1:{free_port()}"
     for poll in ("0s", "-5s", "0.5s", "nan"):
@@ -157,6 +169,7 @@ def test_poll_must_be_at_least_a_second(tmp_path):
 
 
 # ---------------------------------------------------------------- row 8: eval
+@pytest.mark.slow
 def test_eval_refuses_bad_inputs(tmp_path):
     _one_line_exit_2(_cli("eval", "--truth", "/bin/ls", "--incidents", "/bin/ls"), "/bin/ls")
     truth = tmp_path / "truth.jsonl"
@@ -171,7 +184,7 @@ def test_eval_refuses_bad_inputs(tmp_path):
 def test_influx_secrets_only_from_file_or_env(tmp_path):
     with InfluxDB1(tmp_path / "influx", auth=("admin", "right")) as server:
         server.create_db("fleet")
-        server.write("fleet", DATA.decode())
+        server.write("fleet", sdc_fleet().decode())
         pw = tmp_path / "pw"
         pw.write_text("right\n")
         base = ("analyze", "--influx-url", server.url, "--influx-db", "fleet", "--start", str(T0), "--end",
@@ -202,7 +215,7 @@ def test_the_store_named_in_the_config_is_read(tmp_path):
     the store; the command line's flags win over them."""
     with InfluxDB1(tmp_path / "influx") as server:
         server.create_db("fleet")
-        server.write("fleet", DATA.decode())
+        server.write("fleet", sdc_fleet().decode())
         cfg = tmp_path / "a.toml"
         cfg.write_text(f'[influx]\nurl = "{server.url}"\ndb = "fleet"\n')
         window = ("--start", str(T0), "--end", str(T0 + 4800))
@@ -216,6 +229,7 @@ def test_the_store_named_in_the_config_is_read(tmp_path):
 
 
 # ---------------------------------------------------------------- row 10: nothing parsed
+@pytest.mark.slow
 def test_an_input_where_nothing_parses_is_an_error(tmp_path):
     _one_line_exit_2(_cli("analyze", "--input", "/bin/ls"), "nothing parsed")
     junk = tmp_path / "junk.lp"

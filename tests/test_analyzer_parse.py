@@ -157,6 +157,7 @@ _val = st.one_of(
         max_size=20,
     )
 )
+@pytest.mark.slow
 def test_matches_reference_parser(engine, points):
     lines = [encode("m", tags, fields, t) for tags, fields, t in points]
     lines = [ln for ln in lines if ln is not None]
@@ -382,6 +383,7 @@ _HEAD_PARTS = [
 
 @settings(max_examples=1000, deadline=None)
 @given(st.lists(st.sampled_from(_HEAD_PARTS), max_size=10))
+@pytest.mark.slow
 def test_head_split_path_matches_the_scan(parts):
     """parse_head takes most heads by splits: the answer of InfluxDB's scan, always."""
     from gpufleet import lineprotocol as lp
@@ -411,6 +413,7 @@ _BITS += [b",g=2i", b'=" x"', b"m f=1 2"]
 @pytest.mark.parametrize("engine", ENGINES)
 @settings(max_examples=500, deadline=None)
 @given(st.lists(st.lists(st.sampled_from(_BITS), max_size=12).map(b"".join), min_size=1, max_size=6))
+@pytest.mark.slow
 def test_degenerate_chunks(engine, lines):
     """Short lines of delimiters and fragments: each engine reads exactly what the reference
     parser reads, without falling back on the whole chunk (which would count lines twice)."""

@@ -41,6 +41,7 @@ def test_cpu_known_answer_and_planted_bitflips():
     assert healed.fields["passed"] == 1 and healed.fields["digest"] == r.fields["digest"]
 
 
+@pytest.mark.slow
 def test_fleet_reference_file_and_url(tmp_path):
     probe = CanaryCollector(engine="numpy", size=64, interval=0, wait=60)
     row = rows_of(probe, 1)[0]
@@ -83,6 +84,7 @@ def test_fleet_reference_file_and_url(tmp_path):
         load_reference(str(tmp_path / "bad.json"))
 
 
+@pytest.mark.slow
 def test_first_answer_survives_restart(tmp_path):
     a = CanaryCollector(engine="numpy", size=64, interval=0, wait=60, state_dir=str(tmp_path))
     d = rows_of(a, 1)[0].fields["digest"]
@@ -101,6 +103,7 @@ def sim_canary(t, **kw):
     return backend, col
 
 
+@pytest.mark.slow
 def test_runs_only_when_idle_and_backs_off_when_a_job_starts():
     t = [500.0]  # TinyNode: both GPUs idle at t=500 (busy 420 s of every 600 s)
     backend, col = sim_canary(t, interval=60.0, busy_backoff=300.0)
@@ -119,6 +122,7 @@ def test_runs_only_when_idle_and_backs_off_when_a_job_starts():
     assert col.gpus[1].next_due == pytest.approx(595.0 + 300.0)
 
 
+@pytest.mark.slow
 def test_tiny_check_under_duty_budget_when_busy():
     t = [100.0]  # both busy
     backend, col = sim_canary(t, interval=0.0, busy_size=16, duty=1e-9, busy_backoff=0.0)

@@ -44,6 +44,7 @@ def idle_h200_with_process(tmp_path, pid):
     return RecordedBackend(path)
 
 
+@pytest.mark.slow
 def test_agent_process_never_imports_a_cuda_library(tmp_path):
     """An agent process with an NVML GPU and engine auto: the check's child tries torch/cupy (and
     says it found none here); the agent process itself never even attempts the import."""
@@ -134,6 +135,7 @@ def test_hung_and_crashing_children_are_killed_and_reported():
     assert canary_rows(col.collect(1))[0].fields["passed"] == 1
 
 
+@pytest.mark.slow
 def test_a_failed_check_is_rechecked_before_it_is_reported():
     col = CanaryCollector(engine="numpy", size=64, interval=0, wait=60, confirm=2)
     canary_rows(col.collect(1))
@@ -208,6 +210,7 @@ def test_drop_directory_results_become_rows(tmp_path, caplog):
         drop_sample({"version": 1, "tags": {"gpu": "0"}, "fields": {"bogus": 1}, "time_ns": 1})
 
 
+@pytest.mark.slow
 def test_canary_cli_json_and_drop(tmp_path):
     drop = tmp_path / "drop"
     r = subprocess.run([sys.executable, "-m", "gpufleet", "canary", "--gpu", "all", "--engine", "numpy",
@@ -253,6 +256,7 @@ def test_gpu_check_without_a_gpu_is_one_json_saying_so(tmp_path):
     assert json.loads((tmp_path / "gpu_check.json").read_text()) == doc
 
 
+@pytest.mark.slow
 def test_one_row_per_gpu_per_tick_so_the_pipeline_loses_none(tmp_path):
     drop = tmp_path / "drop"
     probe = CanaryCollector(engine="numpy", size=64, interval=0, wait=60)
@@ -284,6 +288,7 @@ def test_a_recheck_that_crashes_ends_the_round_with_the_failure_it_has():
     assert status(got)["cpu"]["errors_total"] == 1 and col.skipped["cpu"].startswith("check failed")
 
 
+@pytest.mark.slow
 def test_cli_on_a_gpu_without_a_cuda_engine_is_not_checked_exit_3(tmp_path):
     """NVML shows a GPU (a recording), the interpreter has neither torch nor cupy: no verdict,
     exit 3, the JSON says checked: false and how to get an engine; one line on stderr."""

@@ -59,6 +59,7 @@ def test_demo_finds_every_injected_fault_through_the_agents(tmp_path):
             assert (page.parent / href).is_file(), href
 
 
+@pytest.mark.slow
 def test_demo_progress_bars_through_every_stage(tmp_path):
     """--progress (a terminal's default) draws a bar for the agents, the analyzer and the pages."""
     r = subprocess.run([sys.executable, "-m", "gpufleet.cli", "demo", "--nodes", "1", "--duration", "30min",

@@ -10,6 +10,7 @@ the agent writes must be a column of the table it read it from.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from gpufleet.analyzer.frame import Table
 from gpufleet.analyzer.pipeline import Analyzer
 from gpufleet.analyzer.sources import read_chunks
@@ -19,6 +20,7 @@ from gpufleet.cli import main
 from gpufleet.lineprotocol import parse_line
 
 
+@pytest.mark.slow
 def test_every_field_a_detector_reads_is_parsed(tmp_path, monkeypatch, capsys):
     out = tmp_path / "sim"
     assert (

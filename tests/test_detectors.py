@@ -156,6 +156,7 @@ def healthy(healthy_windows):
     return healthy_windows[0]
 
 
+@pytest.mark.slow
 def test_healthy_fleet_has_no_incidents(healthy):
     assert healthy.incidents() == []
     assert healthy.parser.stats.bad_lines == 0
@@ -193,6 +194,7 @@ def replay(cls, params, windows) -> list[np.ndarray]:
 
 
 @pytest.mark.parametrize("kind", sorted(REGISTRY))
+@pytest.mark.slow
 def test_contract(kind, healthy_windows):
     cls = REGISTRY[kind]
     params = Config().detectors[kind]
@@ -229,6 +231,7 @@ def test_contract(kind, healthy_windows):
 
 
 @pytest.mark.parametrize("fault", FAULTS, ids=[f[0] for f in FAULTS])
+@pytest.mark.slow
 def test_each_fault_found_once_and_nothing_else(fault):
     kind, node, gpu, step = fault
     an = analyse(fleet(fault=fault))
@@ -258,6 +261,7 @@ def test_each_fault_found_once_and_nothing_else(fault):
         assert inc.link == 1
 
 
+@pytest.mark.slow
 def test_node_wide_power_brake_is_one_node_incident():
     # the node's PSU/BMC brakes all four GPUs at once: one page for the node, listing its GPUs
     incs = analyse(fleet(fault=("power_brake", 2, None, 100))).incidents()
@@ -271,6 +275,7 @@ def test_node_wide_power_brake_is_one_node_incident():
     assert [(i.kind, i.host, i.gpu) for i in incs] == [("power_brake", "node2", 1)]
 
 
+@pytest.mark.slow
 def test_pcie_width_down_on_an_idle_gpu_is_found():
     # node3 GPU 0's link trains to x8 while the whole fleet idles: width does not drop at idle, so
     # it is a fault at any load; a generation drop at idle is power management, no incident
@@ -302,6 +307,7 @@ def _stale(lines, node, gpu, steps):
     return out
 
 
+@pytest.mark.slow
 def test_gpu_stale_longer_than_the_bound_is_a_warning():
     lines = fleet(steps=480).decode().splitlines()
     lines = _stale(lines, 1, 3, range(200, 260))  # 10 min stale: a warning, dated to its start
@@ -313,6 +319,7 @@ def test_gpu_stale_longer_than_the_bound_is_a_warning():
     assert abs(incs[0].start - (T0 + 200 * STEP)) <= STEP
 
 
+@pytest.mark.slow
 def test_healthy_link_background_errors_stay_quiet():
     # a healthy link's background: 5 CRC flit errors within 2 min and, later, one replay (the link
     # correcting an error) -- far below DCGM's 100/s and below a degrading link's sustained rate
@@ -330,6 +337,7 @@ def test_healthy_link_background_errors_stay_quiet():
     assert incs == [], [i.summary for i in incs]
 
 
+@pytest.mark.slow
 def test_node_losing_all_its_gpus_is_one_node_incident():
     # every GPU of node2 falls off the bus at once (NVML lost, then silence): the node's PCIe switch
     # or power, one critical page for the node listing its GPUs
@@ -345,6 +353,7 @@ def test_power_cap_and_idle_are_not_throttling(healthy):
     assert not [i for i in healthy.incidents() if i.kind in ("thermal_throttle", "power_brake")]
 
 
+@pytest.mark.slow
 def test_node_scope_cooling_is_one_incident():
     base = fleet(steps=480)
     lines = base.decode().splitlines()
@@ -420,6 +429,7 @@ def _with_inlet(data: bytes, hot_rack: str | None, rise_c: float = 10.0, from_st
     return ("\n".join(lines) + "\n").encode()
 
 
+@pytest.mark.slow
 def test_rack_inlet_rise_in_a_two_rack_fleet_is_one_rack_incident():
     # 4 nodes, racks r0 and r1: the room swings both, only r1's inlet (and its GPUs) rises
     incs = analyse(_with_inlet(fleet(steps=480), "r1")).incidents()
@@ -429,6 +439,7 @@ def test_rack_inlet_rise_in_a_two_rack_fleet_is_one_rack_incident():
     assert cool[0].evidence["first"]["scope"] == "rack"
 
 
+@pytest.mark.slow
 def test_inlet_swinging_with_the_room_is_no_incident():
     assert not [i for i in analyse(_with_inlet(fleet(steps=480), None)).incidents()]
 
@@ -503,6 +514,7 @@ def test_group_median_buckets_and_lookup_match_the_sorting_versions():
         assert np.array_equal(_leave_one_out_median(g, x), want)
 
 
+@pytest.mark.slow
 def test_straggler_robust_covariance_is_scikit_learns_fastmcd_with_starts_stacked():
     from gpufleet.analyzer.detectors.straggler import _mcd
 
@@ -671,6 +683,7 @@ def test_table_ffill_codes_number_strings_by_first_appearance():
             assert got[i] == (order.index(v[j]) if ok else -1)
 
 
+@pytest.mark.slow
 def test_straggler_fits_its_model_only_once_a_gpu_is_slow():
     healthy = analyse(fleet(steps=200))
     st = next(d for d in healthy.detectors if d.kind == "straggler")
@@ -756,6 +769,7 @@ def _thermal_fleet(
     return ("\n".join(out) + "\n").encode()
 
 
+@pytest.mark.slow
 def test_idle_node_cooling_failure_found_with_its_fans():
     # the whole fleet idles; at step 400 node2's fans fail: its GPUs idle 2.5 °C warmer (below the
     # 3.5 °C low-power bar a GPU needs alone) and its BMC reports the fan at 1500 RPM, state 2
@@ -776,6 +790,7 @@ def test_idle_node_cooling_failure_found_with_its_fans():
     assert analyse(_thermal_fleet(**idle, fan=lambda n, s: 9800.0)).incidents() == []
 
 
+@pytest.mark.slow
 def test_node_going_idle_alone_is_not_hot_against_its_own_median():
     # the whole fleet idles for the first 40 min (baselines learned against every idle GPU), then
     # works; at 100 min node3 -- whose GPUs run 4 °C cooler than the rest -- goes idle alone. The
@@ -788,6 +803,7 @@ def test_node_going_idle_alone_is_not_hot_against_its_own_median():
     assert incs == [], [i.summary for i in incs]
 
 
+@pytest.mark.slow
 def test_failed_cooling_that_goes_idle_stays_one_incident():
     # node1 GPU 2's cooling fails at load (10 min in, +12 °C at 690 W, a few degrees at 80 W); its
     # node then idles for 2 h (longer than resolve_seconds) and goes back to work: one incident,
@@ -819,6 +835,7 @@ def test_cooling_incident_resolves_once_judged_healthy_at_load():
     assert incs[0].end is not None
 
 
+@pytest.mark.slow
 def test_queued_hits_hold_no_window():
     # hits wait in the engine's queue until every stream has caught up (a sparse events stream can
     # hold them for hours): they must not keep their window's arrays alive through lazy evidence
@@ -835,6 +852,7 @@ def test_queued_hits_hold_no_window():
     assert inc.evidence["first"] and inc.evidence["peak"]  # what the engine keeps was built
 
 
+@pytest.mark.slow
 def test_throttling_gpu_that_idles_between_jobs_is_one_incident():
     # node1 GPU 2 throttles in its job, idles 2 h (past resolve_seconds), throttles in the next one
     def busy(n, s):
@@ -845,6 +863,7 @@ def test_throttling_gpu_that_idles_between_jobs_is_one_incident():
     assert [(i.host, i.gpu, i.end) for i in incs] == [("node1", 2, None)]
 
 
+@pytest.mark.slow
 def test_throttling_that_stopped_at_full_load_resolves_and_a_new_episode_pages_again():
     # it throttles, then works 2 h at full load with headroom (fixed), then throttles again
     data = _thermal_fleet(
@@ -861,6 +880,7 @@ def test_throttling_that_stopped_at_full_load_resolves_and_a_new_episode_pages_a
     assert incs[1].kind == "thermal_throttle" or incs[1].impact_at is not None
 
 
+@pytest.mark.slow
 def test_a_stream_that_arrives_after_the_others_is_not_resolved_by_their_progress():
     # an export: every gpu row first, then every gpu_nvlink row, read in chunks. The link's hits
     # reach the engine long after the gpu stream moved its clock on; still one incident
@@ -876,6 +896,7 @@ def test_a_stream_that_arrives_after_the_others_is_not_resolved_by_their_progres
     assert [(i.host, i.gpu, i.link, i.end) for i in incs] == [("node2", 1, 1, None)]
 
 
+@pytest.mark.slow
 def test_cooling_found_at_a_60_s_poll():
     # baselines take the same 20 minutes at a 60 s poll (20 samples, not 120): a heatsink failing
     # 40 min in is found, not learned as the GPU's normal
@@ -888,6 +909,7 @@ def test_cooling_found_at_a_60_s_poll():
     assert incs[0].start <= T0 + 40 * 60  # dated to the last normal poll, not found hours later
 
 
+@pytest.mark.slow
 def test_a_rack_inlet_drifting_over_half_a_day_is_no_incident():
     # rack r1's inlet creeps up 8 °C over 12 h (the room, not a failure); its GPUs follow the inlet
     def inlet(n, s):

@@ -67,6 +67,7 @@ def stragglers(data: bytes):
     return [(i.host, i.gpu, i.evidence) for i in analyse(data) if i.kind == "straggler"]
 
 
+@pytest.mark.slow
 def test_collective_wait_pages_without_gpm_and_not_with_it():
     """The one GPU computing while its peers wait looks slow to clock and power; GPM shows its
     peers waiting the whole interval: not the same work, not a straggler."""
@@ -74,6 +75,7 @@ def test_collective_wait_pages_without_gpm_and_not_with_it():
     assert stragglers(job_fleet("wait", gpm=True)) == []
 
 
+@pytest.mark.slow
 def test_a_real_straggler_is_found_with_gpm_and_its_peers_waiting_in_the_evidence():
     got = stragglers(job_fleet("straggler", gpm=True))
     assert [(h, g) for h, g, _ in got] == [("node1", 3)]
@@ -82,6 +84,7 @@ def test_a_real_straggler_is_found_with_gpm_and_its_peers_waiting_in_the_evidenc
     assert [(h, g) for h, g, _ in stragglers(job_fleet("straggler", gpm=False))] == [("node1", 3)]
 
 
+@pytest.mark.slow
 def test_a_gpu_waiting_on_its_peers_is_not_a_straggler():
     """Slow clock and power against its peers, but its SM activity far below theirs: it waits."""
     data = job_fleet("straggler", gpm=True).decode()
@@ -131,6 +134,7 @@ def cooling(data: bytes):
 
 
 @pytest.mark.parametrize("margin", [False, True])
+@pytest.mark.slow
 def test_fast_cooling_loss_is_critical_when_the_margin_says_throttling_is_near(margin):
     (inc,) = cooling(cooling_fleet(1.0, margin))  # 1 °C/min: ~30 °C of margin gone in half an hour
     assert (inc.host, inc.gpu) == ("node1", 2)
@@ -142,6 +146,7 @@ def test_fast_cooling_loss_is_critical_when_the_margin_says_throttling_is_near(m
         assert inc.severity == "warning"  # no margin: no time to throttling, the decision as before
 
 
+@pytest.mark.slow
 def test_slow_cooling_drift_with_a_wide_margin_stays_a_warning():
     (inc,) = cooling(cooling_fleet(0.15, True))  # hours from throttling
     assert inc.severity == "warning" and inc.evidence["first"]["minutes_to_throttling"] > 30

@@ -7,7 +7,10 @@ poll, and its incidents are compared with the batch analysis of the same file.""
 
 from __future__ import annotations
 
+import json
 import random
+import re
+import time
 
 import pytest
 from gpufleet.analyzer.config import Config
@@ -55,6 +58,7 @@ def _once(recs):
     assert len(k) == len(set(k)), f"an open incident twice: {k}"
 
 
+@pytest.mark.slow
 def test_a_node_cut_off_for_30_minutes_is_analysed_in_its_own_time(fleet):
     """gpu0003 is cut off for 30 minutes and its spool drains at once: none of its rows is dropped,
     its faults (a DBE storm, a power brake, a lost GPU, PCIe replays, cooling) are found with their
@@ -85,6 +89,7 @@ def test_a_node_cut_off_for_30_minutes_is_analysed_in_its_own_time(fleet):
     assert not [r for r in got if r.kind == "analysis_gap"]
 
 
+@pytest.mark.slow
 def test_beyond_the_bound_without_a_store_is_a_gap_record(fleet):
     """With a bound of 10 minutes and no store, a host 30 minutes late loses the rows beyond it, and
     says so: counted, logged, and one analysis_gap record with host, range, rows and why."""
@@ -135,6 +140,7 @@ def arrivals(draw):
 @settings(max_examples=3, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.generate],
           suppress_health_check=list(HealthCheck))
 @given(arrivals())
+@pytest.mark.slow
 def test_online_equals_batch_whatever_the_arrival_order(fleet, order):
     """The same data gives the same incidents (kind, host, GPU, link, start within one poll)
     however it lands."""
@@ -167,6 +173,84 @@ def test_online_equals_batch_whatever_the_arrival_order(fleet, order):
     assert online.an.dropped_rows == 0
 
 
+def _dbe_fleet(dbe: int, seconds: int = 300) -> list:
+    """Hosts a and b, 2 GPUs each, a row a second from T; b's GPU 1 has a DBE at T + ``dbe``."""
+    lines = []
+    for s in range(seconds):
+        for h in ("a", "b"):
+            for g in range(2):
+                e = int(h == "b" and g == 1 and s >= dbe)
+                lines.append(((T + s) * 10**9, h.encode(), (
+                    f"gpu,host={h},gpu={g} up=1i,power_watts=300,ecc_uncorrected_volatile_total={e}i "
+                    f"{(T + s) * 10**9}").encode()))
+    return lines
+
+
+def test_a_short_node_cut_whose_rows_land_after_its_live_rows_keeps_one_incident_with_its_true_start(
+        tmp_path):
+    """gpu b is cut off for 2 minutes (less than the context) and has a DBE inside the cut; its rows
+    after the cut land on time, the cut's own rows 10 s later (a writer that sends its live rows
+    before its backlog). At reconnection the counter's step over the gap pages at once (the
+    error happened somewhere in the gap: ``over_gap_seconds``); when the backlog lands it is
+    analysed in b's own time, and the same incident, not a second one, takes the true start,
+    the first hit's evidence from the backlog, and says it was found late (``arrived_late``,
+    ``found_after_seconds``: from its start to when it was first delivered)."""
+    cut, back, dbe, land = 100, 220, 150, 230
+    lines = _dbe_fleet(dbe)
+
+    def arrive(t, host, _i):
+        return T + land + 0.5 if host == b"b" and cut <= t - T < back else t + 0.5
+
+    first = {}
+
+    def after(o, now):
+        for r in o.an.incidents():
+            first.setdefault((r.kind, r.host, r.gpu), (now, r.start))
+
+    from gpufleet.analyzer.alerting import Notifier
+
+    with Notifier([], tmp_path / "state.db") as notifier:
+        online = replay(lines, arrive, poll=1.0, after=after, notifier=notifier)
+        alerts = [json.loads(a) for (a,) in notifier.store.db.execute("SELECT alert FROM grp")]
+    an = online.an
+    got = [r for r in an.incidents() if r.kind == "memory_errors"]
+    assert [(r.host, r.gpu) for r in got] == [("b", 1)], got
+    r = got[0]
+    paged, start = first[("memory_errors", "b", 1)]
+    assert back <= paged - T <= back + 3 and start == T + back  # paged at reconnection, over the gap
+    assert r.start == T + dbe and r.end is None  # the backlog's true start, the same incident
+    assert r.evidence["arrived_late"] is True
+    assert r.evidence["found_after_seconds"] == pytest.approx(paged - r.start, abs=0.1)
+    assert "over_gap_seconds" not in r.evidence["first"] and r.evidence["first"]["new_dbe"] == 1
+    assert "found 1 min after it began: its data arrived late" in r.summary
+    assert online.written[r.id] == "firing"
+    # the notifier's alert (what the next re-post and the resolve send) says the same
+    alert = next(a for a in alerts if a["kind"] == "memory_errors")
+    assert alert["start"] == r.start and "found 1 min after it began" in alert["description"]
+    assert an.late_rows == 2 * (back - cut) and an.dropped_rows == 0 and an.late_points == 0
+    stopped = [x for x in an.incidents() if x.kind == "node_stopped_reporting"]
+    assert [(x.host, x.start) for x in stopped] == [("b", T + cut - 1)] and stopped[0].end is not None
+
+
+def test_a_backlog_landing_newest_part_first_is_analysed_whole():
+    """b's cut (100-220 s, a DBE at 130 s) drains in two parts, the newer one (160-220 s) first and
+    the older one 20 s later, after the newer one was analysed in late windows: the older part is
+    analysed too (not counted as behind what b has analysed), and the incident takes its start."""
+    def arrive(t, host, _i):
+        s = t - T
+        if host == b"b" and 160 <= s < 220:
+            return T + 230.5
+        if host == b"b" and 100 <= s < 160:
+            return T + 250.5
+        return t + 0.5
+
+    an = replay(_dbe_fleet(130), arrive, poll=1.0).an
+    got = [r for r in an.incidents() if r.kind == "memory_errors"]
+    assert [(r.host, r.gpu, r.start) for r in got] == [("b", 1, T + 130)], got
+    assert got[0].evidence["arrived_late"] is True and "over_gap_seconds" not in got[0].evidence["first"]
+    assert an.late_points == 0 and an.late_rows == 2 * 120 and an.dropped_rows == 0
+
+
 # ---------------------------------------------------------------- clocks
 T = 1_795_100_000
 
@@ -191,6 +275,7 @@ def _pages_within(online, now: FakeClock, steps, xid_at: int, ahead: int = 0) ->
     return None
 
 
+@pytest.mark.slow
 def test_a_writer_stamping_the_future_delays_no_other_host():
     """Host b's clock runs 2 h ahead: the poll-sized windows stay, and host a's XID 79 is found
     within two polls."""
@@ -202,6 +287,7 @@ def test_a_writer_stamping_the_future_delays_no_other_host():
     assert online.an.window == 1.0
 
 
+@pytest.mark.slow
 def test_a_step_of_the_analyzer_s_clock_freezes_no_window():
     """The analyzer's wall clock steps 2 h ahead for 8 s: the loop keeps the monotonic pace, and an
     XID 79 inside the step is found within two polls."""
@@ -223,6 +309,7 @@ def test_a_step_of_the_analyzer_s_clock_freezes_no_window():
 
 # ---------------------------------------------------------------- --follow
 @pytest.mark.skipif(__import__("shutil").which("influxd") is None, reason="needs influxd")
+@pytest.mark.slow
 def test_follow_reads_back_a_reappearing_host_s_gap(tmp_path):
     """``--follow`` reads ``[cursor, now - grace)`` each poll; host b is cut off, then its spool
     drains into InfluxDB with the old stamps, behind the cursor. When b reappears its gap is read
@@ -256,3 +343,84 @@ def test_follow_reads_back_a_reappearing_host_s_gap(tmp_path):
         assert online.an.gpu_samples == 2 * 2 * 90  # every row read once
         stopped = [r for r in online.an.incidents() if r.kind == "node_stopped_reporting"]
         assert [r.host for r in stopped] == ["b"] and stopped[0].end is not None
+
+
+# ---------------------------------------------------------------- --listen after its catch-up
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("shutil").which("influxd") is None, reason="needs influxd")
+def test_listen_analyses_a_backlog_stamped_before_its_catch_up_ended(tmp_path):
+    """``--listen --influx-url`` catches up from InfluxDB on start, then takes writes. Host b was
+    cut off before the analyzer started; after the catch-up, b's spool drains (written to InfluxDB,
+    forwarded by the subscription) with stamps from before where the catch-up read to. Those rows
+    are analysed in b's own time like any backlog: none dropped, its XID 79 found with its true
+    start. Only what was queued while the catch-up read, and so was read by it, is left out."""
+    import subprocess
+    import sys
+
+    import requests
+
+    from gpufleet import records
+    from tests.agent_support import ROOT, wait_for
+    from tests.servers import InfluxDB1, free_port
+
+    now = int(time.time())
+    cut, xid = now - 90, now - 60
+
+    def rows(h: str, a: int, b: int, xid_at: int | None = None) -> bytes:
+        return b"".join(_rows(h, t, xid=t == xid_at) for t in range(a, b))
+
+    with InfluxDB1(tmp_path / "influx") as db:
+        db.create_db("fleet")
+        db.write("fleet", rows("a", now - 180, now) + rows("b", now - 180, cut))
+        port = free_port()
+        cmd = [sys.executable, "-m", "gpufleet", "analyze", "--listen", f"127.0.0.1:{port}", "--influx-url",
+               db.url, "--influx-db", "fleet", "--since", "5m", "--poll", "1s", "--grace", "1s",
+               "--state", str(tmp_path / "state.db"), "--out", str(tmp_path / "out.jsonl")]
+        proc = subprocess.Popen(cmd, stdout=open(tmp_path / "an.out", "ab"), stderr=subprocess.STDOUT,
+                                cwd=ROOT, start_new_session=True)
+        url = f"http://127.0.0.1:{port}"
+
+        def gauges():
+            try:
+                text = requests.get(url + "/metrics", timeout=5).text
+            except requests.RequestException:
+                return {}
+            return {k: float(v) for k, v in re.findall(r"^gpufleet_analyzer_(\w+) (\S+)$", text, re.M)}
+
+        def post(body: bytes) -> None:
+            r = requests.post(url + "/write", params={"db": "fleet"}, data=body, timeout=10)
+            assert r.status_code == 204, r.text
+
+        try:
+            before = 2 * (180 + cut - (now - 180))  # a's and b's GPU rows read by the catch-up
+            assert wait_for(lambda: gauges().get("rows_total", 0) >= before, 60, step=0.2), (
+                gauges(), (tmp_path / "an.out").read_text())
+            for _ in range(4):  # both hosts live again, on time; b's backlog not landed yet
+                t = int(time.time())
+                live = rows("a", t, t + 1) + rows("b", t, t + 1)
+                db.write("fleet", live)
+                post(live)
+                time.sleep(max(0.0, t + 1 - time.time()))
+            backlog = rows("b", cut, now, xid_at=xid)  # the spool drains, oldest first
+            db.write("fleet", backlog)
+            post(backlog)
+            want = before + 4 * 4 + 2 * (now - cut)
+
+            def found():
+                incs = records.read(tmp_path / "out.jsonl") if (tmp_path / "out.jsonl").exists() else []
+                return [r for r in incs if r.kind == "gpu_lost"]
+
+            assert wait_for(lambda: found() and gauges().get("gpu_samples_total") == want, 30, step=0.5), (
+                {k: v for k, v in gauges().items() if not k.startswith("listen")}, want, found(),
+                (tmp_path / "an.out").read_text()[-2000:])
+            got = found()
+            assert [(r.host, r.gpu) for r in got] == [("b", 0)] and abs(got[0].start - xid) <= 1, got
+            g = gauges()
+            assert g["gap_rows_dropped_total"] == 0 and g["late_points_total"] == 0, g
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)

@@ -42,6 +42,7 @@ def faults(incs, kinds=("memory_errors", "nvlink_degradation", "pcie_degradation
 
 
 @pytest.mark.parametrize("gap", list(GAPS), ids=list(GAPS))
+@pytest.mark.slow
 def test_counters_rising_across_a_gap_are_no_rate_spike(gap):
     # 20 corrected ECC errors and 60 NVLink CRC errors collected while the GPU was silent: as a
     # step at the first row back they read as a single-bit storm (20 in 2 min) and a link piling
@@ -56,6 +57,7 @@ def test_counters_rising_across_a_gap_are_no_rate_spike(gap):
         i.summary for i in burst]
 
 
+@pytest.mark.slow
 def test_rates_above_the_bar_even_averaged_over_the_gap_page_naming_the_gap():
     # 6000 PCIe replays and 100k NVLink CRC errors in 10 min: even spread over the gap, ~10
     # replays/s and ~160 CRC errors/s, far above the bars (a lower bound of the rate inside it)
@@ -76,6 +78,7 @@ def test_rates_above_the_bar_even_averaged_over_the_gap_page_naming_the_gap():
 
 
 @pytest.mark.parametrize("gap", list(GAPS), ids=list(GAPS))
+@pytest.mark.slow
 def test_uncorrectable_error_across_a_gap_pages_once_naming_the_gap(gap):
     steps = GAPS[gap]
     incs = faults(analyse(gapped(steps, {"ecc_uncorrected_volatile_total": 1})).incidents())
@@ -89,12 +92,14 @@ def test_uncorrectable_error_across_a_gap_pages_once_naming_the_gap(gap):
     assert first.get("sbe_rate_per_s") is None
 
 
+@pytest.mark.slow
 def test_uncorrectable_error_between_adjacent_rows_names_no_gap():
     incs = faults(analyse(gapped(None, {"ecc_uncorrected_volatile_total": 1}, at=230)).incidents())
     assert [(i.kind, i.severity) for i in incs] == [("memory_errors", "critical")]
     assert incs[0].start == T0 + 230 * STEP and "over_gap_seconds" not in incs[0].evidence["first"]
 
 
+@pytest.mark.slow
 def test_online_in_time_order_pages_the_error_across_a_gap_as_batch_does():
     data = gapped(GAPS["10min"], {"ecc_uncorrected_volatile_total": 1, "ecc_corrected_volatile_total": 20})
     online = replay(_lines(data), lambda t, _h, _i: t + 1.0, poll=10.0)
@@ -112,6 +117,7 @@ def _lines(data: bytes):
     return out
 
 
+@pytest.mark.slow
 def test_a_node_cut_off_is_no_gap_its_rows_come_late():
     # the whole node silent for 10 min, its rows spooled and sent a minute after it is back: not a
     # gap in its data but data arriving late. The error is found in the node's own time (its true

@@ -7,6 +7,7 @@ import threading
 import time
 
 import pynvml
+import pytest
 from gpufleet.agent.backends.recorded import RecordedBackend
 from gpufleet.agent.backends.sim import SimBackend, TinyNode
 from gpufleet.agent.collectors.gpu import GpuCollector
@@ -173,6 +174,7 @@ def test_sim_gpm_follows_the_workload_and_nvlink_rates_need_links():
     assert pynvml.NVML_GPM_METRIC_SM_UTIL == 2  # the metric ids the recordings are keyed by
 
 
+@pytest.mark.slow
 def test_gpm_check_prints_one_json_line_on_the_recorded_h200(tmp_path):
     """bench/gpm_check.py (for a real GPU) end to end, with pynvml's calls answered by the recorded
     H200 GPM probe in a child process: one JSON line with every section, within its time budget."""

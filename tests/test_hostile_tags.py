@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
 import requests
 from gpufleet.analyzer.alerting import Notifier, load_sinks
 from gpufleet.analyzer.alerting.action import ActionSink, Unsafe
@@ -41,6 +42,7 @@ def _all_sinks(url: str) -> list:
     return [build_sink(s, f"sink {s['type']}", s["type"]) for s in specs]
 
 
+@pytest.mark.slow
 def test_hostile_host_tags_end_to_end(tmp_path, monkeypatch):
     monkeypatch.setenv("RK", "routing-key-123")
     names = HOSTILE + [PLAIN]
@@ -108,6 +110,7 @@ def test_hostile_host_tags_end_to_end(tmp_path, monkeypatch):
 
 @settings(max_examples=300, deadline=None)
 @given(st.text(min_size=0, max_size=300))
+@pytest.mark.slow
 def test_any_host_text_is_acted_on_only_as_one_plain_name(host):
     sink = ActionSink(rules=[{"kinds": ["sdc"], "severities": ["critical"],
                               "command": ["x", "NodeName={host}"], "resolve_command": None, "verify": None,

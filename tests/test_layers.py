@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("agent", "analyzer", "dashboards", "gpufleet")
 
 
+@pytest.mark.slow
 def test_no_module_imports_a_private_name_of_another_package():
     bad = []
     for pkg in PACKAGES:

@@ -33,6 +33,7 @@ def _stored(s: str) -> str:
 
 @given(meas=_meas, tag=_text.filter(bool), sval=_text, ival=st.integers(-2**63, 2**63 - 1),
        fval=st.floats(allow_nan=False, allow_infinity=False), b=st.booleans())
+@pytest.mark.slow
 def test_round_trip(meas, tag, sval, ival, fval, b):
     line = lp.encode(meas, {"host": tag}, {"s": sval, "i": ival, "f": fval, "b": b}, 123)
     p = lp.parse_line(line)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from gpufleet.analyzer.config import Config
 
 from tests.test_detectors import STEP, T0, analyse, fleet
@@ -50,11 +51,13 @@ HEALTHY = {
 ERRING = {"pcie_receiver_errors_total": 20, "pcie_naks_sent_total": 20}
 
 
+@pytest.mark.slow
 def test_healthy_pcie_link_error_background_stays_quiet():
     incs = analyse(_with_pcie_errors(fleet(), HEALTHY)).incidents()
     assert incs == [], [i.summary for i in incs]
 
 
+@pytest.mark.slow
 def test_pcie_link_error_rate_alone_opens_an_incident():
     data = _with_pcie_errors(fleet(), HEALTHY, bad=(2, 1), bad_per_step=ERRING)
     incs = analyse(data).incidents()
@@ -68,6 +71,7 @@ def test_pcie_link_error_rate_alone_opens_an_incident():
     assert analyse(data, cfg).incidents() == []
 
 
+@pytest.mark.slow
 def test_pcie_retraining_storm_opens_an_incident():
     data = _with_pcie_errors(
         fleet(), HEALTHY, bad=(0, 3), bad_per_step={"pcie_l0_to_recovery_total": 60}, from_step=200
@@ -107,6 +111,7 @@ def _with_link_traffic(data: bytes, slow=None, share=0.1, crc_every=None, from_s
     return ("\n".join(out) + "\n").encode()
 
 
+@pytest.mark.slow
 def test_link_slow_against_its_busy_siblings_with_errors_opens_a_warning():
     # link 2 carries a tenth of its siblings' traffic and takes a CRC error every 5 min: 3 in 15 min,
     # far below the slow-growth bar (45) and with no replay; the CRC rules alone stay quiet
@@ -125,6 +130,7 @@ def test_link_slow_against_its_busy_siblings_with_errors_opens_a_warning():
     assert analyse(data, cfg).incidents() == []
 
 
+@pytest.mark.slow
 def test_link_idle_while_its_siblings_are_busy_without_errors_stays_quiet():
     # a link the job's traffic pattern does not use: no errors, no incident
     data = _with_link_traffic(fleet(links=4), slow=(1, 3, 2), share=0.0)

@@ -183,6 +183,7 @@ def test_the_agents_v2_exporter_writes_to_the_listener(tmp_path, listener):
     assert [x[2] for x in rows_of(listener)] == [300.5, 301.0]
 
 
+@pytest.mark.slow
 def test_listen_address_and_bad_flags_are_one_line_exit_2(tmp_path):
     assert parse_address("127.0.0.1:8186") == ("127.0.0.1", 8186)
     assert parse_address(":8186") == ("0.0.0.0", 8186)
@@ -250,6 +251,7 @@ def test_metrics_page_and_unknown_get(listener):
     time.sleep(0)
 
 
+@pytest.mark.slow
 def test_listen_analyses_pushed_writes_with_influxdb_down(tmp_path):
     """Wiring 2 without a store to lean on: the catch-up cannot read InfluxDB (said once), the
     pushed writes are analysed and the incident is written to --out; SIGTERM ends it cleanly."""

@@ -72,6 +72,7 @@ def test_each_token_writes_only_its_own_hosts(listener):
     (f"# nothing\n{N1} node01,node02\n", "line 2: 'node01,node02' is neither"),
     ("# only comments\n", "no writer in the file"),
 ])
+@pytest.mark.slow
 def test_a_bad_writers_file_is_one_line_naming_the_line_never_the_token(tmp_path, text, why):
     f = tmp_path / "w"
     f.write_text(text)

@@ -10,6 +10,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from gpufleet import logs
 from tests.agent_support import ROOT
 from tests.test_detectors import fleet
@@ -46,6 +48,7 @@ def test_log_lines_are_escaped_and_tracebacks_keep_their_lines():
     assert not CONTROL.search(buf.getvalue())
 
 
+@pytest.mark.slow
 def test_a_hostile_host_tag_forges_no_console_line(tmp_path):
     """The analyzer run on telemetry whose host tag carries an escape sequence, a carriage return
     and a fake RESOLVED: each alert is one line starting as the console sink starts it."""

@@ -183,6 +183,14 @@ class Toy:
         Option("every", "duration", 10.0, "how often", 1.0, 3600.0, arg="every_s"),
     )
 
+    @classmethod
+    def unavailable(cls, table):
+        return "no load to report here" if table["load"] == 0 else None
+
+    @classmethod
+    def describe(cls, table, node):
+        return "on", f"load1 {table['load']:g} every {table['every']:g}s"
+
     def __init__(self, load=0.25, token_file="", token_env="", every_s=10.0):
         from gpufleet.secrets import read_secret
 
@@ -248,6 +256,22 @@ def test_a_toy_collector_is_one_module_its_section_validated_documented_and_run(
     toy_rows = [ln for ln in lines if ln.startswith("host,") and "load1=" in ln]
     assert [ln.split("load1=")[1].split(",")[0].split(" ")[0] for ln in toy_rows] == ["0.5", "1.0"]
     assert SECRET not in caplog.text
+    # its status line, from its class: the listed toy first, then every other registered collector off
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("collector ")]
+    assert said[0] == "collector toy: on (load1 0.5 every 60s)"
+    assert said[1:] == [f"collector {n}: off (not in agent.collectors)"
+                        for n in agent_config.collector_classes() if n != "toy"]
+    # unavailable on this node, by its class's word: not started, and the line says why
+    caplog.clear()
+    a = Agent(agent_config.parse_text('[agent]\ncollectors = ["toy", "host"]\n[toy]\nload = 0.0\n'
+                                      f'[file]\ndir = "{out}"\n'))
+    try:
+        assert [c.name for c in a.collectors] == ["host"]
+    finally:
+        a.close()
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("collector ")]
+    assert said[:2] == ["collector toy: unavailable (no load to report here)",
+                        "collector host: on (CPU, memory, disks and network of this host)"]
 
 
 class ToySink(Sink):

@@ -62,6 +62,21 @@ def _attrs(kvs) -> dict:
     return out
 
 
+def test_the_identity_is_added_only_when_a_listed_exporter_declares_it(tmp_path):
+    from gpufleet.agent.config import exporter_classes
+
+    assert [n for n, c in exporter_classes().items() if c.identity] == ["otlp"]
+    for exporters, want in ((["file"], False), (["file", "otlp"], True)):
+        cfg = config.validate({"agent": {"backend": "sim", "exporters": exporters, "collectors": ["host"]},
+                               "file": {"dir": str(tmp_path / "lp")}})
+        ag = Agent(cfg)
+        try:
+            assert ag.pipeline.identity is want, exporters
+        finally:
+            ag.close(0)
+
+
+@pytest.mark.slow
 def test_gpu_points_carry_semconv_identity_and_line_protocol_keeps_its_tags(tmp_path):
     rx = Receiver()
     cfg = config.validate({"agent": {"backend": "sim", "interval": 1, "exporters": ["otlp", "file"],

@@ -103,6 +103,7 @@ def _increase(series, r, field: str) -> float:
     return pts[-1][1] - pts[0][1] if len(pts) > 1 else 0.0
 
 
+@pytest.mark.slow
 def test_the_pages_fast_reader_agrees_with_the_parser_on_the_corpus(tmp_path):
     """Pages read the common line fast (only the fields they plot); on every line of the
     line-protocol corpus it reads, it reads what the full parser reads, or leaves it to the parser."""

@@ -74,6 +74,7 @@ def test_config_keys_and_bad_values_name_the_key():
     assert config.parse_listen("[::1]:9400") == ("::1", 9400)
 
 
+@pytest.mark.slow
 def test_a_port_in_use_is_one_line_and_exit_2(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -92,6 +93,7 @@ def test_a_port_in_use_is_one_line_and_exit_2(tmp_path):
 
 
 # ---------------------------------------------------------------------------- the endpoint
+@pytest.mark.slow
 def test_both_formats_parse_and_gpufleet_names_are_the_influx_series(tmp_path):
     """names = "both": the text format and OpenMetrics parse with prometheus_client's parsers;
     the gpufleet names and labels are exactly the line protocol's <measurement>_<field> and tags
@@ -168,6 +170,7 @@ class CountingBackend:
         return attr
 
 
+@pytest.mark.slow
 def test_scrapes_never_touch_nvml_and_a_stalled_scraper_never_stalls_the_loop(tmp_path):
     ag, clock = make_agent(tmp_path, names="dcgm", exporters=("prometheus",))
     try:
@@ -214,6 +217,7 @@ def test_scrapes_never_touch_nvml_and_a_stalled_scraper_never_stalls_the_loop(tm
         ag.close(0)
 
 
+@pytest.mark.slow
 def test_a_reloaded_agent_serves_again_on_the_same_port(tmp_path):
     """SIGHUP builds a new Agent after closing the old one: the port is free again at once."""
     port = free_port()
@@ -228,6 +232,21 @@ def test_a_reloaded_agent_serves_again_on_the_same_port(tmp_path):
             ag.close(0)
     with pytest.raises(requests.ConnectionError):
         requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+
+
+def test_held_values_outlive_the_slowest_collector_rows():
+    """The hold is twice the longest gap between two rows of one series that any collector
+    declares (``slowest_rows``: gpu's nvlink_interval, canary's status_every) plus one tick."""
+    from types import SimpleNamespace
+
+    from gpufleet.agent.pipeline.prometheus import PrometheusExporter
+
+    for text, hold in (('[gpu]\nnvlink_interval = "5m"\n', 2 * 300 + 10),
+                       ('[canary]\nstatus_every = "2m"\n', 2 * 120 + 10),
+                       ("", 2 * 60 + 10)):
+        cfg = config.parse_text(text)
+        exp = PrometheusExporter.build(cfg["prometheus"], SimpleNamespace(cfg=cfg, interval=10.0))
+        assert exp.hold_ns == hold * 10**9, text
 
 
 def test_held_values_stay_while_their_gpu_is_reported_and_no_longer():

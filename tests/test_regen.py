@@ -6,6 +6,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from gpufleet import regen
 from tests.conftest import ROOT
 
@@ -14,6 +16,7 @@ def test_every_generated_file_is_current():
     assert regen.stale() == [], "stale generated files: run python -m gpufleet.regen"
 
 
+@pytest.mark.slow
 def test_regen_finds_each_stale_file_and_rewrites_it(tmp_path):
     made = regen.targets()
     assert {"docs/schema.md", "docs/scale.md", "dashboards/grafana/gpu.json"} <= set(made)
@@ -46,6 +49,7 @@ def test_regen_finds_each_stale_file_and_rewrites_it(tmp_path):
     assert not (tmp_path / "dashboards/grafana/old.json").exists()
 
 
+@pytest.mark.slow
 def test_check_answers_0_on_a_current_checkout():
     r = subprocess.run([sys.executable, "-m", "gpufleet.regen", "--check"], capture_output=True, text=True,
                        timeout=120)

@@ -86,6 +86,7 @@ def pages(tmp_path_factory):
     return d, data, sorted((d / "out").glob("*.html"))
 
 
+@pytest.mark.slow
 def test_a_page_per_incident_plus_index(pages):
     d, _, paths = pages
     names = [p.name for p in paths]
@@ -123,6 +124,7 @@ def test_a_page_per_incident_plus_index(pages):
     assert ">4242, 4243<" in sdc  # the jobs on the GPU during the incident
 
 
+@pytest.mark.slow
 def test_pages_load_without_network_and_stay_small(pages):
     _, _, paths = pages
     for p in paths:
@@ -133,6 +135,7 @@ def test_pages_load_without_network_and_stay_small(pages):
         assert not re.search(r"\bsrc=\"(?!data:)", html) and "@import" not in html and "url(" not in html
 
 
+@pytest.mark.slow
 def test_plots_show_the_gpu_against_its_peers(pages):
     from gpufleet.analyzer.alerting.data import load
     from gpufleet.analyzer.alerting.pages import plot, window
@@ -150,6 +153,7 @@ def test_plots_show_the_gpu_against_its_peers(pages):
     assert nothing is None
 
 
+@pytest.mark.slow
 def test_every_page_renders_in_headless_chromium_with_images_loaded(pages, tmp_path):
     _, _, paths = pages
     probe = ("<script>addEventListener('load',()=>{const ok=[...document.images].filter("
@@ -180,6 +184,7 @@ def test_every_page_renders_in_headless_chromium_with_images_loaded(pages, tmp_p
     shutil.copy(shot, keep)
 
 
+@pytest.mark.slow
 def test_write_pages_accepts_points_and_handles_no_data(tmp_path):
     from gpufleet.lineprotocol import parse_line
 
@@ -190,3 +195,50 @@ def test_write_pages_accepts_points_and_handles_no_data(tmp_path):
     out = write_pages([incident(host="elsewhere", id="lonely")], points, tmp_path / "o2")
     assert "No telemetry for this GPU" in out[0].read_text()
     assert write_pages([], points, tmp_path / "o3")[-1].name == "index.html"
+
+
+def test_plots_break_lines_at_a_gap_and_plot_no_rate_across_it(tmp_path):
+    """node01 is silent for 10 min (T0 + 600 .. T0 + 1200) and GPU 1's PCIe replay counter rose by 6,000
+    meanwhile (0.1/s before and after): the page's replay-rate line breaks over the gap, no rate is
+    computed across it (10/s averaged over the outage is no measurement), and a value line breaks
+    there too. A gap is the windows' own rule: more than 3 of the entity's median polls."""
+    import matplotlib.image as mpimg
+    import numpy as np
+    from gpufleet.analyzer.alerting.data import load
+    from gpufleet.analyzer.alerting.pages import _series, plot, window
+
+    gap = (T0 + 600, T0 + 1200)  # right of the legend, in the upper left
+    lines, replays = [], [0] * 4
+    for t in range(int(START), int(T0 + 1800), 10):
+        if gap[0] <= t < gap[1]:
+            continue
+        for g in range(4):
+            replays[g] += 6000 if g == 1 and t == gap[1] else (1 if g == 1 else 0)
+            tags = {"host": "node01", "gpu": g, "cluster": "c1", "rack": "r07"}
+            lines.append(encode("gpu", tags, {"pcie_replay_total": replays[g], "pcie_link_width": 16,
+                                              "pcie_link_gen": 5, "utilization_gpu_ratio": 0.97,
+                                              "temperature_gpu_celsius": 60 + g}, t * 10**9))
+    (tmp_path / "gap.lp").write_text("\n".join(lines) + "\n")
+    r = incident(kind="pcie_degradation", gpu=1, start=T0, end=T0 + 600, id="pcie-gap")
+    lo, hi = window(r, None)
+    data = load(tmp_path / "gap.lp", {"node01"}, [(lo, hi)])
+    pts = dict(data.data[("gpu", "node01", 1, None)])
+    t, rate = _series(pts["pcie_replay_total"], "rate", lo, hi)
+    assert np.nanmax(rate) == pytest.approx(0.1)  # never the 10/s over the gap
+    inside = (t >= gap[0]) & (t <= gap[1])
+    assert inside.sum() == 1 and np.isnan(rate[inside]).all()  # the break, at the row after the gap
+    t, temp = _series(pts["temperature_gpu_celsius"], "value", lo, hi)
+    inside = (t > gap[0] - 10) & (t < gap[1])
+    assert inside.sum() == 1 and np.isnan(temp[inside]).all()  # one NaN point between the two sides
+    assert np.isfinite(np.delete(temp, np.flatnonzero(inside))).all()
+    # the page's picture: GPU 1's red rate line leaves the gap's columns blank (a quarter of the
+    # window: ~170 px of the 810 px figure), where a line drawn across it would leave none
+    png = tmp_path / "p.png"
+    png.write_bytes(plot(r, data, lo, hi))
+    img = mpimg.imread(png)[:, :, :3]
+    red = (np.abs(img - np.array([214, 39, 40]) / 255).max(axis=2) < 0.08).any(axis=0)
+    cols = np.flatnonzero(red)
+    runs = np.diff(cols)
+    assert runs.max() > 120, runs.max()
+    out = write_pages([r], tmp_path / "gap.lp", tmp_path / "out")
+    assert "data:image/png" in out[0].read_text()

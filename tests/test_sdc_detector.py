@@ -3,6 +3,7 @@ warning for a GPU the canary has not checked for twice its max_age."""
 
 from __future__ import annotations
 
+import pytest
 from gpufleet.analyzer.config import Config
 from gpufleet.analyzer.pipeline import Analyzer
 
@@ -74,6 +75,7 @@ def test_two_unconfirmed_failures_on_one_gpu_are_confirmed():
     assert inc.kind == "sdc" and inc.severity == "critical"
 
 
+@pytest.mark.slow
 def test_a_gpu_unchecked_for_twice_max_age_is_a_warning():
     step = 120
     steps = int(13 * 3600 / step)  # 13 h of idle telemetry

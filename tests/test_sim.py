@@ -85,6 +85,7 @@ def memory(tmp_path_factory):
     return Parsed(run_sim(tmp_path_factory.mktemp("memory"), "memory", nodes=3, duration=2 * 3600.0))
 
 
+@pytest.mark.slow
 def test_same_seed_same_bytes_other_seed_differs(tmp_path):
     a = run_sim(tmp_path / "a", "chaos", nodes=4, duration=1800.0)
     b = run_sim(tmp_path / "b", "chaos", nodes=4, duration=1800.0)
@@ -95,6 +96,7 @@ def test_same_seed_same_bytes_other_seed_differs(tmp_path):
     assert not list(tmp_path.rglob(".*tmp-*"))  # no temp directory left behind
 
 
+@pytest.mark.slow
 def test_lines_are_the_catalogue_schema_and_encode_identically(mixed):
     cat = {m.key: m for m in catalogue.load()}
     checked = 0
@@ -113,6 +115,7 @@ def test_lines_are_the_catalogue_schema_and_encode_identically(mixed):
     assert checked > 1000
 
 
+@pytest.mark.slow
 def test_encode_round_trip_is_byte_identical(tmp_path):
     out = run_sim(tmp_path, "mixed", nodes=2, duration=1800.0)
     for line in lines(out)[:3000]:
@@ -121,6 +124,7 @@ def test_encode_round_trip_is_byte_identical(tmp_path):
         assert fast_parse(line) == p
 
 
+@pytest.mark.slow
 def test_h200_values_realistic_and_absent_fields_absent(mixed):
     gpu = mixed.by["gpu"]
     busy = [p for p in gpu if p.fields.get("clock_event_reasons") == 4]
@@ -151,6 +155,7 @@ def test_h200_values_realistic_and_absent_fields_absent(mixed):
     assert abs(de / dt - mean_p) / mean_p < 0.03
 
 
+@pytest.mark.slow
 def test_truth_records_shape(mixed):
     kinds = {r.kind for r in mixed.truth}
     assert {
@@ -184,6 +189,7 @@ def Record_time(s):
     return from_rfc3339(s)
 
 
+@pytest.mark.slow
 def test_thermal_signature_only_on_thermal_faults(mixed):
     throttled = mixed.gpus_with(
         "gpu",
@@ -209,6 +215,7 @@ def test_thermal_signature_only_on_thermal_faults(mixed):
     assert checked
 
 
+@pytest.mark.slow
 def test_power_brake_signature(mixed):
     braked = mixed.gpus_with("gpu", lambda p: p.fields.get("clock_event_reasons", 0) & 0x80)
     assert braked == mixed.truth_gpus("power_brake")
@@ -216,6 +223,7 @@ def test_power_brake_signature(mixed):
     assert counter == braked
 
 
+@pytest.mark.slow
 def test_nvlink_signature_on_one_link(mixed):
     # every link every 30 s (the agent's gpu.nvlink_interval); healthy links carry a background of
     # sporadic CRC errors and rare replays, far below a degrading link's; only that one goes down
@@ -249,6 +257,7 @@ def test_nvlink_signature_on_one_link(mixed):
     assert links == set(range(18))
 
 
+@pytest.mark.slow
 def test_pcie_signature(mixed):
     # healthy GPUs replay a few times an hour (the background); the faulty one storms
     last = {}
@@ -260,6 +269,7 @@ def test_pcie_signature(mixed):
     assert sum(v > 0 for k, v in last.items() if k not in storm) > len(last) / 2
 
 
+@pytest.mark.slow
 def test_sdc_only_canary(mixed):
     failed = mixed.gpus_with("gpu_canary", lambda p: p.fields["passed"] == 0)
     assert failed == mixed.truth_gpus("sdc")
@@ -274,6 +284,7 @@ def test_sdc_only_canary(mixed):
     assert not [e for e in mixed.by["gpu_event"] if (e.tags["host"], int(e.tags["gpu"])) == (host, gpu)]
 
 
+@pytest.mark.slow
 def test_gpu_lost_signature(mixed):
     ((host, gpu),) = mixed.truth_gpus("gpu_lost")
     lost_rows = mixed.gpus_with("gpu", lambda p: p.fields.get("health_code") == 2)
@@ -292,6 +303,7 @@ def test_gpu_lost_signature(mixed):
     ]
 
 
+@pytest.mark.slow
 def test_straggler_slower_than_peers_without_reason(mixed):
     ((host, gpu),) = mixed.truth_gpus("straggler")
     r = next(r for r in mixed.truth if r.kind == "straggler")
@@ -313,6 +325,7 @@ def test_straggler_slower_than_peers_without_reason(mixed):
     assert len(ratios) > 20 and np.median(ratios) < 0.92
 
 
+@pytest.mark.slow
 def test_memory_signatures(memory):
     mem_gpus = memory.truth_gpus("memory_errors")
     assert len(mem_gpus) == 6
@@ -411,6 +424,7 @@ def test_chaos_nuisances_are_visible_but_not_in_truth(tmp_path):
         (["--scenario", "nope"], "unknown scenario"),
     ],
 )
+@pytest.mark.slow
 def test_bad_input_is_one_line_exit_2(tmp_path, capsys, args, msg):
     out = tmp_path / "o"
     assert main(["sim", "--out", str(out), *args]) == 2
@@ -419,6 +433,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path, capsys, args, msg):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_malformed_and_invalid_scenario_files(tmp_path, capsys):
     cases = {
         "x = [": "malformed",
@@ -530,6 +545,7 @@ def test_thermal_scenario_scopes_and_early_signal(tmp_path):
     assert early >= 1
 
 
+@pytest.mark.slow
 def test_link_scenario_modes(tmp_path):
     p = Parsed(run_sim(tmp_path, "link", nodes=2, duration=3 * 3600.0))
     nv = [r for r in p.truth if r.kind == "nvlink_degradation"]

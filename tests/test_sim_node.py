@@ -98,6 +98,7 @@ def test_unknown_host_and_from_host(monkeypatch):
         SimNode.from_host("gpu0001")
 
 
+@pytest.mark.slow
 def test_driver_reload_is_stale_then_counters_restart():
     probe = SimNode("gpu0001", seed=5, scenario="chaos", duration="2h", t0=T0)
     node_i, a, b = probe.fleet.driver_reloads[0]
@@ -114,6 +115,7 @@ def test_driver_reload_is_stale_then_counters_restart():
     )
 
 
+@pytest.mark.slow
 def test_time_going_backwards_replays_from_the_start():
     """A probe at wall-clock time (days after the fleet's start) must not spoil the fleet's clock."""
     probe = SimNode("gpu0001", seed=2, scenario="memory", duration="1h", t0=T0)

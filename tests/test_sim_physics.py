@@ -34,6 +34,7 @@ def trace():
     return tr, simulate(tr)
 
 
+@pytest.mark.slow
 def test_fit_errors_within_tolerance(trace):
     tr, sim = trace
     e = errors(tr, sim)
@@ -101,6 +102,7 @@ def run_const(g: float, step: float, seconds: float, phase=COMPUTE, brake=False,
     return p, outs
 
 
+@pytest.mark.slow
 def test_long_steps_match_short_steps():
     """Sub-step dynamics are solved exactly: 10 s steps land where 0.1 s steps do."""
     p10, o10 = run_const(1.0, 10.0, 300)
@@ -110,6 +112,7 @@ def test_long_steps_match_short_steps():
     assert abs(p10.t_cap[0] - p01.t_cap[0]) < 11
 
 
+@pytest.mark.slow
 def test_thermal_throttle_only_when_cooling_cannot_hold_the_power():
     # healthy cooling at a hot inlet: capped, never thermal
     p, outs = run_const(1.0, 10.0, 1800, inlet=32.0)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 from gpufleet.analyzer.evaluate import matches
 
 from gpufleet import records
@@ -49,6 +50,7 @@ def _one_page_per_fault(truth, incidents, capsys=None):
     assert len(info) == len(set(info))
 
 
+@pytest.mark.slow
 def test_a_node_of_another_generation_is_judged_by_its_own_model(tmp_path):
     # gpu0001 is an A100 (400 W, a steeper °C per W) among H200s; one of its GPUs' heatsinks degrades
     toml = """
@@ -73,6 +75,7 @@ onset = "25%"
     assert ev["model"] == "NVIDIA A100-SXM4-80GB" and ev["baseline"].startswith("own model")
 
 
+@pytest.mark.slow
 def test_an_operator_power_cap_is_no_straggler_and_a_slow_gpu_beside_it_is(tmp_path):
     # the operator caps gpu0002 at ~70 % of 700 W for most of the run; GPU 5 of it is a real straggler
     toml = """
@@ -99,6 +102,7 @@ onset = "20%"
     assert lines and any("clock_event_sw_power_cap=1i" in ln for ln in lines)
 
 
+@pytest.mark.slow
 def test_a_warm_rack_is_its_own_baseline_and_a_hot_gpu_in_it_still_pages(tmp_path):
     # rack r001 (gpu0001, gpu0002) steps to 7 °C above the room an hour in and stays there (the room's
     # doing, no GPU near its limits); one GPU's heatsink degrades in it
@@ -130,6 +134,7 @@ def _gpu_lines(out, host: str) -> list[str]:
         return [ln for ln in f if ln.startswith("gpu,") and f"host={host}," in ln]
 
 
+@pytest.mark.slow
 def test_mixed_generations_and_operator_life_in_the_healthy_scenario(tmp_path):
     sc = scen.load("healthy")
     assert sc.fleet["generations"] and sc.nuisances["power_caps"] and sc.nuisances["warm_racks"]

@@ -41,6 +41,7 @@ def test_a_deleted_spool_keeps_its_open_segment_and_counts_the_rest(tmp_path, ca
     sp.close()
 
 
+@pytest.mark.slow
 def test_an_agent_whose_spool_is_deleted_just_before_sigterm_keeps_its_ticks(tmp_path):
     """InfluxDB down, the spool holds every tick; the directory is deleted and SIGTERM follows at
     once: the points are written back (the segment was still open), and the exit line's count is
@@ -80,17 +81,23 @@ set -e
 mount -t tmpfs -o size=64k tmpfs "$1"
 dd if=/dev/zero of="$1/filler" bs=4k 2>/dev/null || true
 shift
-"$@" &
+"$@" >"$DIR.log" 2>&1 &
 pid=$!
-sleep 5
+waitfor() {  # up to 60 s for the agent's log to say it (a loaded machine starts it slowly)
+    i=0; while [ $i -lt 600 ] && ! grep -q "$1" "$DIR.log"; do sleep 0.1; i=$((i + 1)); done
+}
+waitfor "No space left on device"
 rm -f "$DIR/filler"
-sleep 4
+waitfor "healthy again"
+sleep 1
 kill -TERM $pid
 wait $pid && echo "exit 0" || echo "exit $?"
+cat "$DIR.log"
 """
 
 
 @pytest.mark.skipif(not _userns_tmpfs(), reason="needs unshare -Urm and a tmpfs mount (user namespaces)")
+@pytest.mark.slow
 def test_an_agent_starting_on_a_full_disk_runs_degraded_then_writes_again(tmp_path):
     mnt = tmp_path / "disk"
     mnt.mkdir()
@@ -100,7 +107,7 @@ def test_an_agent_starting_on_a_full_disk_runs_degraded_then_writes_again(tmp_pa
            "--exporter", "influx", "--influx-url", f"http://127.0.0.1:{free_port()}",
            "--spool-dir", str(mnt / "spool")]
     r = subprocess.run(["unshare", "-Urm", "--propagation", "private", "env", f"DIR={mnt}", "sh", str(script),
-                        str(mnt), *cmd], capture_output=True, text=True, cwd=ROOT, timeout=60)
+                        str(mnt), *cmd], capture_output=True, text=True, cwd=ROOT, timeout=180)
     out = r.stdout + r.stderr
     assert "exit 0" in out and "Traceback" not in out and "OSError" not in out, out
     full = [line for line in out.splitlines() if "No space left on device" in line]

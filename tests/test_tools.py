@@ -23,6 +23,7 @@ def test_each_folder_is_linked_where_it_installs(folder):
     assert link.is_symlink() and link.resolve() == (ROOT / folder).resolve()
 
 
+@pytest.mark.slow
 def test_the_type_checker_resolves_every_module_of_the_folders():
     names = sorted(
         ".".join(("gpufleet", *p.relative_to(ROOT).with_suffix("").parts)).removesuffix(".__init__")

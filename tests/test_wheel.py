@@ -173,6 +173,7 @@ print(json.dumps({"imported": names, "failed": failed, "heavy": heavy}))
 """
 
 
+@pytest.mark.slow
 def test_agent_modules_import_no_heavy_packages():
     proc = subprocess.run([sys.executable, "-c", IMPORT_ALL_AGENT], capture_output=True, text=True,
                           cwd=ROOT, timeout=120)

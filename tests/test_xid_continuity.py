@@ -84,6 +84,7 @@ def xid(tag: str, code: int = 79) -> str:
 
 
 @needs_journal
+@pytest.mark.slow
 def test_xids_logged_while_stopped_are_delivered_once_after_start(tmp_path):
     j = Journal(tmp_path / "journal")
     state = tmp_path / "state"
@@ -225,6 +226,7 @@ def test_dev_kmsg_resumes_after_its_last_sequence_number(tmp_path):
         col.close()
 
 
+@pytest.mark.slow
 def test_an_xid_seen_by_nvml_and_the_kernel_log_is_one_row(tmp_path, monkeypatch):
     monkeypatch.setattr(xidmod, "NVML_HOLD_S", 0.3)
     log = tmp_path / "kern.log"
@@ -278,6 +280,7 @@ def test_without_a_kernel_log_nvml_xids_go_out_at_once():
 
 
 @needs_journal
+@pytest.mark.slow
 def test_the_agent_delivers_xids_logged_while_it_was_stopped_once(tmp_path):
     """The real ``gpufleet agent run`` process, stopped and started again: the XID logged in
     between reaches its output once, at the kernel's time; the one before is not repeated."""

@@ -58,10 +58,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpufleet.agent.canary_worker import reference_key
-from gpufleet.agent.model import STATE_DIR, Sample, register
+from gpufleet.agent.model import STATE_DIR, Node, Sample, register
 
 from gpufleet.errors import ConfigError
 from gpufleet.options import Option
+from gpufleet.units import format_duration
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,20 @@ DROP_VERSION = 1
 _FIELD_TYPES = {"passed": int, "mismatches": int, "memory_mismatches": int, "duration_seconds": float,
                 "startup_seconds": float, "digest": str, "reference_match": int, "checks": int,
                 "checks_failed": int}
+
+
+def canary_engines(python: str = "") -> list[str]:
+    """The CUDA engines (torch, cupy) the canary's child interpreter can import, looked up in a
+    child: the agent itself never imports them or asks its import system for them."""
+    import subprocess
+
+    probe = "import importlib.util as u; print(' '.join(m for m in ('torch', 'cupy') if u.find_spec(m)))"
+    try:
+        r = subprocess.run([python or sys.executable, "-P", "-c", probe], capture_output=True, text=True,
+                           timeout=30, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return r.stdout.split() if r.returncode == 0 else []
 
 
 def backend_engine(backend, name: str):
@@ -349,6 +364,32 @@ class CanaryCollector:
         Option("python", "path", "", "the interpreter that runs each check: one with torch or cupy, "
                "e.g. /opt/gpufleet-canary/bin/python (docs/sources.md); \"\" = gpufleet's own"),
     )
+
+    @classmethod
+    def describe(cls, table: dict, node: Node) -> tuple[str, str]:
+        hooks = f"results of job-boundary checks (Slurm Epilog/Prolog hooks) from {table['drop_dir']}"
+        engine = table["engine"]
+        if engine == "numpy":
+            own = f"its own check on the CPU (numpy) every {format_duration(table['interval'])}"
+        elif not node.gpus:
+            own = "no checks of its own (no NVML GPU here)"
+        elif engine == "backend":
+            own = f"its own checks of {node.gpus} GPU(s) by the backend's engine"
+        else:
+            wanted = [e for e in canary_engines(table["python"]) if engine in ("auto", e)]
+            if wanted:
+                own = (f"its own checks of {node.gpus} idle GPU(s) every "
+                       f"{format_duration(table['interval'])} with {wanted[0]}")
+            else:
+                need = "torch or cupy" if engine == "auto" else engine
+                py = table["python"] or "gpufleet's interpreter"
+                own = (f"no checks of its own: no CUDA engine ({need}) in {py} "
+                       "(set canary.python, docs/sources.md)")
+        return "on", f"{hooks}; {own}"
+
+    @classmethod
+    def slowest_rows(cls, table: dict) -> float | None:
+        return float(table["status_every"])
 
     @staticmethod
     def check_options(table: dict) -> None:

@@ -50,10 +50,11 @@ from typing import NamedTuple
 import pynvml
 from gpufleet.agent.collectors import CollectorUnavailable
 from gpufleet.agent.jobs import TAG_KEYS, resolve_job
-from gpufleet.agent.model import Sample, register
+from gpufleet.agent.model import Node, Sample, register
 
 from gpufleet import catalogue
 from gpufleet.options import Option
+from gpufleet.units import format_duration
 
 log = logging.getLogger(__name__)
 
@@ -349,6 +350,16 @@ class GpuCollector:
                "bandwidth; absent on GPUs without GPM. About 0.09 ms + 1-4 ms of driver time per GPU poll "
                "on an H200"),
     )
+
+    @classmethod
+    def describe(cls, table: dict, node: Node) -> tuple[str, str]:
+        if node.gpus is None:
+            return "unavailable", f"NVML: {node.nvml_error}; tried again while the agent runs"
+        return "on", f"{node.gpus} GPU(s) through NVML, every {format_duration(node.interval)}"
+
+    @classmethod
+    def slowest_rows(cls, table: dict) -> float | None:
+        return float(table["nvlink_interval"])
 
     def __init__(self, backend="nvml", *, slow_interval_s: float = 60.0, deadline_s: float = 2.0,
                  retry_s: float = 30.0, nvlink: bool = True, nvlink_interval_s: float = 30.0,

@@ -11,7 +11,7 @@ import os
 import time
 
 import psutil
-from gpufleet.agent.model import Sample, register
+from gpufleet.agent.model import Node, Sample, register
 
 
 @register("host")
@@ -20,6 +20,10 @@ class HostCollector:
     needs_nvml = False
     measurements = ("host",)
     options = ()  # no section of its own
+
+    @classmethod
+    def describe(cls, table: dict, node: Node) -> tuple[str, str]:
+        return "on", "CPU, memory, disks and network of this host"
 
     def __init__(self, *, slow_interval_s: float = 60.0, first_sample_s: float = 0.0, clock=time.monotonic):
         self.slow_interval_s = float(slow_interval_s)

@@ -30,7 +30,7 @@ import time
 import weakref
 from pathlib import Path
 
-from gpufleet.agent.model import Sample, register
+from gpufleet.agent.model import Node, Sample, register
 
 from gpufleet.errors import ConfigError, GpufleetError
 from gpufleet.net import backoff_delay
@@ -118,6 +118,9 @@ def parse_sel_entries(text: str) -> list[tuple[int, str]]:
     return out
 
 
+LOCAL_DEVICES = ("/dev/ipmi0", "/dev/ipmi/0", "/dev/ipmidev/0")  # the in-band BMC's device node
+
+
 def _sensor_type_tag(t: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", t.strip().lower()).strip("_") or "other"
 
@@ -146,6 +149,23 @@ class IpmiCollector:
         Option("dcmi", "bool", True, "DCMI power; probed once, again every 100 polls if absent"),
         Option("cache_dir", "path", "", "FreeIPMI's SDR cache; empty: a private temporary folder"),
     )
+
+    @classmethod
+    def unavailable(cls, table: dict) -> str | None:
+        if table["host"]:  # out of band: the BMC answers (or not) while the agent runs
+            return None
+        if not any(os.path.exists(d) for d in LOCAL_DEVICES):
+            return ("no /dev/ipmi0 (no local BMC, or the ipmi_si/ipmi_devintf modules are not loaded) "
+                    "and no [ipmi] host")
+        if shutil.which("ipmi-sensors") is None:
+            return "FreeIPMI's ipmi-sensors is not installed (apt install freeipmi-tools)"
+        return None
+
+    @classmethod
+    def describe(cls, table: dict, node: Node) -> tuple[str, str]:
+        if table["host"]:
+            return "on", f"BMC {table['host']}:{table['port']} over IPMI LAN"
+        return "on", "local BMC in-band (/dev/ipmi0, FreeIPMI)"
 
     @staticmethod
     def check_options(table: dict) -> None:

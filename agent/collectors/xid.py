@@ -44,7 +44,7 @@ import threading
 import time
 from pathlib import Path
 
-from gpufleet.agent.model import STATE_DIR, Sample, register
+from gpufleet.agent.model import STATE_DIR, Node, Sample, register
 
 from gpufleet import catalogue
 from gpufleet.errors import ConfigError, GpufleetError
@@ -611,6 +611,13 @@ class XidCollector:
                "/dev/kmsg sequence number) so XIDs logged while the agent was stopped arrive at its next "
                "start; \"\" = none"),
     )
+
+    @classmethod
+    def describe(cls, table: dict, node: Node) -> tuple[str, str]:
+        src = f"kernel log {table['kmsg']} (else the journal)" if table["kmsg"] else "no kernel log"
+        ev = "NVML events" if table["nvml_events"] and node.gpus else (
+            "no NVML events (no GPU)" if table["nvml_events"] else "NVML events off")
+        return "on", f"XID lines from the {src}; {ev}"
 
     def __init__(self, backend=None, nvml_events: bool = True, kmsg: str = "/dev/kmsg",
                  replay: bool = False, max_events: int = 1000, wait_ms: int = 500,

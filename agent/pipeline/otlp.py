@@ -20,6 +20,7 @@ from gpufleet.options import Option
 class OtlpExporter(Exporter):
     """The ``[otlp]`` section; the part is the stock OTLP exporter (:func:`make_exporter`)."""
 
+    identity = True
     options = (
         Option("endpoint", "str", "http://127.0.0.1:4318/v1/metrics"),
         Option("protocol", "choice", "http/protobuf", choices=("http/protobuf", "grpc")),

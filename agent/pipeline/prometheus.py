@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from gpufleet.agent.config import parse_listen
+from gpufleet.agent.config import collector_classes, parse_listen
 from gpufleet.agent.model import Exporter, register_exporter
 from gpufleet.agent.pipeline.mapping import Catalogue
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
@@ -156,8 +156,8 @@ class PrometheusExporter(MetricExporter, Exporter):
     def build(cls, table: dict, agent) -> PrometheusExporter:
         # slow-tier values are held between the polls that read them: the longest cadence
         cfg = agent.cfg
-        slow = [float(cfg[s][k]) for s, k in (("gpu", "nvlink_interval"), ("canary", "status_every"))
-                if k in cfg.get(s, {})]
+        slow = [s for name, c in collector_classes().items() if name in cfg
+                and (s := c.slowest_rows(cfg[name])) is not None]
         return cls(table["listen"], table["names"], hold_s=2 * max(60.0, *slow) + agent.interval)
 
     @classmethod

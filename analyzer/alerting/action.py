@@ -82,6 +82,7 @@ from gpufleet.records import KINDS, SEVERITIES, to_rfc3339
 
 log = logging.getLogger("gpufleet.alerting")
 
+LOG_LEVELS = {"ok": logging.INFO, "dry-run": logging.INFO, "ran-before": logging.WARNING}  # else ERROR
 RULE_KEYS = {"kinds", "severities", "command", "resolve_command", "verify", "verify_expect",
              "resolve_verify", "resolve_verify_expect"}
 OUTPUT_MAX = 500
@@ -198,6 +199,7 @@ class ActionSink(Sink):
     command's deadline."""
 
     type = "action"
+    acts = True
     needs_url = False
     delivery_defaults = {"rate_limit": None, "timeout": 30.0}  # timeout: the command's deadline
     options = (
@@ -319,6 +321,13 @@ class ActionSink(Sink):
                 if not firing:
                     return self._done("not-undone", what, argv, f"resolve_verify: {why}; the node is left as "
                                       "it is (a person may have taken it over)")
+                earlier = self.ledger and self.ledger.acted_for(alert.host or "", alert.key, sink=self.name)
+                if earlier:  # our own command, started before a restart, got there first
+                    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(earlier["t"]))
+                    return self._done("ran-before", what, argv,
+                                      f"verify: {why}; this sink started this incident's command at {when} "
+                                      f"(process {earlier.get('pid', '?')}, before a restart): the node's "
+                                      "state is that command's outcome; not run again")
                 return self._refuse("refused-verify", alert, what, argv, f"verify: {why}")
         if firing:
             d = self._claim(alert)
@@ -433,7 +442,8 @@ class ActionSink(Sink):
         if text and status != "ok":
             line += f": {' '.join(text.split())}"
         line = clean(line)
-        (log.info if status in ("ok", "dry-run") else log.error)("%s", line)
+        log.log(LOG_LEVELS.get(status, logging.ERROR), "%s", line)
         record = {"status": status, "argv": argv, "rc": rc, "output": text, "detail": detail,
                   "seconds": None if seconds is None else round(seconds, 3)}
-        return Outcome("sent" if status in ("ok", "dry-run") else "failed", detail or status, record=record)
+        return Outcome("sent" if status in ("ok", "dry-run", "ran-before") else "failed", detail or status,
+                       record=record)

@@ -27,6 +27,7 @@ class AlertmanagerSink(Sink):
     options = (Option("repost_interval", "duration", 60.0, "active alerts are re-posted this often; keep "
                       "it well under Alertmanager's resolve_timeout; 0 = never"),)
     delivery_defaults = {"rate_limit": 600.0}
+    url_is_address = True  # an Alertmanager URL is an address, not a credential
 
     def __init__(self, name, url, delivery=None, repost_interval: float = 60.0, **options):
         super().__init__(name, url, delivery, **options)
@@ -35,9 +36,6 @@ class AlertmanagerSink(Sink):
     def target_url(self) -> str:
         base = self.url.rstrip("/")
         return base if base.endswith("/api/v2/alerts") else base + "/api/v2/alerts"
-
-    def secrets(self) -> list[str]:
-        return []  # an Alertmanager URL is an address, not a credential
 
     def alert_doc(self, alert: Alert, now: float | None = None) -> dict:
         now = time.time() if now is None else now

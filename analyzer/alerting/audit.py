@@ -21,6 +21,7 @@ from gpufleet.errors import ConfigError
 ACTION_WORDS = {
     ("firing", "ok"): ("run", "run"),
     ("resolved", "ok"): ("undone", "undone"),
+    ("firing", "ran-before"): ("run (before a restart)", "run"),
     ("firing", "dry-run"): ("dry-run", "dry-run"),
     ("resolved", "dry-run"): ("dry-run (undo)", "dry-run"),
     ("firing", "suppressed"): ("refused (rate)", "refused"),

@@ -129,7 +129,11 @@ class Sink:
     ``render(alert)`` is pure: it returns the JSON document to POST. ``deliver`` sends it and
     classifies the answer. ``repost_interval`` (seconds) asks the notifier to re-send active
     alerts on that period through :meth:`repost` (Alertmanager expires alerts it stops hearing
-    about).
+    about). ``acts``: it acts on the fleet (runs a command) instead of telling people: the pages
+    the sinks raise themselves (a refused action) go to every sink but these, the others keep
+    delivering while one still runs, and closing waits for its running command. ``url_is_address``:
+    its URL's path and query name a place, not a credential (Alertmanager), so they may be logged;
+    otherwise (a Slack or PagerDuty-style webhook) they are secrets, redacted wherever they appear.
     """
 
     type: ClassVar[str] = ""
@@ -137,6 +141,8 @@ class Sink:
     needs_url: ClassVar[bool] = True  # a [[sink]] table without url (nor default_url) is an error
     default_url: ClassVar[str] = ""
     delivery_defaults: ClassVar[dict[str, object]] = {}  # Delivery fields whose default differs
+    acts: ClassVar[bool] = False
+    url_is_address: ClassVar[bool] = False
     repost_interval: float | None = None
 
     @classmethod
@@ -175,7 +181,9 @@ class Sink:
 
     def secrets(self) -> list[str]:
         """Strings that must never be logged (keys, tokens, secret URL paths)."""
-        out = []
+        out: list[str] = []
+        if self.url_is_address:
+            return out
         parts = urlsplit(self.url)
         if parts.path not in ("", "/"):
             out.append(parts.path)

@@ -69,6 +69,15 @@ class Ledger:
         with self._locked() as f:
             return [e for e in self._read(f) if e["t"] >= now - self.window]
 
+    def acted_for(self, host: str, key: str, *, sink: str, now: float | None = None) -> dict | None:
+        """This sink's "act" line for ``host`` and incident ``key`` within the window, if any: a
+        process (this one before a restart, or a shard) got past the verification and started the
+        command for this very incident."""
+        for e in self.entries(now):
+            if (e.get("type"), e.get("host"), e.get("key"), e.get("sink")) == ("act", host, key, sink):
+                return e
+        return None
+
     def claim(self, host: str, cluster: str | None, rack: str | None, sizes: dict, *, sink: str,
               key: str, record: bool = True, now: float | None = None) -> Decision:
         """May ``host`` be acted on now? When it may and ``record``, it is written down (one slot of

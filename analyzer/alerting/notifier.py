@@ -31,7 +31,7 @@ from gpufleet.analyzer.alerting.base import Alert, Outcome, Sink
 
 from gpufleet.errors import ConfigError
 from gpufleet.net import RETRY_AFTER_MAX, backoff_delay
-from gpufleet.records import Record, to_rfc3339
+from gpufleet.records import Record, from_rfc3339, to_rfc3339
 
 log = logging.getLogger("gpufleet.alerting")
 
@@ -235,12 +235,18 @@ class Notifier:
         ``taker``: the key of the incident that took this one in, if any."""
         db = self.store.db
         key = incident_key(r)
-        row = db.execute("SELECT grp, ended FROM incident WHERE key=?", (key,)).fetchone()
+        row = db.execute("SELECT grp, ended, json_extract(record, '$.start') FROM incident WHERE key=?",
+                         (key,)).fetchone()
         if row is not None:
-            grp, ended = row
+            grp, ended, start = row
             if r.end is not None and not ended:
                 db.execute("UPDATE incident SET ended=1, end_t=?, record=? WHERE key=?",
                            (r.end, r.to_json(), key))
+                return grp, False
+            if not ended and start is not None and r.start < (from_rfc3339(start) or r.start):
+                # its backlog landed after it was paged: the true start (and "found N min after it
+                # began") go out with the next re-post and the resolve
+                db.execute("UPDATE incident SET record=? WHERE key=?", (r.to_json(), key))
                 return grp, False
             return None, False
         grp = self._continued(r, taker)
@@ -337,7 +343,7 @@ class Notifier:
         queued = 0
         with self.store.lock:
             for s in self.sinks:
-                if s.type == "action":
+                if s.acts:
                     continue
                 queued += self.store.db.execute(
                     "INSERT OR IGNORE INTO outbox (sink, grp, action, alert, created) "
@@ -435,7 +441,7 @@ class Notifier:
         for w in self._workers:
             w.wake.set()
         for w in self._workers:
-            extra = 2 * (w.sink.delivery.timeout + 2.5) if w.sink.type == "action" else 0.0
+            extra = 2 * (w.sink.delivery.timeout + 2.5) if w.sink.acts else 0.0
             w.join(max(0.0, self._deadline - time.monotonic()) + 0.5 + extra)
         left = self.pending()
         if not any(w.is_alive() for w in self._workers):
@@ -468,14 +474,13 @@ class _Worker(threading.Thread):
         except Exception as exc:  # never let one sink take the process down
             log.error("sink %s: worker stopped: %s", self.sink.name, self.sink.redact(repr(exc)))
         finally:
-            if self.sink.type == "action":  # the others may be waiting for its last pages
+            if self.sink.acts:  # the others may be waiting for its last pages
                 for w in self.n._workers:
                     w.wake.set()
 
     def _acting(self) -> bool:
-        """An action sink's worker is still delivering: it may yet queue a page for this sink."""
-        return self.sink.type != "action" and any(
-            w.sink.type == "action" and w.is_alive() for w in self.n._workers)
+        """An acting sink's worker is still delivering: it may yet queue a page for this sink."""
+        return not self.sink.acts and any(w.sink.acts and w.is_alive() for w in self.n._workers)
 
     def _sleep(self, seconds: float) -> None:
         if self.n._stopping.is_set():

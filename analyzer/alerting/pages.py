@@ -51,23 +51,35 @@ def window(r: Record, last: float | None) -> tuple[float, float]:
 
 
 def _series(points: list[tuple[float, object]], mode: str, lo: float, hi: float):
+    """One entity's points of one field as a line to plot, ``(t, v)`` in ``[lo, hi]`` (None: none):
+    the value, or its rate per second (``share``: of each second, a counter of ns). A gap in the
+    rows (longer than a few of the entity's own polls: :meth:`frame.Table.gap`, the rule the
+    detectors' windows use) breaks the line (a NaN point in it), and no rate is computed across one
+    or across a counter reset: what happened in a gap is not drawn as if it were measured."""
     import numpy as np
+    from gpufleet.analyzer.frame import Table
 
     pts = [(t, v) for t, v in points if isinstance(v, (int, float)) and not isinstance(v, bool)]
     if not pts:
         return None
-    t = np.array([p[0] for p in pts], dtype=float)
-    v = np.array([p[1] for p in pts], dtype=float)
+    t_ns = np.array([round(p[0] * 1e9) for p in pts], dtype=np.int64)
+    tab = Table.build(np.zeros(len(pts), np.int64), t_ns, {"v": np.array([p[1] for p in pts], dtype=float)})
+    t, v, gap = tab.t, tab.cols["v"], tab.over_gap()
     if mode in ("rate", "share"):
         if len(t) < 2:
             return None
-        dt, dv = np.diff(t), np.diff(v)
-        ok = (dt > 0) & (dv >= 0)  # a counter reset is a gap, not a negative rate
-        t, v = t[1:][ok], (dv[ok] / dt[ok])
+        # NaN at first rows, resets and gaps; a gap's row stays, as the line's break
+        rate = tab.delta("v") / tab.dt()
+        ok = np.isfinite(rate) | gap
+        t, v, gap = t[ok], rate[ok], gap[ok]
         if mode == "share":
             v = v / 1e9
+    elif gap.any():  # a NaN point between the rows either side of each gap
+        at = np.flatnonzero(gap)
+        t = np.insert(t, at, (t[at - 1] + t[at]) / 2)
+        v = np.insert(v, at, np.nan)
     sel = (t >= lo) & (t <= hi)
-    if not sel.any():
+    if not np.isfinite(v[sel]).any():
         return None
     return t[sel], v[sel]
 
@@ -99,7 +111,7 @@ def plot(r: Record, data, lo: float, hi: float) -> bytes | None:
     if not panels:
         return None
     # a panel where every GPU shows one and the same constant says nothing: leave it out
-    flat = [len({float(v) for _, (_, vs) in tg + pe for v in vs}) <= 1 for _, tg, pe in panels]
+    flat = [len({float(v) for _, (_, vs) in tg + pe for v in vs if v == v}) <= 1 for _, tg, pe in panels]
     if not all(flat):
         panels = [p for p, f in zip(panels, flat, strict=True) if not f]
     fig, axes = plt.subplots(len(panels), 1, figsize=(9, 1.9 * len(panels) + 0.6), sharex=True, squeeze=False)
