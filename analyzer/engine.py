@@ -14,6 +14,7 @@ throttling folds into the cooling_degradation incident of its GPU (or node, or r
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -389,11 +390,12 @@ class Engine:
                 self._pending_first[key] = min(x[0] for x in self.pending[key])
             if ready:
                 self._run(key, ready)
-        hp = self.host_progress
+        # per host as floats, read once (a numpy scalar per incident state costs more than the loop)
+        hp = self.host_progress.tolist() if self.host_progress is not None else []
         for st in self.states.values():
             wm = min(self.watermark, self.progress.get(st.kind, self.watermark))
             h = st.key[1]
-            if hp is not None and 0 <= h < len(hp) and np.isfinite(hp[h]):
+            if 0 <= h < len(hp) and math.isfinite(hp[h]):
                 wm = min(wm, max(hp[h], wm - self.host_bound))
             if st.incident is not None:
                 resolve = float(self.params.get(st.kind, {}).get("resolve_seconds", 900.0))

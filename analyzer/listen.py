@@ -59,9 +59,11 @@ nginx's and of asyncio's servers, with no dependency added.
 from __future__ import annotations
 
 import base64
+import ctypes
 import errno
 import hmac
 import json
+import platform
 import queue
 import resource
 import selectors
@@ -93,6 +95,21 @@ MAX_MEMBERS = 10_000  # gzip members in one body (clients send one; a flood of e
 RESERVE = 64  # descriptors left below RLIMIT_NOFILE for everything but connections
 LINGER = 2.0  # seconds a refused upload is drained (discarded) so its client reads the answer
 MIN_RATE = 64 << 10  # bytes/second a body must keep up, beyond read_timeout
+M_ARENA_MAX = -8  # glibc's mallopt parameter: how many heaps (arenas) its malloc keeps
+
+
+def one_heap() -> None:
+    """glibc: every thread allocates from one heap. The workers parse bodies and the analysis
+    loop frees the rows later; with a heap per thread (glibc's default, up to 8 per core) each
+    worker's heap keeps its freed memory apart, scattered between rows still held: ``--listen`` on
+    a 128-GPU fleet peaked at 185 MiB, 115-130 with one heap, no slower (the parse is serialised
+    anyway). Called before the workers start; elsewhere (another C library) nothing is done."""
+    if platform.libc_ver()[0] != "glibc":
+        return
+    try:
+        ctypes.CDLL(None).mallopt(M_ARENA_MAX, 1)
+    except (OSError, AttributeError):
+        pass
 
 
 def parse_address(value: str) -> tuple[str, int]:
@@ -147,6 +164,7 @@ class Listener:
         self.thread = threading.Thread(target=self.server.serve, name="listen", daemon=True)
 
     def start(self) -> Listener:
+        one_heap()
         self.server.start_workers()
         self.thread.start()
         return self

@@ -270,8 +270,12 @@ class Online:
         n = sum(len(r) for r in rows.values())
         if n:
             self.rows_in += n
-            self.an.horizon_ns = self._horizon(rows)
-            self._size_windows(int(self.clock() * 1e9))
+            self.an.horizon_ns = h = self._horizon(rows)
+            # sized by the data these rows take the watermark to (the first rows of a fleet stamped
+            # ahead of the clock are cut in batch-size windows too); a writer's stamps past the
+            # horizon move no watermark, so they size no window either
+            top = max(int(r.t.max()) for r in rows.values() if len(r))
+            self._size_windows(max(int(self.clock() * 1e9), top if h is None else min(top, h)))
             self.an.feed_rows(rows)
 
     # ------------------------------------------------------------------ output

@@ -602,8 +602,9 @@ class Analyzer:
             self.last_seen = np.concatenate([self.last_seen, np.full(n_gpu - len(self.last_seen), -np.inf)])
 
     def _keep_held(self, m: str, cur: list[_Block], end: float) -> None:
-        """Hold a window's analysed rows ``peers_hold_seconds`` (for late rows of other hosts)."""
-        if self.hold <= 0:
+        """Hold a window's analysed rows ``peers_hold_seconds`` (for late rows of other hosts). Not
+        the ``host`` stream's: a late window reads the peers' gpu, link and BMC rows only."""
+        if self.hold <= 0 or m == "host":
             return
         hist = self.hist[m]
         hist.extend(b for b in cur if len(b.t))

@@ -152,6 +152,12 @@ def test_online_windows_follow_the_data_s_pace():
         online.deliver(time.time_ns())
         got[name] = online.an.window
     assert got == {"live": 10.0, "backlog": 300.0, "ahead": 300.0}
+    # a fleet stamped from a minute ahead, its first 15 min landing at once (a replay's first
+    # bodies): cut in batch-size windows from its first rows (10 s ones would be 89 a stream)
+    online = Online(Config(), None, None, None, None, Checkpoint(None), poll=10.0, grace=10.0)
+    online.feed(online.an.parser.feed(fleet(steps=90, t0=now + 60)))
+    assert online.an.window == 300.0
+    assert 0 < online.an.windows <= 3 * len(online.an.window_start)
     # the loop sleeps until the next window is due, or until the listener has a backlog for it
     wake = threading.Event()
     wake.set()
