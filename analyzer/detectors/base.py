@@ -92,6 +92,14 @@ class Hits:
         z = np.zeros(0, np.int64)
         return cls(kind, z, z, z, np.zeros(0), np.zeros(0), np.zeros(0, bool))
 
+    @classmethod
+    def of_racks(cls, kind: str, rack: np.ndarray, t: np.ndarray, score: np.ndarray, evidence: Sequence[dict],
+                 began: np.ndarray | None = None) -> Hits:
+        """Rack-scope hits (no host, GPU or link), never critical."""
+        n = len(t)
+        none = np.full(n, -1, np.int64)
+        return cls(kind, none, none, none, t, score, np.zeros(n, bool), evidence, rack, began)
+
 
 class Detector:
     """Base class: parameter handling and the default fit (nothing to learn)."""

@@ -623,19 +623,8 @@ class CoolingDegradation(Detector):
             }
             for g in sel.tolist()
         ]
-        n = len(sel)
-        return Hits(
-            self.kind,
-            np.full(n, -1, np.int64),
-            np.full(n, -1, np.int64),
-            np.full(n, -1, np.int64),
-            tmax[sel],
-            (rmed[sel] - others[sel]) / self.inlet_excess_celsius,
-            np.zeros(n, bool),
-            ev,
-            g_rack[sel],
-            began[sel],
-        )
+        score = (rmed[sel] - others[sel]) / self.inlet_excess_celsius
+        return Hits.of_racks(self.kind, g_rack[sel], tmax[sel], score, ev, began[sel])
 
     def _inlet_rising(self, rack: np.ndarray, minute: np.ndarray, excess: np.ndarray, ask: np.ndarray):
         """Per (rack, minute) group: is the rack's inlet excess still rising? Over the trailing

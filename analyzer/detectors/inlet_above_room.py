@@ -170,15 +170,4 @@ class InletAboveRoom(Detector):
             }
             for g in sel.tolist()
         ]
-        n = len(sel)
-        return Hits(
-            self.kind,
-            np.full(n, -1, np.int64),
-            np.full(n, -1, np.int64),
-            np.full(n, -1, np.int64),
-            tmax[sel],
-            excess[sel] / self.above_celsius,
-            np.zeros(n, bool),
-            ev,
-            g_rack[sel],
-        )
+        return Hits.of_racks(self.kind, g_rack[sel], tmax[sel], excess[sel] / self.above_celsius, ev)
