@@ -38,6 +38,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from operator import itemgetter
 
 from gpufleet.agent.config import collector_classes, parse_listen
 from gpufleet.agent.model import Exporter, register_exporter
@@ -110,7 +111,7 @@ class _Registry:
         self.uuid: list[str | None] = []
         self.job_prefix: dict[tuple[int, str], str] = {}  # (series id, job) -> prefix with hpc_job
         self.blocks: dict[tuple, tuple] = {}  # (family, format) -> (its values, jobs, text), last render
-        self.family_prefixes: dict[tuple, tuple] = {}  # (family, series count) -> its series' prefixes
+        self.family_prefixes: dict[tuple, tuple] = {}  # (family, series count) -> (getter, prefixes)
         self.job_prefixes: dict[tuple, tuple] = {}  # (family, series count) -> (jobs, prefixes with hpc_job)
         self.heads: dict[tuple, str] = {}  # (family, format) -> its HELP and TYPE lines
 
@@ -510,9 +511,16 @@ class PrometheusExporter(MetricExporter, Exporter):
         add = out.append
         get = values.get
         for fam, sids in snap.layout:
-            vals = full = tuple(map(get, sids))
-            key = (fam.sample, om)
             pkey = (fam.sample, len(sids))  # a family's series only ever grow
+            fp = plain.get(pkey)
+            if fp is None:  # its values' getter (a C-level one), its series' name and labels
+                fp = plain[pkey] = (itemgetter(*sids) if len(sids) > 1 else None,
+                                    tuple(map(prefix.__getitem__, sids)))
+            try:
+                vals = full = fp[0](values) if fp[0] is not None else tuple(map(get, sids))
+            except KeyError:  # a series without a value this tick
+                vals = full = tuple(map(get, sids))
+            key = (fam.sample, om)
             fam_jobs = jobs if jobs and fam.dcgm else None  # the job rides as a label of dcgm series
             hit = blocks.get(key)
             if hit is not None and hit[0] == vals and hit[1] == fam_jobs:  # all held: its text again
@@ -520,9 +528,7 @@ class PrometheusExporter(MetricExporter, Exporter):
                     add(hit[2])
                 continue
             if fam_jobs is None:
-                pre = plain.get(pkey)
-                if pre is None:
-                    pre = plain[pkey] = tuple(map(prefix.__getitem__, sids))
+                pre = fp[1]
             else:  # each series' name and labels as its GPU's job has them
                 got = with_job.get(pkey)
                 if got is None or got[0] != fam_jobs:
