@@ -91,3 +91,58 @@ def test_rendered_body_is_the_plain_renderers_in_every_mode(names):
         assert want <= seen, seen
     finally:
         pipe.shutdown()
+
+
+def _ask(port: int, request: bytes) -> tuple[bytes, bool]:
+    """One raw request; the answer and whether the server then closed the connection."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(request)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = s.recv(65536)
+            if not chunk:
+                return data, True
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = next((int(ln.split(b":")[1]) for ln in head.split(b"\r\n")
+                       if ln.lower().startswith(b"content-length:")), 0)
+        while len(body) < length:
+            body += s.recv(65536)
+        s.settimeout(2)
+        try:
+            closed = s.recv(1) == b""
+        except TimeoutError:
+            closed = False
+        return head + b"\r\n\r\n" + body, closed
+
+
+def test_request_parsing_keeps_http_servers_answers():
+    """GET /metrics's own request reading: keep-alive as HTTP/1.1 and 1.0 define it, Accept read
+    case-insensitively, bad header lines and other request lines answered as http.server does."""
+    exp = PrometheusExporter("127.0.0.1:0", "gpufleet")
+    exp.start()
+    try:
+        port = exp.port
+        om = b"GET /metrics HTTP/1.1\r\nHost: x\r\naccept: application/openmetrics-text\r\n\r\n"
+        got, closed = _ask(port, om)
+        assert got.startswith(b"HTTP/1.1 200 OK\r\n") and b"application/openmetrics-text" in got
+        assert got.endswith(b"\r\n\r\n# EOF\n") and not closed
+        assert b"Content-Length: 6\r\n" in got and b"\r\nDate: " in got and b"\r\nServer: " in got
+        got, closed = _ask(port, b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n")
+        assert got.startswith(b"HTTP/1.1 200 OK\r\n") and closed
+        got, closed = _ask(port, b"GET /metrics HTTP/1.0\r\n\r\n")
+        assert got.startswith(b"HTTP/1.1 200 OK\r\n") and b"version=0.0.4" in got and closed
+        got, closed = _ask(port, b"GET /nothing HTTP/1.1\r\n\r\n")
+        assert got.startswith(b"HTTP/1.1 404 ") and not closed
+        got, closed = _ask(port, b"GET /metrics HTTP/1.1\r\nno colon here\r\n\r\n")
+        assert got.startswith(b"HTTP/1.1 400 ") and closed
+        got, closed = _ask(port, b"GET /metrics HTTP/1.1\r\n" + b"X: y\r\n" * 101 + b"\r\n")
+        assert got.startswith(b"HTTP/1.1 431 ") and closed
+        got, closed = _ask(port, b"BREW /metrics HTTP/1.1\r\n\r\n")  # http.server's own checks
+        assert got.startswith(b"HTTP/1.1 501 ") and closed
+        got, closed = _ask(port, b"GET /metrics HTTP/2.0\r\n\r\n")
+        assert b"Error code: 505" in got and closed  # http.server answers it as HTTP/0.9: no head
+    finally:
+        exp.shutdown()
