@@ -32,12 +32,14 @@ anything else the Prometheus text format 0.0.4.
 
 from __future__ import annotations
 
+import http.client
 import logging
 import math
 import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from operator import itemgetter
 
 from gpufleet.agent.config import collector_classes, parse_listen
 from gpufleet.agent.model import Exporter, register_exporter
@@ -53,6 +55,7 @@ NAMES = ("gpufleet", "dcgm", "both")
 TEXT = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 MAX_PLANS = 5_000  # cached point plans per instrument (a node's steady state: one per series)
+MAX_HEADERS = 100  # request header lines, as http.client allows
 MAX_SERIES = 100_000  # distinct series before the registry starts over (tag sets come and go)
 _RESOURCE_SKIP = ("service.", "telemetry.")
 
@@ -101,15 +104,18 @@ class _Registry:
     """Series id -> rendered name and labels, its GPU; the render caches. Appended to by the
     tick, read by scrapes; a reset replaces it whole, so a snapshot keeps the one it indexes."""
 
-    __slots__ = ("prefix", "labels", "uuid", "job_prefix", "lines", "blocks")
+    __slots__ = ("prefix", "labels", "uuid", "job_prefix", "blocks", "family_prefixes", "job_prefixes",
+                 "heads")
 
     def __init__(self):
         self.prefix: list[str] = []  # 'name{labels} '
         self.labels: list[tuple] = []
         self.uuid: list[str | None] = []
         self.job_prefix: dict[tuple[int, str], str] = {}  # (series id, job) -> prefix with hpc_job
-        self.lines: dict[int, tuple] = {}  # series id -> (value, job, its line) of the last render
-        self.blocks: dict[tuple, tuple] = {}  # (family, format) -> (its values, its text), last render
+        self.blocks: dict[tuple, tuple] = {}  # (family, format) -> (its values, jobs, text), last render
+        self.family_prefixes: dict[tuple, tuple] = {}  # (family, series count) -> (getter, prefixes)
+        self.job_prefixes: dict[tuple, tuple] = {}  # (family, series count) -> (jobs, prefixes with hpc_job)
+        self.heads: dict[tuple, str] = {}  # (family, format) -> its HELP and TYPE lines
 
 
 @dataclass(slots=True)
@@ -214,6 +220,42 @@ class PrometheusExporter(MetricExporter, Exporter):
             timeout = 10  # a stalled client loses its connection, never a thread for good
             protocol_version = "HTTP/1.1"
 
+            def parse_request(self) -> bool:
+                """A plain ``GET <path> HTTP/1.x`` read here (its headers into an HTTPMessage without
+                the email parser, a third of a scrape's HTTP cost); any other request line as
+                http.server checks it."""
+                line = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
+                words = line.split()
+                if (len(words) != 3 or words[0] != "GET" or words[2] not in ("HTTP/1.1", "HTTP/1.0")
+                        or words[1].startswith("//")):
+                    return super().parse_request()
+                self.requestline = line
+                self.command, self.path, self.request_version = words
+                self.close_connection = words[2] == "HTTP/1.0"
+                headers = http.client.HTTPMessage()
+                for _ in range(MAX_HEADERS + 1):
+                    raw = self.rfile.readline(65537)
+                    if len(raw) > 65536:
+                        self.send_error(431, "Line too long")
+                        return False
+                    if raw in (b"\r\n", b"\n", b""):
+                        break
+                    name, colon, value = raw.decode("iso-8859-1").partition(":")
+                    if not colon or not name or name != name.strip():
+                        self.send_error(400, "Bad header line")
+                        return False
+                    headers[name] = value.strip()
+                else:
+                    self.send_error(431, "Too many headers")
+                    return False
+                self.headers = headers
+                conn = headers.get("Connection", "").lower()
+                if conn == "close":
+                    self.close_connection = True
+                elif conn == "keep-alive":
+                    self.close_connection = False
+                return True
+
             def do_GET(self):  # noqa: N802 - http.server's name
                 path = self.path.split("?", 1)[0]
                 if path == "/metrics":
@@ -226,11 +268,15 @@ class PrometheusExporter(MetricExporter, Exporter):
                     self._send(404, "text/plain; charset=utf-8", b"not found\n")
 
             def _send(self, code: int, ctype: str, body: bytes) -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                # send_response's status line and headers, written with the body in one send
+                self.log_request(code)
+                if self.request_version == "HTTP/0.9":  # no status line, no headers
+                    self.wfile.write(body)
+                    return
+                head = (f"{self.protocol_version} {code} {self.responses[code][0]}\r\n"
+                        f"Server: {self.version_string()}\r\nDate: {self.date_time_string()}\r\n"
+                        f"Content-Type: {ctype}\r\nContent-Length: {len(body)}\r\n\r\n")
+                self.wfile.write(head.encode("latin-1") + body)
 
             def log_message(self, fmt, *args):
                 log.debug("scrape from %s: " + fmt, self.client_address[0], *args)
@@ -497,45 +543,55 @@ class PrometheusExporter(MetricExporter, Exporter):
         values, jobs, reg = snap.values, snap.jobs, snap.reg
         if reg is None:
             return b"# EOF\n" if om else b""
-        prefix, uuid_of, last = reg.prefix, reg.uuid, reg.lines
-        if len(last) > len(prefix):
-            last.clear()
-        blocks = reg.blocks
-        out: list[str] = []
+        blocks, plain, with_job = reg.blocks, reg.family_prefixes, reg.job_prefixes
+        prefix, uuid_of = reg.prefix, reg.uuid
+        out: list[bytes] = []
         add = out.append
+        get = values.get
         for fam, sids in snap.layout:
-            with_jobs = bool(jobs) and fam.dcgm  # the job rides as a label of the GPU's dcgm series
-            if not with_jobs:  # a family whose values all held since the last render: its block again
-                vals = tuple(map(values.get, sids))
-                hit = blocks.get((fam.sample, om))
-                if hit is not None and hit[0] == vals:
-                    if hit[1]:
-                        add(hit[1])
-                    continue
-            got = [(s, values[s]) for s in sids if s in values]
-            if om:
-                head = f"# HELP {fam.om_name} {_escape_help(fam.help)}\n# TYPE {fam.om_name} {fam.om_type}\n"
-            else:
-                head = f"# HELP {fam.sample} {_escape_help(fam.help)}\n# TYPE {fam.sample} {fam.text_type}\n"
-            lines = []  # a line whose value (and job) did not change since the last render is reused
-            for s, v in got:
-                j = jobs.get(uuid_of[s]) if with_jobs else None
-                c = last.get(s)
-                if c is None or c[0] != v or c[0].__class__ is not v.__class__ or c[1] != j:
-                    p = prefix[s] if j is None else self._with_job(reg, s, j)
-                    c = last[s] = (v, j, p + (repr(v) if v.__class__ is float else str(v)))
-                lines.append(c[2])
-            if with_jobs:
-                if lines:
-                    add(head + "\n".join(lines))
+            pkey = (fam.sample, len(sids))  # a family's series only ever grow
+            fp = plain.get(pkey)
+            if fp is None:  # its values' getter (a C-level one), its series' name and labels
+                fp = plain[pkey] = (itemgetter(*sids) if len(sids) > 1 else None,
+                                    tuple(map(prefix.__getitem__, sids)))
+            try:
+                vals = full = fp[0](values) if fp[0] is not None else tuple(map(get, sids))
+            except KeyError:  # a series without a value this tick
+                vals = full = tuple(map(get, sids))
+            key = (fam.sample, om)
+            fam_jobs = jobs if jobs and fam.dcgm else None  # the job rides as a label of dcgm series
+            hit = blocks.get(key)
+            if hit is not None and hit[0] == vals and hit[1] == fam_jobs:  # all held: its text again
+                if hit[2]:
+                    add(hit[2])
                 continue
-            block = head + "\n".join(lines) if lines else ""
-            blocks[(fam.sample, om)] = (vals, block)
-            if block:
+            if fam_jobs is None:
+                pre = fp[1]
+            else:  # each series' name and labels as its GPU's job has them
+                got = with_job.get(pkey)
+                if got is None or got[0] != fam_jobs:
+                    pre = tuple(prefix[s] if (j := fam_jobs.get(uuid_of[s])) is None
+                                else self._with_job(reg, s, j) for s in sids)
+                    got = with_job[pkey] = (dict(fam_jobs), pre)
+                pre = got[1]
+            if None in vals:  # series without a value this tick: absent, never 0
+                pre = [p for p, v in zip(pre, vals, strict=True) if v is not None]
+                vals = [v for v in vals if v is not None]
+            if vals:  # str of a float is its repr (shortest round-trip); ints as they are
+                head = reg.heads.get(key)
+                if head is None:
+                    name, typ = (fam.om_name, fam.om_type) if om else (fam.sample, fam.text_type)
+                    head = reg.heads[key] = f"# HELP {name} {_escape_help(fam.help)}\n# TYPE {name} {typ}\n"
+                block = (head + "\n".join(map(str.__add__, pre, map(str, vals)))).encode()
                 add(block)
+            else:
+                block = b""
+            blocks[key] = (full, None if fam_jobs is None else dict(fam_jobs), block)
         if om:
-            add("# EOF")
-        return ("\n".join(out) + "\n").encode() if out else b"# EOF\n" if om else b""
+            add(b"# EOF")
+        if out:
+            add(b"")  # the last line's newline
+        return b"\n".join(out)
 
     @staticmethod
     def _with_job(reg: _Registry, sid: int, job: str) -> str:
