@@ -18,16 +18,17 @@ from gpufleet.cli import main
 from gpufleet.sim import scenario as scen
 from gpufleet.sim.engine import generate
 from gpufleet.sim.fleet import Fleet
+from gpufleet.sim.physics import PHASE_CODE
 
 HOURS = 3
 
 
-def _fleet(tmp_path, toml: str, seed: int = 7, life=None) -> tuple[list, list]:
+def _fleet(tmp_path, toml: str, seed: int = 7, life=None, hours: float = HOURS) -> tuple[list, list]:
     """(truth, incidents) of a 4-node fleet from scenario text ``toml``; ``life(fleet)`` places the
     site's life before the fleet runs."""
     path = tmp_path / "site.toml"
     path.write_text(toml)
-    fl = Fleet(scen.load(str(path)), seed=seed, duration=HOURS * 3600.0, step=10.0, nodes=4, gpus_per_node=8)
+    fl = Fleet(scen.load(str(path)), seed=seed, duration=hours * 3600.0, step=10.0, nodes=4, gpus_per_node=8)
     if life is not None:
         life(fl)
     out = tmp_path / "sim"
@@ -76,6 +77,43 @@ onset = "25%"
     assert ev["model"] == "NVIDIA A100-SXM4-80GB" and ev["baseline"].startswith("own model")
     # its 400 W limit is its own model's, not a limit below the H200s' 700 W: no note either
     assert not [r for r in incidents if r.severity == "info"], [r.summary for r in incidents]
+
+
+def test_a_model_learned_while_its_jobs_ran_memory_bound_is_not_hot_once_they_compute(tmp_path):
+    # the A100 node's job runs memory-bound (its HBM takes part of the power: the die runs cooler per
+    # W) through the windows its model's slope is learned in, with a minute of compute among them,
+    # then compute-bound; the H200 nodes compute from the start. A slope fitted to power alone comes
+    # out near 0.05 °C/W (the A100's heatsink: 0.08) and the node paged once it computed.
+    toml = """
+[fleet]
+generations = [["NVIDIA A100-SXM4-80GB", 0.25]]
+[[fault]]
+kind = "cooling_degradation"
+host = "gpu0001"
+gpu = 3
+severity = 1.2
+onset = "50%"
+"""
+
+    def life(fl):
+        assert fl.model_of(0).name == "NVIDIA A100-SXM4-80GB"
+        job = 42000
+        fl.jobs = {job: {"nodes": [0, 1, 2, 3], "start": 200.0, "end": fl.duration + 1, "mem": 40 << 30}}
+        fl.job_mem = {job: 40 << 30}
+        a100 = [(0, "idle"), (350, "setup"), (390, "memory"), (540, "compute"), (600, "memory")]
+        a100.append((1500, "compute"))
+        h200 = [(0, "idle"), (200, "setup"), (240, "compute")]
+        timelines = [a100] + [h200] * 3
+        fl.seg_t = [np.array([float(t) for t, _ in tl]) for tl in timelines]
+        fl.seg_phase = [np.array([PHASE_CODE[p] for _, p in tl], dtype=np.int8) for tl in timelines]
+        fl.seg_job = [np.array([0] + [job] * (len(tl) - 1), dtype=np.int64) for tl in timelines]
+
+    truth, incidents = _fleet(tmp_path, toml, life=life, hours=1.5)
+    # its heatsink fault (half-way) pages once; the node itself, computing, does not
+    _one_page_per_fault(truth, incidents)
+    (page,) = [r for r in incidents if r.kind == "cooling_degradation"]
+    assert page.gpu == 3 and page.evidence["peak"]["model"] == "NVIDIA A100-SXM4-80GB"
+    assert 0.07 <= page.evidence["peak"]["slope_c_per_w"] <= 0.09  # the A100's heatsink (r_fast + r_slow)
 
 
 @pytest.mark.slow

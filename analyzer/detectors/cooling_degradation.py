@@ -82,7 +82,7 @@ class CoolingDegradation(Detector):
     fields = {
         "gpu": (
             "temperature_gpu_celsius", "power_watts", "temperature_slowdown_celsius",
-            "temperature_margin_celsius",
+            "temperature_margin_celsius", "utilization_memory_ratio",
         ),
         "bmc_sensor": ("value", "state_code"),
     }
@@ -143,7 +143,11 @@ class CoolingDegradation(Detector):
             p_eff = power.copy()
             rows = np.flatnonzero(~settled)
             p_eff[rows] = _recent_max(tab, power, 60.0, rows)
-        u = temp - dev - slope * p_eff
+        # memory-bound work spends part of the board's power in its HBM, which the die's sensor sees
+        # little of: at the same power the die runs cooler the busier its memory (an A100 ~11 °C
+        # between compute and memory-bound work). Learned with the slope, per model (0 where not).
+        umem = tab.ffill("utilization_memory_ratio")
+        u = temp - dev - slope * p_eff + self._mem_rows(window) * np.where(np.isfinite(umem), umem, 0.0)
         u = np.where(valid, u, np.nan)
         # the common mode per minute and power band (idle vs loaded GPUs move differently), taken
         # over each GPU's deviation from its own baseline where GPUs have one: which GPUs sit in a
@@ -190,12 +194,20 @@ class CoolingDegradation(Detector):
             return getattr(self, "slope_", DEFAULT_SLOPE)
         return lookup(slopes, window.reg.model_ids()[window.gpu.ent])
 
+    def _mem_rows(self, window: Window):
+        """The °C per unit of memory utilisation of each row's GPU model (as ``_slope_rows``)."""
+        mems = getattr(self, "mems_", {})
+        if len(mems) <= 1 and (not len(window.gpu) or int(window.reg.model_ids().max(initial=0)) == 0):
+            return getattr(self, "mem_", 0.0)
+        return np.nan_to_num(lookup(mems, window.reg.model_ids()[window.gpu.ent]))
+
     def _fit_slopes(self, window: Window) -> None:
         """The pooled slope (``slope_``) from the first window; per GPU model (``slopes_``), each
         model from the first window with enough of its own rows."""
         if not hasattr(self, "slope_"):
-            self.slope_ = self._fit_slope(window)
+            self.slope_, self.mem_ = self._fit_slope(window)
         slopes = self.slopes_ = getattr(self, "slopes_", {})
+        mems = self.mems_ = getattr(self, "mems_", {})
         tab = window.gpu
         if not len(tab):
             return
@@ -203,6 +215,7 @@ class CoolingDegradation(Detector):
         models = np.unique(ids[np.unique(tab.ent)]).tolist()
         if len(models) == 1 and not slopes:
             slopes[models[0]] = self.slope_  # one model: the pooled slope is its own
+            mems[models[0]] = self.mem_
             return
         mrow = ids[tab.ent]
         late = bool(slopes)  # a model first seen after the fleet's first window
@@ -213,9 +226,9 @@ class CoolingDegradation(Detector):
             waited = self.__dict__.setdefault("slope_wait_", {})
             waited[m] = waited.get(m, 0) + 1
             if got is None and waited[m] >= 12:  # its power never moved: the physical default
-                got = DEFAULT_SLOPE
+                got = DEFAULT_SLOPE, 0.0
             if got is not None:
-                slopes[m] = got
+                slopes[m], mems[m] = got
                 if late:
                     self.model_learned_ = {**getattr(self, "model_learned_", {}), m: float(tab.t.max())}
                 getattr(self, "_memo_keep", {}).clear()  # the features change with the slope
@@ -332,23 +345,32 @@ class CoolingDegradation(Detector):
                 getattr(self, "_memo_keep", {}).pop("reference", None)  # the baselines moved
         return self
 
-    def _fit_slope(self, window: Window, rows: np.ndarray | None = None, default=DEFAULT_SLOPE):
+    def _fit_slope(self, window: Window, rows: np.ndarray | None = None, default=(DEFAULT_SLOPE, 0.0)):
+        """(°C per W, °C per unit of memory utilisation) from the window's loaded rows, each GPU
+        against its own means; ``default`` where power barely moves. Memory-bound work runs the die
+        cooler per W (its HBM takes part of the power), so the slope fitted alone over a window whose
+        jobs ran memory-bound comes out well below the heatsink's, and every compute-bound minute
+        after it looks hot. Where memory utilisation moves independently of power the memory term
+        is fitted with the slope; where it moves only with power (idle, then memory-bound load) the
+        two cannot be told apart: the slope comes from the rows whose memory is not the busy part
+        (at most half utilised), or ``default`` where those do not move power enough."""
         tab = window.gpu
         t, p = tab.col("temperature_gpu_celsius"), tab.col("power_watts")
         ok = np.isfinite(t) & np.isfinite(p) & (p > 50) & (thermal_bits(tab) == 0)
         if rows is not None:
             ok &= rows
-        if ok.sum() < 50:
+        um = tab.ffill("utilization_memory_ratio")
+        fit = _slope_fit(tab.ent[ok], t[ok], p[ok], um[ok])
+        if fit is None:
             return default
-        ent = tab.ent[ok]
-        u, inv = np.unique(ent, return_inverse=True)
-        tm = np.bincount(inv, t[ok]) / np.bincount(inv)
-        pm = np.bincount(inv, p[ok]) / np.bincount(inv)
-        dt_, dp = t[ok] - tm[inv], p[ok] - pm[inv]
-        var = float((dp * dp).sum())
-        if var < 1e4 * len(u):  # power barely moves: keep the physical default (a model of a mixed
-            return default  # fleet waits for a window where its own power moves)
-        return float(np.clip((dt_ * dp).sum() / var, 0.01, 0.1))
+        b, k, separable = fit
+        if not separable:  # memory moved with power: the slope from the compute-like rows alone
+            low = ok & (nz(um) <= 0.5)
+            fit = _slope_fit(tab.ent[low], t[low], p[low], um[low])
+            if fit is None:
+                return default
+            b, k = fit[0], 0.0
+        return float(np.clip(b, 0.01, 0.1)), float(k)
 
     # ------------------------------------------------------------------ scoring
     def _excess(self, window: Window):
@@ -757,6 +779,36 @@ class CoolingDegradation(Detector):
             None if racks is None else np.asarray(racks, np.int64),
             self._began[idx] if getattr(self, "_began", None) is not None else None,
         )
+
+
+def _slope_fit(ent, t, p, um):
+    """(°C per W, °C per unit of memory utilisation, separable) by least squares over rows, each
+    entity against its own means: the memory term 0 where memory utilisation does not move (a tenth
+    on average), or moves in lockstep with power (then ``separable`` is False and the slope is the
+    power-only fit); None with under 50 rows or where power barely moves."""
+    if len(ent) < 50:
+        return None
+    u, inv = np.unique(ent, return_inverse=True)
+    n = np.bincount(inv)
+    dt_, dp = t - (np.bincount(inv, t) / n)[inv], p - (np.bincount(inv, p) / n)[inv]
+    var = float((dp * dp).sum())
+    if var < 1e4 * len(u):  # power barely moves
+        return None
+    ct = float((dt_ * dp).sum())
+    if not np.isfinite(um).all():
+        return ct / var, 0.0, True
+    du = um - (np.bincount(inv, um) / n)[inv]
+    vu, cpu = float((du * du).sum()), float((dp * du).sum())
+    if vu < 0.01 * len(um):  # memory utilisation barely moves: no term to fit
+        return ct / var, 0.0, True
+    det = var * vu - cpu * cpu
+    if det <= 0.1 * var * vu:  # in lockstep with power
+        return ct / var, 0.0, False
+    cu = float((dt_ * du).sum())
+    b, k = (ct * vu - cu * cpu) / det, -(cu * var - ct * cpu) / det
+    if k <= 0:  # (busier memory never makes the die hotter at the same power)
+        return ct / var, 0.0, True
+    return b, min(k, 30.0), True
 
 
 def _recent_max(tab, v: np.ndarray, seconds: float, rows: np.ndarray, polls: int = 8) -> np.ndarray:
