@@ -38,6 +38,11 @@ from gpufleet.logs import escape
 
 MAX_REWIND = 86400.0  # the longest stretch a restart re-reads to find still-firing incidents again
 PEERS_HOLD = 600.0  # online default: analysed rows held as peers and context for a host that comes back
+# --follow: how far behind its cursor a poll looks for rows written late (as far as late rows find
+# their peers held, PEERS_HOLD), in buckets of how long, at most how often (s)
+LATE_LOOKBACK = PEERS_HOLD
+LATE_BUCKET = 60
+LATE_CHECK_EVERY = 60.0
 
 
 def _say(msg: str) -> None:
@@ -132,6 +137,13 @@ class Online:
         self.rows_in = 0
         self.write_failing = False
         self._others: tuple[float, list[str] | None] = (-1e18, None)
+        # --follow: the rows read in the last LATE_LOOKBACK, per measurement [(latest ns, sid, t)],
+        # from where reading began; per (measurement, host, bucket) the count InfluxDB gave last
+        self._held: dict[str, list[tuple[int, object, object]]] = {}
+        self._read_from: int | None = None
+        self._counted: dict[tuple[str, str, int], int] = {}
+        self._checked = -1e18
+        self.late_writes = 0  # rows found written behind the cursor (and read back)
 
     # ------------------------------------------------------------------ where to start
     def start_ns(self, since: float | None, now_ns: int) -> int:
@@ -157,6 +169,8 @@ class Online:
 
         if self.cursor is None:
             self.cursor = self.start_ns(since, int(self.clock() * 1e9))
+        if self._read_from is None:
+            self._read_from = self.cursor
         if upto_ns <= self.cursor:
             return 0
         t0 = time.monotonic()
@@ -171,6 +185,7 @@ class Online:
                            int(window * 1e9), words=self.an.tag_words(), not_hosts=self._not_mine())
             for _a, b, rows in ahead(batches) if catching else batches:
                 n += sum(len(r) for r in rows.values())
+                self._hold(rows, b)
                 self.an.horizon_ns = self._horizon()
                 self.an.feed_rows(rows)
                 self.cursor = b
@@ -179,6 +194,7 @@ class Online:
             self.cursor = upto_ns
             if not catching:
                 self._back_again(before, start)
+                self._late_writes()
         finally:
             self.an.window = self.online_window
             self.rows_in += n
@@ -209,6 +225,89 @@ class Online:
                 self.an.reread.append((self.an.reg.hosts[h], int(last * 1e9) + 1000, int(start_ns)))
         self.read_back()
 
+    def _hold(self, rows: dict, upto_ns: int) -> None:
+        """Keep the (series, time) of the rows read in the last ``LATE_LOOKBACK``: what a count
+        is compared with, and what a read-back leaves out (read already)."""
+        import numpy as np
+
+        lo = upto_ns - int(LATE_LOOKBACK * 1e9)
+        for m, r in rows.items():
+            if len(r):
+                self._held.setdefault(m, []).append((int(r.t.max()), np.asarray(r.sid, np.int64),
+                                                     np.asarray(r.t, np.int64)))
+        for m, chunks in self._held.items():
+            if chunks and chunks[0][0] < lo:
+                self._held[m] = [c for c in chunks if c[0] >= lo]
+
+    def _unread(self, rows: dict, a: int, b: int) -> dict:
+        """``rows`` (read back from [a, b)) less those read already."""
+        import numpy as np
+
+        out = {}
+        for m, r in rows.items():
+            seen: set[tuple[int, int]] = set()
+            for _top, sid, t in self._held.get(m, ()):
+                pick = (t >= a) & (t < b) & np.isin(sid, r.sid)
+                seen.update(zip(sid[pick].tolist(), t[pick].tolist(), strict=True))
+            if seen:
+                keep = np.array([k not in seen for k in zip(r.sid.tolist(), r.t.tolist(), strict=True)], bool)
+                r = r.take(keep)
+            if len(r):
+                out[m] = r
+        return out
+
+    def _late_writes(self) -> None:
+        """``--follow``: rows written to InfluxDB behind the cursor (a stream of a host delayed, a
+        part of a batch retried), up to ``LATE_LOOKBACK`` back. Every ``LATE_CHECK_EVERY`` one
+        count query per measurement, by host and ``LATE_BUCKET``, is compared with the rows read;
+        where InfluxDB holds more, that host's bucket is read back (the late path of a
+        reappearing host's gap) and only the rows not read already are analysed."""
+        import numpy as np
+
+        now = self.clock()
+        if now - self._checked < LATE_CHECK_EVERY or self.influx is None:
+            return
+        hi = self.cursor
+        lo = max(hi - int(LATE_LOOKBACK * 1e9), self._read_from)
+        if hi <= lo:
+            return
+        step = int(LATE_BUCKET * 1e9)
+        # InfluxDB unreachable: raised as the pull's own error (the loop retries with backoff);
+        # the check runs again on the next read, over the same lookback
+        an = self.an
+        there = self.influx.counts(an.wanted(), lo, hi, LATE_BUCKET, an.tag_words(), self._not_mine())
+        self._checked = now
+        series = self.an.parser.series
+        read: dict[tuple[str, str, int], int] = {}
+        for m, chunks in self._held.items():
+            for _top, sid, t in chunks:
+                pick = (t >= lo) & (t < hi)
+                if not pick.any():
+                    continue
+                both = np.stack([sid[pick], t[pick] // step * step])
+                pairs, k = np.unique(both, axis=1, return_counts=True)
+                for s_, b_, n_ in zip(pairs[0].tolist(), pairs[1].tolist(), k.tolist(), strict=True):
+                    key = (m, series.written(s_).get("host", ""), b_)
+                    read[key] = read.get(key, 0) + n_
+        grew: dict[str, list[tuple[int, int]]] = {}
+        for key, c in there.items():
+            if c > max(read.get(key, 0), self._counted.get(key, 0)):
+                _m, host, b = key
+                grew.setdefault(host, []).append((max(b, lo), min(b + step, hi)))
+            self._counted[key] = c
+        self._counted = {k: v for k, v in self._counted.items() if k[2] + step > lo}
+        for host, spans in grew.items():
+            spans.sort()
+            merged = [list(spans[0])]
+            for a, z in spans[1:]:
+                if a <= merged[-1][1]:
+                    merged[-1][1] = max(merged[-1][1], z)
+                else:
+                    merged.append([a, z])
+            self.an.reread.extend((host, a, z) for a, z in merged)
+        if grew:
+            self.late_writes += self.read_back()
+
     def read_back(self) -> int:
         """Read the listed ranges (host, from, to) back from InfluxDB, analysed in their host's own
         time (rows beyond the late bound, a reappearing host's gap)."""
@@ -217,18 +316,22 @@ class Online:
         while an.reread and self.influx is not None:
             host, a, b = an.reread.pop(0)
             step = int(3600e9)
+            got = 0
             bound, an.bound = an.bound, float("inf")  # read back: analysed however far behind
             try:
                 for t in range(a, b, step):
-                    rows = self.influx.query(an.wanted(), t, min(b, t + step), an.parser.series,
-                                             an.tag_words(), host=host)
+                    z = min(b, t + step)
+                    rows = self.influx.query(an.wanted(), t, z, an.parser.series, an.tag_words(), host=host)
+                    rows = self._unread(rows, t, z)  # no row analysed twice
                     k = sum(len(r) for r in rows.values())
                     if k:
                         n += k
+                        got += k
+                        self._hold(rows, self.cursor or z)
                         an.feed_rows(rows)
             finally:
                 an.bound = bound
-            _say(f"{host}: read back {n} rows of {(b - a) / 1e9:.0f}s behind the analysis from InfluxDB")
+            _say(f"{host}: read back {got} rows of {(b - a) / 1e9:.0f}s behind the analysis from InfluxDB")
         self.rows_in += n
         return n
 

@@ -415,12 +415,7 @@ class Influx:
                 if not have:
                     continue
                 sel = ",".join(f'"{_ident(f)}"' for f in have)
-            cond = f"time >= {int(start_ns)} AND time < {int(end_ns)}"
-            if words and m in words:
-                keys, alternatives = words[m]
-                rx = "(" + "|".join(_regex(w) for w in alternatives) + ")"
-                cond += " AND (" + " OR ".join(f'"{_ident(k)}" =~ /(?i){rx}/' for k in keys) + ")"
-            cond += skip
+            cond = _where(m, start_ns, end_ns, words) + skip
             stmts.append(f'SELECT {sel} FROM "{_ident(m)}" WHERE {cond} GROUP BY *')
             order.append(m)
         if not stmts:
@@ -440,6 +435,43 @@ class Influx:
             for _i, s in self._series(q):
                 parts[m].append(_series_rows(m, s, series, self._types[m][1]))
         return {m: Rows.concat(m, p) for m, p in parts.items() if p}
+
+    def counts(
+        self,
+        wanted: dict[str, set[str] | None],
+        start_ns: int,
+        end_ns: int,
+        bucket_s: int,
+        words: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] | None = None,
+        not_hosts: list[str] | None = None,
+    ) -> dict[tuple[str, str, int], int]:
+        """Per (measurement, host tag, bucket start ns): how many of the rows :meth:`query` would
+        read in [start, end) InfluxDB holds, at least (the largest count of the fields read; a row
+        has one of them). One cheap statement per measurement (``count`` by host and
+        ``time(bucket)``), all in one request; no row is sent."""
+        out: dict[tuple[str, str, int], int] = {}
+        for m, fields in wanted.items():
+            types = self.field_types(m, fields)
+            if not types:
+                continue
+            have = sorted(types if fields is None else (f for f in fields if f in types))
+            if not have:
+                continue
+            sel = ",".join(f'count("{_ident(f)}")' for f in have)
+            cond = _where(m, start_ns, end_ns, words)
+            if not_hosts:
+                cond += ' AND "host" !~ /^(' + "|".join(_regex(h) for h in not_hosts) + ")$/"
+            q = f'SELECT {sel} FROM "{_ident(m)}" WHERE {cond} GROUP BY "host", time({int(bucket_s)}s)'
+            for res in _results(self, self._get(q, chunked=False)):
+                for s in res.get("series", []):
+                    host = (s.get("tags") or {}).get("host")
+                    if host is None:
+                        continue
+                    for v in s.get("values", []):
+                        n = max((c for c in v[1:] if isinstance(c, int)), default=0)
+                        if n and isinstance(v[0], int):
+                            out[(m, host, v[0])] = n
+        return out
 
     def _series(self, q: str) -> Iterator[tuple[int, dict]]:
         r = self._get(q)
@@ -565,6 +597,16 @@ def _regex(text: str) -> str:
 
 def _ident(name: str) -> str:
     return name.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _where(m: str, start_ns: int, end_ns: int, words) -> str:
+    """The time range, and the tag words a row of ``m`` must have (see :meth:`Influx.query`)."""
+    cond = f"time >= {int(start_ns)} AND time < {int(end_ns)}"
+    if words and m in words:
+        keys, alternatives = words[m]
+        rx = "(" + "|".join(_regex(w) for w in alternatives) + ")"
+        cond += " AND (" + " OR ".join(f'"{_ident(k)}" =~ /(?i){rx}/' for k in keys) + ")"
+    return cond
 
 
 def _results(influx: Influx, r, lines: bool = False) -> Iterator[dict]:

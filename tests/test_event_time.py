@@ -345,6 +345,53 @@ def test_follow_reads_back_a_reappearing_host_s_gap(tmp_path):
         assert [r.host for r in stopped] == ["b"] and stopped[0].end is not None
 
 
+@pytest.mark.skipif(__import__("shutil").which("influxd") is None, reason="needs influxd")
+@pytest.mark.slow
+def test_follow_finds_rows_written_behind_its_cursor_by_a_host_that_never_went_quiet(tmp_path):
+    """Hosts a and b write their gpu rows on time; b's event stream is delayed (its XID 79s at
+    300 s and 310 s land in InfluxDB 100 s and 160 s later, behind the cursor, the first again
+    after that) while b never goes quiet. The count of b's recent rows grows, that bucket is read
+    back and only the new rows are analysed, in b's own time: each XID is paged once with its true
+    start, marked as found late. Host a's XID, on time, is paged as before. Every row is analysed
+    once."""
+    from gpufleet.analyzer.sources import Influx
+
+    from tests.servers import InfluxDB1
+
+    t0 = T
+    with InfluxDB1(tmp_path / "influx") as db:
+        db.create_db("fleet")
+        now = FakeClock(t0)
+        online = Online(Config(), None, Influx(db.url, "fleet"), None, None, Checkpoint(None), 10.0, 10.0,
+                        clock=Clock(wall=now, mono=now))
+        for s in range(0, 900, 10):
+            t = t0 + s
+            db.write("fleet", _rows("a", t, xid=s == 100))
+            db.write("fleet", _rows("b", t))
+            late = {400: (0, 300), 470: (1, 310), 500: (0, 300)}  # the last: the first again (a copy)
+            if s in late:  # b's event rows, held by a spool, land with their own stamps
+                g, at = late[s]
+                line = f"gpu_event,host=b,gpu={g},type=xid code=79i {(t0 + at) * 10**9}\n"
+                db.write("fleet", line.encode())
+            now.t = t + 10.5
+            online.read(int((now.t - 10) * 1e9), since=30)
+            online.deliver(int(now.t * 1e9))
+        got = sorted((r for r in online.an.incidents() if r.kind == "gpu_lost"), key=lambda r: r.host)
+        assert [(r.host, r.gpu) for r in got] == [("a", 0), ("b", 0), ("b", 1)], got
+        a, b0, b1 = got
+        assert abs(a.start - (t0 + 100)) <= 10 and not a.evidence.get("arrived_late")
+        for b, at in ((b0, 300), (b1, 310)):
+            assert abs(b.start - (t0 + at)) <= 10, b.start - t0
+            assert b.evidence.get("arrived_late"), b.evidence
+            assert b.evidence.get("found_after_seconds", 0) >= 90, b.evidence
+        # the late rows only: not the bucket's rows read already, nor the first XID when the
+        # bucket grew again, nor its copy (InfluxDB keeps one point per series and time)
+        assert online.late_writes == 2
+        assert online.an.late_points == 0
+        assert online.an.gpu_samples == 2 * 2 * 90  # every gpu row analysed once
+        assert online.rows_in == 2 * 2 * 90 + 3
+
+
 # ---------------------------------------------------------------- --listen after its catch-up
 @pytest.mark.slow
 @pytest.mark.skipif(__import__("shutil").which("influxd") is None, reason="needs influxd")
