@@ -187,8 +187,10 @@ def test_follow_writes_incidents_and_survives_a_restart(tmp_path):
             deadline = time.monotonic() + 60
             while "caught up" not in err.read_text() and time.monotonic() < deadline:
                 time.sleep(0.2)
-            db.stop()
-            time.sleep(2.5)
+            db.stop()  # down until the analyzer has met it down (a busy analysis step can outlast seconds)
+            deadline = time.monotonic() + 30
+            while "retrying" not in err.read_text() and time.monotonic() < deadline:
+                time.sleep(0.2)
             db.start()
             # a GPU lost after the restart is found too: the process kept its state and retried
             t1 = t0 + 230 * 10
