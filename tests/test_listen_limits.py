@@ -182,15 +182,15 @@ def test_many_gzip_members_are_refused_or_inflated_in_linear_time(listener):
 
     def cost(b):
         best = 1e9
-        for _ in range(3):
-            t = time.perf_counter()
+        for _ in range(5):  # CPU time, best of 5: another process's load is not this one's cost
+            t = time.process_time()
             got, code, _err = ls.inflate(b)
-            best = min(best, time.perf_counter() - t)
+            best = min(best, time.process_time() - t)
             assert got == LINE and code == 0
         return best
 
     ratio = cost(many) / cost(few)
-    assert ratio < 8, ratio  # linear: about 4; quadratic: about 16
+    assert ratio < 10, ratio  # linear: about 4; quadratic: about 16
     r = post(ls.url, many, **{"Content-Encoding": "gzip"})
     assert r.status_code == 204
     r = post(ls.url, empty * (MAX_MEMBERS + 1), **{"Content-Encoding": "gzip"})
