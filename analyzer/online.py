@@ -28,6 +28,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 from gpufleet.analyzer.engine import summary_line
@@ -139,7 +140,7 @@ class Online:
         self._others: tuple[float, list[str] | None] = (-1e18, None)
         # --follow: the rows read in the last LATE_LOOKBACK, per measurement [(latest ns, sid, t)],
         # from where reading began; per (measurement, host, bucket) the count InfluxDB gave last
-        self._held: dict[str, list[tuple[int, object, object]]] = {}
+        self._held: dict[str, list[tuple[int, Any, Any]]] = {}  # (latest ns, sid, t arrays)
         self._read_from: int | None = None
         self._counted: dict[tuple[str, str, int], int] = {}
         self._checked = -1e18
@@ -267,8 +268,10 @@ class Online:
         now = self.clock()
         if now - self._checked < LATE_CHECK_EVERY or self.influx is None:
             return
-        hi = self.cursor
-        lo = max(hi - int(LATE_LOOKBACK * 1e9), self._read_from)
+        hi, began = self.cursor, self._read_from
+        if hi is None or began is None:
+            return
+        lo = max(hi - int(LATE_LOOKBACK * 1e9), began)
         if hi <= lo:
             return
         step = int(LATE_BUCKET * 1e9)
