@@ -40,6 +40,7 @@ from gpufleet.analyzer.detectors.base import (
     nan_as_zero_ge,
     nan_as_zero_gt,
     nz,
+    racks_with_nodes,
 )
 from gpufleet.analyzer.detectors.thermal_throttle import thermal_bits
 from gpufleet.analyzer.frame import Window
@@ -684,15 +685,7 @@ class CoolingDegradation(Detector):
         slow = tab.ffill("temperature_slowdown_celsius")
         slow = np.where(np.isfinite(slow), slow, 89.0)
         near = tab.in_window() & ((nz(temp) >= slow - self.near_limit_celsius) | (thermal_bits(tab) > 0))
-        if not near.any():
-            return np.zeros(0, np.int64)
-        racks, nodes = window.rack_of[tab.ent], window.node_of[tab.ent]
-        pairs = np.unique(racks * 10**7 + nodes)
-        per_rack = np.bincount(np.searchsorted(np.unique(racks), pairs // 10**7))  # nodes seen per rack
-        got = np.unique(racks[near] * 10**7 + nodes[near]) // 10**7
-        r, n = np.unique(got, return_counts=True)
-        seen = per_rack[np.searchsorted(np.unique(racks), r)]
-        return r[n >= np.minimum(self.rack_min_nodes, seen)]
+        return racks_with_nodes(window, near, self.rack_min_nodes)
 
     def _track_inlet(self, window, host, t, inlet, rack, hot_racks: set) -> None:
         """Move each host's tracked inlet toward this window's mean (not for hosts of a hot rack)."""

@@ -19,7 +19,7 @@ own inlet and pages while the inlet keeps rising or the GPUs near their limits.
 from __future__ import annotations
 
 import numpy as np
-from gpufleet.analyzer.detectors.base import Detector, Hits, nz
+from gpufleet.analyzer.detectors.base import Detector, Hits, nz, racks_with_nodes
 from gpufleet.analyzer.detectors.cooling_degradation import _leave_one_out_median
 from gpufleet.analyzer.frame import Window
 from gpufleet.analyzer.groupby import buckets, distinct_count, group_median
@@ -130,15 +130,7 @@ class InletAboveRoom(Detector):
         slow = tab.ffill("temperature_slowdown_celsius")
         slow = np.where(np.isfinite(slow), slow, 89.0)
         near = tab.in_window() & (nz(tab.col("temperature_gpu_celsius")) >= slow - self.near_limit_celsius)
-        if not near.any():
-            return np.zeros(0, np.int64)
-        racks, nodes = window.rack_of[tab.ent], window.node_of[tab.ent]
-        ur = np.unique(racks)
-        pairs = np.unique(racks * 10**7 + nodes)
-        per_rack = np.bincount(np.searchsorted(ur, pairs // 10**7), minlength=len(ur))
-        r, n = np.unique(np.unique(racks[near] * 10**7 + nodes[near]) // 10**7, return_counts=True)
-        seen = per_rack[np.searchsorted(ur, r)]
-        return r[n >= np.minimum(self.near_nodes, seen)]
+        return racks_with_nodes(window, near, self.near_nodes)
 
     def detect(self, window: Window) -> Hits:
         got = self._racks(window)
