@@ -552,9 +552,13 @@ def listen(online: Online, listener, since: float | None) -> None:
             # what arrives is analysed all the same; the gap InfluxDB would have filled is not
             _say(f"catch-up: {exc}; analysing what arrives from now on")
         handoff = online.cursor
+    refused = listener.counters["refused_busy"]
     while True:
         for rows in listener.take():
             online.feed(rows, handoff)
+        if listener.counters["refused_busy"] > refused:  # writes turned away: no node's silence
+            refused = listener.counters["refused_busy"]
+            online.an.deaf(online.clock())
         # later writes are analysed whatever their stamps (a backlog stamped before the catch-up's
         # end was not in what it read); a copy of a row already analysed is counted, not analysed
         handoff = None

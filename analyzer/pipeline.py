@@ -173,6 +173,9 @@ class Analyzer:
         self.said: list[str] = []  # lines for the operator's log (the online loop prints and clears them)
         self.now_ns: int | None = None  # online: the loop's clock (None: batch, no wall clock)
         self.recv_t = np.zeros(0)  # per GPU: the latest row received (s), whatever its path
+        self.heard = np.zeros(0)  # per GPU: the loop's clock tick (s) by which its latest row landed
+        self._fresh = np.zeros(0, bool)  # per GPU: a row landed since the last tick
+        self.deaf_until = -math.inf  # online: until when (s) the feed may have lost writes (see deaf)
         self._stopped: dict[int, object] = {}  # host id -> its open node_stopped_reporting record
         self.quiet_after = max(60.0, 6 * self.poll)
         self.horizon_ns: int | None = None  # online: rows after this do not move a stream's watermark
@@ -278,10 +281,14 @@ class Analyzer:
         """Per GPU, the latest row received (any path): a node whose GPUs all went quiet."""
         n = len(self.reg.gpu_host)
         if len(self.recv_t) < n:
-            self.recv_t = np.concatenate([self.recv_t, np.full(n - len(self.recv_t), -np.inf)])
+            more = n - len(self.recv_t)
+            self.recv_t = np.concatenate([self.recv_t, np.full(more, -np.inf)])
+            self.heard = np.concatenate([self.heard, np.full(more, -np.inf)])
+            self._fresh = np.concatenate([self._fresh, np.zeros(more, bool)])
         t = blk.t / 1e9
         # rows in time order within a block as a rule: the last assignment per GPU is its latest row
         self.recv_t[blk.ent] = np.maximum(self.recv_t[blk.ent], t)
+        self._fresh[blk.ent] = True
 
     # ------------------------------------------------------------------ event time per host
     def host_of(self, m: str, ent: np.ndarray) -> np.ndarray:
@@ -721,6 +728,8 @@ class Analyzer:
         """Online mode: wall-clock time ``now`` (seconds) has passed; windows whose data should all
         be in by now are analysed even if no newer point arrived (a quiet stream, a lost GPU), and
         so are a late host's rows once they stop growing."""
+        if self.now_ns is not None and now - self.now_ns / 1e9 > self.quiet_after / 2:
+            self.deaf(now)  # the loop stalled: writes meanwhile may have been refused or dropped
         self.now_ns = int(now * 1e9)
         self._judge_backlog()
         clock = self._event_clock(now)
@@ -787,19 +796,34 @@ class Analyzer:
         self.engine.host_progress = hp
         self.engine.host_bound = self.bound
 
+    def deaf(self, now: float) -> None:
+        """Online: writes up to ``now`` may not have reached the feed though their nodes sent them
+        (the loop stalled, the listener refused some, a subscription dropped them): no node is
+        judged silent over that time; each gets ``quiet_after`` from here to be heard again."""
+        self.deaf_until = max(self.deaf_until, now)
+
     def _quiet_nodes(self, now: float) -> None:
-        """Online: a node none of whose GPUs sent a row for ``quiet_after`` while others did is one
-        ``node_stopped_reporting`` record (the node, its agent or its network: not a GPU fault),
-        resolved when its rows flow again (the gap then analysed from them)."""
+        """Online: a node is one ``node_stopped_reporting`` record (the node, its agent or its
+        network: not a GPU fault) when, while others report, none of its GPUs' rows landed for
+        ``quiet_after`` of the loop's clock during which the feed could hear it (:meth:`deaf`),
+        and its newest row is ``quiet_after`` behind the fleet's newest (capped by the clock; a
+        backlog replayed at once is judged by its own time). A node draining a backlog is heard,
+        however old its rows. Resolved when rows newer than its silence land."""
         from gpufleet.records import Record, to_rfc3339
 
         n = len(self.recv_t)
         if not n:
             return
+        self.heard[self._fresh] = now
+        self._fresh[:] = False
         node = np.asarray(self.reg.gpu_node[:n], np.int64)
         latest = np.full(len(self.reg.hosts), -np.inf)
         np.maximum.at(latest, node, self.recv_t)
-        live = latest >= now - self.quiet_after
+        heard = np.full(len(self.reg.hosts), -np.inf)
+        np.maximum.at(heard, node, self.heard)
+        front = min(now, float(latest.max()))
+        since = now - self.quiet_after
+        live = (np.maximum(heard, self.deaf_until) >= since) | (latest >= front - self.quiet_after)
         for h, rec in list(self._stopped.items()):
             if latest[h] > rec.start:
                 rec.end = now
@@ -807,7 +831,7 @@ class Analyzer:
                 rec.summary = (f"{rec.host}: node stopped reporting from {to_rfc3339(rec.start)}; reporting "
                                f"again, its rows since then analysed as they arrive")
                 del self._stopped[h]
-        if not live.any():
+        if not (heard >= since).any():
             return  # the whole fleet quiet: the feed or the analyzer's input, not a node
         quiet = np.flatnonzero(np.isfinite(latest) & ~live)
         for h in quiet.tolist():

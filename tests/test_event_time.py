@@ -251,6 +251,46 @@ def test_a_backlog_landing_newest_part_first_is_analysed_whole():
     assert an.late_points == 0 and an.late_rows == 2 * 120 and an.dropped_rows == 0
 
 
+def test_a_node_draining_its_backlog_slowly_is_one_stopped_reporting_record():
+    """b is cut off for 5 minutes (100-400 s); from 410 s its spool drains slowly, oldest first,
+    its live rows queued behind the backlog (a minute of rows every 30 s of wall time, caught up at
+    720 s): b reports again from 410 s, though its newest rows stay minutes behind the clock while
+    it drains. Its silence is one record, closed when it came back, not a second one for the drain;
+    host a, on time throughout, has none."""
+    def arrive(t, host, _i):
+        s = t - T
+        return max(t + 0.5, T + 410 + (s - 100) / 2) if host == b"b" and s >= 100 else t + 0.5
+
+    an = replay(_dbe_fleet(150, seconds=800), arrive, poll=1.0).an
+    stopped = [(r.host, r.start, r.end) for r in an.incidents() if r.kind == "node_stopped_reporting"]
+    assert len(stopped) == 1 and stopped[0][:2] == ("b", T + 99), stopped
+    assert T + 410 <= stopped[0][2] <= T + 412, stopped
+    got = [r for r in an.incidents() if r.kind == "memory_errors"]
+    assert [(r.host, r.start) for r in got] == [("b", T + 150)] and an.dropped_rows == 0
+
+
+def test_an_analyzer_stall_is_no_node_s_silence():
+    """The loop stalls for 100 s (a long analysis): hosts a and b's writes meanwhile were refused
+    upstream (lost to the feed, as a subscription drops them) and their next ones land a second
+    after the loop wakes; host c's were queued and are taken at once. That is the analyzer's
+    deafness, not a and b stopping: no record for them. When c stops for real later, it is one
+    record."""
+    now = FakeClock(T)
+    online = Online(Config(), None, None, None, None, Checkpoint(None), 1.0, 1.0,
+                    clock=Clock(wall=now, mono=now))
+    for s in [*range(200), *range(300, 600)]:
+        if s == 300:  # the stall's rows: c's landed, a's and b's did not
+            for k in range(200, 300):
+                online.feed(online.an.parser.feed(_rows("c", T + k)))
+        now.t = T + s + 0.5
+        for h in ("a", "b", "c"):
+            if (s < 400 if h == "c" else s != 300):
+                online.feed(online.an.parser.feed(_rows(h, T + s)))
+        online.deliver(int(online.clock() * 1e9))
+    stopped = [(r.host, r.start) for r in online.an.incidents() if r.kind == "node_stopped_reporting"]
+    assert stopped == [("c", T + 399)], stopped
+
+
 # ---------------------------------------------------------------- clocks
 T = 1_795_100_000
 
