@@ -9,7 +9,9 @@ detectors report only on rows with ``new`` set.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from gpufleet.analyzer.groupby import dense_inverse, group_median, member
@@ -546,5 +548,17 @@ class Window:
     rack_of: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     last_seen: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per GPU, up to window end
     host_last_seen: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per host (host rows)
-    seq: int = -1  # a number unique to this window within a run (-1: none), for per-window caches
     fan: Table | None = None  # BMC fan sensors per host (fan_rpm, fan_state), with the gpu table
+    # per-window features: (detector, name) -> value (see once)
+    features: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def once(self, detector: object, name: object, compute: Callable[[], Any]) -> Any:
+        """``compute()`` the first time ``detector`` asks for feature ``name`` of this window, the
+        same value after: a detector's fit, score and detect of one window share what they derive
+        from its rows. It lives as long as the window (the pipeline builds one per analysis step);
+        what it read of the detector's learned state is that state as it stood when first asked
+        (a detector that learns in ``fit`` scores the window against what it knew before it)."""
+        key = (id(detector), name)
+        if key not in self.features:
+            self.features[key] = compute()
+        return self.features[key]

@@ -136,37 +136,6 @@ class Detector:
         for k, v in {**cls.params, **cls.context, **params}.items():
             setattr(self, k, copy.deepcopy(v))
 
-    def __init_subclass__(cls, **kw):
-        super().__init_subclass__(**kw)
-        if "detect" in cls.__dict__:
-            inner = cls.__dict__["detect"]
-
-            def detect(self, window, _inner=inner):
-                # features computed for scoring are computed once per window (fit, score, detect)
-                self._open_memo(window)
-                try:
-                    return _inner(self, window)
-                finally:
-                    self._memo = None
-
-            detect.__doc__ = inner.__doc__
-            cls.detect = detect
-
-    def _open_memo(self, window) -> None:
-        seq = getattr(window, "seq", -1)
-        if seq < 0 or getattr(self, "_memo_seq", None) != seq or getattr(self, "_memo_keep", None) is None:
-            self._memo_keep = {}
-            self._memo_seq = seq
-        self._memo = self._memo_keep if seq >= 0 else {}
-
-    def _cached(self, name: str, fn):
-        memo = getattr(self, "_memo", None)
-        if memo is None:
-            return fn()
-        if name not in memo:
-            memo[name] = fn()
-        return memo[name]
-
     def get_params(self) -> dict:
         return {k: getattr(self, k) for k in {**type(self).params, **type(self).context}}
 

@@ -30,6 +30,7 @@ about to slow down); otherwise the incident stays a warning. Both go in the evid
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 from gpufleet.analyzer.detectors.base import (
@@ -114,7 +115,7 @@ class CoolingDegradation(Detector):
         return out
 
     def _features(self, window: Window):
-        return self._cached("features", lambda: self._features_uncached(window))
+        return window.once(self, "features", lambda: self._features_uncached(window))
 
     def _features_uncached(self, window: Window):
         tab = window.gpu
@@ -232,16 +233,13 @@ class CoolingDegradation(Detector):
                 slopes[m], mems[m] = got
                 if late:
                     self.model_learned_ = {**getattr(self, "model_learned_", {}), m: float(tab.t.max())}
-                getattr(self, "_memo_keep", {}).clear()  # the features change with the slope
 
     def _reference(self, tab, power) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per row: the GPU's learned offset, the bar its excess must pass and the offset's frame (the
         common mode it was learned against). At low power the low-power baseline with the lower bar,
         at load the high-power one, where the GPU has them; otherwise the baseline over all steady
-        load. Once per window unless fit() froze a baseline in between."""
-        return self._cached("reference", lambda: self._reference_uncached(tab, power))
-
-    def _reference_uncached(self, tab, power) -> tuple[np.ndarray, np.ndarray]:
+        load. As learned when asked: a window's features take the baselines from before its fit,
+        its excess (what detect judges) from after it (a baseline frozen in this window counts)."""
 
         def learned(name):
             return lookup(getattr(self, name, {}), tab.ent)
@@ -284,11 +282,9 @@ class CoolingDegradation(Detector):
         self.scale_ = getattr(self, "scale_", {})
         if not len(tab):
             return self
-        self._open_memo(window)  # detect() on this window reuses these features
-        try:
-            v, steady, *_, cm = self._features(window)  # (cm: the frame of each row, see _features)
-        finally:
-            self._memo = None
+        # (the window's features, which detect() reuses: its rows against the baselines learned
+        # before it; cm: the frame of each row, see _features)
+        v, steady, *_, cm = self._features(window)
         for band in ("", "lo_", "hi_"):
             for name in ("samples", "offset", "scale", "frames", "frame"):
                 setattr(self, f"{name}_{band}", getattr(self, f"{name}_{band}", {}))
@@ -343,7 +339,6 @@ class CoolingDegradation(Detector):
                     offset[e] = m
                     scale[e] = max(1.4826 * d, 0.25)
                     frame[e] = f
-                getattr(self, "_memo_keep", {}).pop("reference", None)  # the baselines moved
         return self
 
     def _fit_slope(self, window: Window, rows: np.ndarray | None = None, default=(DEFAULT_SLOPE, 0.0)):
@@ -374,10 +369,10 @@ class CoolingDegradation(Detector):
         return float(np.clip(b, 0.01, 0.1)), float(k)
 
     # ------------------------------------------------------------------ scoring
-    def _excess(self, window: Window):
-        return self._cached("excess", lambda: self._excess_uncached(window))
+    def _excess(self, window: Window) -> Excess:
+        return window.once(self, "excess", lambda: self._excess_uncached(window))
 
-    def _excess_uncached(self, window: Window):
+    def _excess_uncached(self, window: Window) -> Excess:
         tab = window.gpu
         v, steady, throttled, temp, power, _ = self._features(window)
         base, thr, _ = self._reference(tab, power)
@@ -390,8 +385,8 @@ class CoolingDegradation(Detector):
             fleet_a = np.median(list(off.values())) if len(off) >= 4 else np.nan
             from_fleet = tab.rolling_mean(v - fleet_a, self.smooth_seconds) - self.fleet_spread_celsius
             from_fleet[~np.isfinite(a)] = np.nan  # only for GPUs with a baseline of their own to compare
-        self._base = base
-        return r, thr, from_fleet, steady, throttled, temp, power, v
+        return Excess(smoothed=r, bar=thr, from_fleet=from_fleet, steady=steady, throttled=throttled,
+                      temp=temp, power=power, modelled=v, base=base)
 
     @staticmethod
     def _step_onset(tab, raw: np.ndarray, thr: np.ndarray) -> np.ndarray:
@@ -416,12 +411,21 @@ class CoolingDegradation(Detector):
         return out
 
     def score(self, window: Window) -> np.ndarray:
-        r, thr, from_fleet, *_ = self._excess(window)
-        return np.fmax(r / thr, from_fleet / self.excess_celsius)
+        ex = self._excess(window)
+        return np.fmax(ex.smoothed / ex.bar, ex.from_fleet / self.excess_celsius)
 
     def detect(self, window: Window) -> Hits:
+        """A GPU row is hot where its smoothed excess over its own baseline passes its bar (or,
+        with ``fleet_spread_celsius``, it runs that far above the fleet's median baseline). A node
+        is one incident where at least ``node_min_gpus`` and ``node_share`` of its evaluated GPUs
+        are hot in the same minute (or its fans fail and its GPUs run ``fan_excess_celsius`` warm
+        together), a rack where ``rack_min_nodes`` of its nodes are (unless its hosts report their
+        inlet: then the inlet rule speaks for the rack). Each is dated back to where its excess
+        began; an open one is held while its GPUs cannot show it (see ``Detector._hold``)."""
         tab = window.gpu
-        r, thr, from_fleet, steady, throttled, temp, power, v = self._excess(window)
+        ex = self._excess(window)
+        r, thr, from_fleet, steady, throttled = ex.smoothed, ex.bar, ex.from_fleet, ex.steady, ex.throttled
+        temp, power, v = ex.temp, ex.power, ex.modelled
         slow = tab.ffill("temperature_slowdown_celsius")
         slow = np.where(np.isfinite(slow), slow, 89.0)
         below = ~throttled & (temp < slow - self.throttle_margin_celsius)
@@ -433,23 +437,18 @@ class CoolingDegradation(Detector):
         fan_rpm, fan_state, fan_bad = self._fan(window)
         by_fan = fan_bad & nan_as_zero_gt(r, self.fan_excess_celsius) & np.isfinite(v) & ~hot
         hot |= by_fan
-        sc = self.score(window)
         # the drift began where the excess last rose above half the bar and stayed there
         # (at most 3/4 of a smoothing span back: about what the smoothing delays a sudden step by)
         began = np.fmax(tab.run_start(nan_as_zero_gt(r, thr / 2)), tab.t - 0.75 * self.smooth_seconds)
         # a step (the raw excess jumped from below half the bar to above it between two polls): the
         # fault began after the last normal poll, and that is the best onset the data can give (the
         # smoothed excess may have wandered above half the bar earlier: noise, not the fault)
-        raw = v - self._base
+        raw = v - ex.base
         step = self._step_onset(tab, raw, thr)
         began = np.where(np.isfinite(step), step, began)
-        self._began = np.where(hot & np.isfinite(began), began, tab.t)
+        began = np.where(hot & np.isfinite(began), began, tab.t)
         new = tab.in_window()
         hot &= new
-        # (the evidence of hot rows reads it: found there only)
-        self._margin, self._to_throttle = _time_to_throttle(
-            tab, power, self.margin_trend_seconds, np.flatnonzero(hot)
-        )
         inlet_hits = self._inlet_hits(window)
         node = window.node_of[tab.ent] if len(tab) else np.zeros(0, np.int64)
         # rows where failed cooling would show plainly: steady load, modelled, not throttling
@@ -457,6 +456,10 @@ class CoolingDegradation(Detector):
         if not hot.any():
             held = self._hold(window, tab, hot, judged, [("gpu", tab.ent, hot), ("node", node, hot)])
             return concat(self.kind, [inlet_hits, held])
+        # (the evidence of hot rows reads it: found there only)
+        margin, to_throttle = _time_to_throttle(tab, power, self.margin_trend_seconds, np.flatnonzero(hot))
+        found = Found(excess=ex, score=self.score(window), began=began, below=below, margin=margin,
+                      to_throttle=to_throttle)
         rack = window.rack_of[tab.ent]
         # node scope: share of the node's evaluated GPUs hot in the same minute
         inv, ng = buckets(tab.t, 60.0, node)
@@ -479,58 +482,24 @@ class CoolingDegradation(Detector):
             row_rack_hot &= ~np.isin(rack, with_inlet)
         gpu_rows = hot & ~row_node_hot & ~by_fan
         node_rows = row_node_hot & ~row_rack_hot
-        parts = []
-        idx = np.flatnonzero(gpu_rows)
-        if len(idx):
-            parts.append(
-                self._mk(
-                    window,
-                    idx,
-                    node[idx],
-                    tab.ent[idx],
-                    None,
-                    tab.t[idx],
-                    sc[idx],
-                    r,
-                    thr,
-                    temp,
-                    power,
-                    "gpu",
-                    below=below,
-                )
-            )
+        sc = found.score
+        parts = [self._mk(window, found, np.flatnonzero(gpu_rows), "gpu")]
         for rows, scope in ((node_rows, "node"), (row_rack_hot, "rack")):
             idx = np.flatnonzero(rows)
             if not len(idx):
                 continue
             # one hit per node (rack) and minute: the hottest GPU's row speaks for it
-            grp = (node if scope == "node" else rack)[idx] * 10**7 + np.floor(tab.t[idx] / 60).astype(
-                np.int64
-            )
+            minute = np.floor(tab.t[idx] / 60).astype(np.int64)
+            grp = (node if scope == "node" else rack)[idx] * 10**7 + minute
             order = np.lexsort((-sc[idx], grp))
             first = np.ones(len(order), bool)
             first[1:] = grp[order][1:] != grp[order][:-1]
             sel = idx[order[first]]
-            none = np.full(len(sel), -1)
-            node_scope = scope == "node"
-            parts.append(
-                self._mk(
-                    window,
-                    sel,
-                    node[sel] if node_scope else none,
-                    none,
-                    None if node_scope else rack[sel],
-                    tab.t[sel],
-                    sc[sel],
-                    r,
-                    thr,
-                    temp,
-                    power,
-                    scope,
-                    hot_g[inv[sel]] if node_scope else rack_nodes[rinv[sel]],
-                    fan=(fan_rpm, fan_state) if node_scope else None,
-                )
-            )
+            if scope == "node":
+                hits = self._mk(window, found, sel, scope, count=hot_g[inv[sel]], fan=(fan_rpm, fan_state))
+            else:
+                hits = self._mk(window, found, sel, scope, count=rack_nodes[rinv[sel]])
+            parts.append(hits)
         held = self._hold(window, tab, hot, judged, [("gpu", tab.ent, gpu_rows), ("node", node, node_rows)])
         return concat(self.kind, parts + [inlet_hits, held])
 
@@ -700,38 +669,28 @@ class CoolingDegradation(Detector):
             cur = track.get(h, refs.get(h, m))
             track[h] = cur + alpha * (m - cur)
 
-    def _mk(
-        self,
-        window,
-        idx,
-        hosts,
-        gids,
-        racks,
-        t,
-        score,
-        r,
-        thr,
-        temp,
-        power,
-        scope,
-        count=None,
-        below=None,
-        fan=None,
-    ):
+    def _mk(self, window: Window, found: Found, idx: np.ndarray, scope: str, count=None, fan=None) -> Hits:
+        """The hits at rows ``idx`` of the window's GPU table, at ``scope``: "gpu" (the row's GPU),
+        "node" (its node; ``count``: its hot GPUs, ``fan``: its fans' RPM and state per row) or
+        "rack" (its rack; ``count``: its hot nodes)."""
+        if not len(idx):
+            return Hits.none(self.kind)
         rows = idx.tolist()
         slope = round(getattr(self, "slope_", DEFAULT_SLOPE), 4)
         slopes = getattr(self, "slopes_", {})
-        reg, ent = window.reg, window.gpu.ent
+        reg, tab = window.reg, window.gpu
+        ent = tab.ent
+        ex, margin, to_thr = found.excess, found.margin, found.to_throttle
 
-        def evidence(j):
-            i = rows[j]
+        def evidence(k):
+            i = rows[k]
             d = {
                 "signals": ["temperature_gpu_celsius", "power_watts"],
                 "scope": scope,
-                "excess_celsius": _r(r[i]),
-                "threshold_celsius": _r(thr[i]),
-                "temperature_gpu_celsius": _r(temp[i]),
-                "power_watts": _r(power[i]),
+                "excess_celsius": _r(ex.smoothed[i]),
+                "threshold_celsius": _r(ex.bar[i]),
+                "temperature_gpu_celsius": _r(ex.temp[i]),
+                "power_watts": _r(ex.power[i]),
                 "slope_c_per_w": slope,
             }
             if len(slopes) > 1:  # a mixed fleet: the GPU's model, judged by its own model's physics
@@ -740,11 +699,11 @@ class CoolingDegradation(Detector):
                 d["slope_c_per_w"] = _r(slopes.get(mid, math.nan))
                 late = mid in getattr(self, "model_learned_", {})
                 d["baseline"] = "own model" + (" (first seen here: learned its own)" if late else "")
-            if below is not None:
-                d["before_throttling"] = bool(below[i])
+            if scope == "gpu":
+                d["before_throttling"] = bool(found.below[i])
             if count is not None:
-                d["hot_gpus" if scope == "node" else "hot_nodes"] = int(count[j])
-            if margin is not None and np.isfinite(margin[i]):
+                d["hot_gpus" if scope == "node" else "hot_nodes"] = int(count[k])
+            if np.isfinite(margin[i]):
                 d["signals"].append("temperature_margin_celsius")
                 d["temperature_margin_celsius"] = _r(margin[i])
                 d["minutes_to_throttling"] = _r(to_thr[i] / 60.0) if np.isfinite(to_thr[i]) else None
@@ -754,24 +713,49 @@ class CoolingDegradation(Detector):
                 d["fan_state"] = None if not np.isfinite(fan[1][i]) else int(fan[1][i])
             return d
 
-        margin, to_thr = getattr(self, "_margin", None), getattr(self, "_to_throttle", None)
-        urgent = np.zeros(len(idx), bool)
-        if to_thr is not None and len(idx):
-            with np.errstate(invalid="ignore"):
-                urgent = to_thr[idx] <= self.urgent_seconds  # NaN (no margin): not urgent
-        ev = Evidence(evidence, list(range(len(rows))))
+        with np.errstate(invalid="ignore"):
+            urgent = to_thr[idx] <= self.urgent_seconds  # NaN (no margin): not urgent
+        none = np.full(len(idx), -1, np.int64)
+        node = window.node_of[ent[idx]]
         return Hits(
             self.kind,
-            np.asarray(hosts, np.int64),
-            np.asarray(gids, np.int64),
-            np.full(len(idx), -1, np.int64),
-            t,
-            score,
+            none if scope == "rack" else node,
+            ent[idx] if scope == "gpu" else none,
+            none,
+            tab.t[idx],
+            found.score[idx],
             urgent,
-            ev,
-            None if racks is None else np.asarray(racks, np.int64),
-            self._began[idx] if getattr(self, "_began", None) is not None else None,
+            Evidence(evidence, list(range(len(rows)))),
+            window.rack_of[ent[idx]] if scope == "rack" else None,
+            found.began[idx],
         )
+
+
+@dataclass
+class Excess:
+    """Per GPU row of a window: what cooling judges (``CoolingDegradation._excess``)."""
+
+    smoothed: np.ndarray  # °C the GPU runs above its baseline, smoothed over smooth_seconds
+    bar: np.ndarray  # °C that excess must pass (its band's, scaled by the GPU's own spread)
+    from_fleet: np.ndarray  # °C above the fleet's median baseline past fleet_spread_celsius (NaN: off)
+    steady: np.ndarray  # steady load, the row modelled
+    throttled: np.ndarray  # thermally throttled
+    temp: np.ndarray  # °C
+    power: np.ndarray  # W
+    modelled: np.ndarray  # the temperature less what power, memory load and the inlet explain
+    base: np.ndarray  # the GPU's learned baseline of ``modelled`` (its band's)
+
+
+@dataclass
+class Found:
+    """What detect derives from the excess, per GPU row, for the hits' evidence."""
+
+    excess: Excess
+    score: np.ndarray
+    began: np.ndarray  # s: when the excess began (its step, or its run above half the bar)
+    below: np.ndarray  # still below the throttling temperature by throttle_margin_celsius
+    margin: np.ndarray  # °C of thermal margin (carried forward; NaN: none reported)
+    to_throttle: np.ndarray  # s left before the margin reaches 0 (at hot rows; NaN elsewhere)
 
 
 def _slope_fit(ent, t, p, um):

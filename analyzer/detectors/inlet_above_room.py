@@ -65,7 +65,7 @@ class InletAboveRoom(Detector):
         return out
 
     def _racks(self, window: Window):
-        return self._cached("racks", lambda: self._racks_uncached(window))
+        return window.once(self, "racks", lambda: self._racks_uncached(window))
 
     def _racks_uncached(self, window: Window):
         """(group per kept row, kept rows, per (minute, rack) group: rack, excess, minute, inlet, room,

@@ -71,7 +71,7 @@ class MemoryErrors(Detector):
         return np.where(count >= self.sbe_count_min, count / 120.0, 0.0)
 
     def _parts(self, window: Window):
-        return self._cached("parts", lambda: self._parts_uncached(window))
+        return window.once(self, "parts", lambda: self._parts_uncached(window))
 
     def _parts_uncached(self, window: Window):
         tab = window.gpu

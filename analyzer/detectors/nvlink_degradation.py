@@ -128,7 +128,7 @@ class NvlinkDegradation(Detector):
     def _slow(self, window: Window):
         """(throughput B/s, its GPU's median link throughput at that poll, slow, slow long enough),
         per link row."""
-        return self._cached("slow", lambda: self._slow_uncached(window))
+        return window.once(self, "slow", lambda: self._slow_uncached(window))
 
     def _slow_uncached(self, window: Window):
         tab = window.nvlink

@@ -90,7 +90,7 @@ class PcieDegradation(Detector):
         return self
 
     def _parts(self, window: Window):
-        return self._cached("parts", lambda: self._parts_uncached(window))
+        return window.once(self, "parts", lambda: self._parts_uncached(window))
 
     def _parts_uncached(self, window: Window):
         tab = window.gpu

@@ -42,7 +42,7 @@ class PowerLimitBelowPeers(Detector):
         return self._below(window)[0]
 
     def _below(self, window: Window):
-        return self._cached("below", lambda: self._below_uncached(window))
+        return window.once(self, "below", lambda: self._below_uncached(window))
 
     def _below_uncached(self, window: Window):
         tab = window.gpu

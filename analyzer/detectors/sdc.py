@@ -42,7 +42,7 @@ class SilentDataCorruption(Detector):
     )
 
     def _parts(self, window: Window):
-        return self._cached("parts", lambda: self._parts_uncached(window))
+        return window.once(self, "parts", lambda: self._parts_uncached(window))
 
     def _parts_uncached(self, window: Window):
         tab = window.canary

@@ -83,7 +83,7 @@ class Straggler(Detector):
 
     def _peers(self, window: Window):
         """Busy rows, and each row's peer group (job or node, and poll): (busy, group, n_groups)."""
-        return self._cached("peers", lambda: self._peers_uncached(window))
+        return window.once(self, "peers", lambda: self._peers_uncached(window))
 
     def _peers_uncached(self, window: Window):
         tab = window.gpu
@@ -111,7 +111,7 @@ class Straggler(Detector):
 
     def _feature(self, window: Window, name: str):
         """log(value / the busy peers' median) per row, and how many busy peers had a value."""
-        return self._cached(("feature", name), lambda: self._feature_uncached(window, name))
+        return window.once(self, ("feature", name), lambda: self._feature_uncached(window, name))
 
     def _feature_uncached(self, window: Window, name: str):
         busy, inv, ng = self._peers(window)
@@ -121,7 +121,7 @@ class Straggler(Detector):
             return np.log(v / med[inv]), cnt[inv]
 
     def _features(self, window: Window):
-        return self._cached("features", lambda: self._features_uncached(window))
+        return window.once(self, "features", lambda: self._features_uncached(window))
 
     def _features_uncached(self, window: Window):
         busy, _, _ = self._peers(window)
