@@ -131,22 +131,29 @@ class NvlinkDegradation(Detector):
         return window.once(self, "slow", lambda: self._slow_uncached(window))
 
     def _slow_uncached(self, window: Window):
+        """The rule: a link row is slow where its throughput is below ``throughput_ratio`` x the
+        median of its GPU's links at that poll, that median busy (``busy_bytes_per_s``), the link
+        up and at least ``min_links`` of the GPU's links measured; slow for long once it has been
+        for ``slow_seconds``.
+
+        Speed: the median is taken only at polls holding a row that can pass, one below
+        ``throughput_ratio`` x the busiest link while that one is busy (the median is at most the
+        busiest link's throughput): a handful of polls, as a rule."""
         tab = window.nvlink
         with np.errstate(invalid="ignore", divide="ignore"):
             tput = (tab.delta("tx_data_bytes_total") + tab.delta("rx_data_bytes_total")) / tab.dt()
         inv, n = _poll_groups(window, tab)
         ok = np.isfinite(tput)
-        cnt = np.bincount(inv[ok], minlength=n)
-        # the median lies at or below the busiest link: it is taken only at polls where a link is
-        # below throughput_ratio x the busiest one while that one is busy (a handful, as a rule)
+        enough = (np.bincount(inv[ok], minlength=n) >= self.min_links)[inv]
+        up = tab.col("up") == 1
         top = np.full(n, -np.inf)
         np.maximum.at(top, inv[ok], tput[ok])
         with np.errstate(invalid="ignore"):
-            maybe = ((cnt >= self.min_links) & (top >= self.busy_bytes_per_s))[inv] & (tab.col("up") == 1)
+            can = enough & up & (top >= self.busy_bytes_per_s)[inv]
             if self.throughput_ratio >= 0:
-                maybe &= tput < self.throughput_ratio * top[inv]
-            med = _siblings_median(window, tab, tput, np.flatnonzero(maybe))
-            slow = maybe & (med >= self.busy_bytes_per_s) & (tput < self.throughput_ratio * med)
+                can &= tput < self.throughput_ratio * top[inv]
+            med = _siblings_median(window, tab, tput, np.flatnonzero(can))
+            slow = enough & up & (med >= self.busy_bytes_per_s) & (tput < self.throughput_ratio * med)
         rows = np.flatnonzero(slow)
         slow_long = np.zeros(len(slow), bool)
         if len(rows):
@@ -169,6 +176,13 @@ class NvlinkDegradation(Detector):
         return np.fmax(np.fmax(np.fmax(crc, rep), slow), 10 * down)
 
     def detect(self, window: Window) -> Hits:
+        """A link row hits where its CRC error rate passes the bar (``crc_fleet_factor`` x the
+        healthy links' rate, within ``crc_rate_min`` .. ``crc_rate_max``), its CRC errors over
+        ``crc_span_seconds`` reach ``crc_count_min`` (or the fleet's count over the span), its
+        replays over the span reach ``replay_count_min``, it recovered, it is down while most of its
+        GPU's links are up, or it has been slow (see ``_slow_uncached``) for ``slow_seconds`` and took
+        an error within the span. Down and recovering are critical. Speed: the span's sums are taken
+        only at rows that can hit."""
         tab = window.nvlink
         thr = self._threshold(window)  # a number, or one per row (per GPU model)
         crc = self._crc_hit(window)
@@ -210,9 +224,6 @@ class NvlinkDegradation(Detector):
         crit = down | (rec > 0)
         if (hit & new).any():  # the siblings' median of every hit row, for its evidence
             med = _siblings_median(window, tab, tput, np.flatnonzero(hit & new), med)
-        # the hit is when the rate crossed its bar: dating it back to the span's first error would
-        # date it to a healthy link's background error from before the fault, as often as not
-        t_hit = tab.t
 
         def bar(i):
             return float(thr if np.ndim(thr) == 0 else thr[i])
@@ -256,8 +267,9 @@ class NvlinkDegradation(Detector):
             out[at] = self.score(window, at)
             return out
 
+        # (each hit is dated at its row, when the rate crossed its bar: dating it back to the span's
+        # first error would date it to a healthy link's background error from before the fault)
         hits = self._gpu_hits(window, tab, hit, score, crit, ev, ent_is_link=True)
-        hits.t = t_hit[at]
         # judged healthy: up, and no new error of any kind since the previous row
         clean = (up == 1) & (dcrc == 0) & (rep == 0) & (rec == 0)
         held = self._hold(window, tab, hit & new, new & clean, [("link", tab.ent, hit & new)])
