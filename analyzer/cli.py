@@ -16,6 +16,18 @@ from gpufleet.flags import influx_options
 from gpufleet.units import parse_size
 
 
+class _SinkOption(click.Option):
+    """``--sink``: its help names the registered sink types, read when help is shown (importing
+    every sink module is kept off the command's start)."""
+
+    def get_help_record(self, ctx):
+        from gpufleet.analyzer.alerting import sink_classes
+
+        template = self.__dict__.setdefault("template", self.help or "")
+        self.help = template.format(types=", ".join(sink_classes()))
+        return super().get_help_record(ctx)
+
+
 def _shard(value: str | None):
     if value is None:
         return None
@@ -80,9 +92,8 @@ def _sinks(cfg, specs):
               "still be analysed in its own time (default: [analyzer] late_bound_seconds, 24h)")
 @click.option("--out", "out_path", help="write incidents as JSON lines here")
 @click.option("--config", "config_path", help="analyzer.toml")
-@click.option("--sink", "sink_specs", multiple=True, metavar="TYPE=URL",
-              help="alert sink (repeatable); TYPE: action, alertmanager, console, pagerduty, slack, "
-              "webhook (docs/alerting.md)")
+@click.option("--sink", "sink_specs", multiple=True, metavar="TYPE=URL", cls=_SinkOption,
+              help="alert sink (repeatable); TYPE: {types} (docs/alerting.md)")
 @click.option("--shard", help="analyse only hosts of shard I of N (I/N)")
 @click.option("--state", "state_path", help="notifier state file: what was paged, so a rerun pages only "
               "what is new (batch: none kept unless given; online: default beside --out)")

@@ -306,7 +306,9 @@ def toy_sink(monkeypatch):
 
 
 def test_a_toy_sink_is_one_class_its_table_validated_documented_and_run(toy_sink, tmp_path, monkeypatch,
-                                                                        caplog):
+                                                                        caplog, capsys):
+    from gpufleet.cli import main
+
     monkeypatch.delenv("GPUFLEET_TOY_KEY", raising=False)
     key = tmp_path / "key"
     key.write_text(SECRET + "\n")
@@ -324,6 +326,8 @@ def test_a_toy_sink_is_one_class_its_table_validated_documented_and_run(toy_sink
     assert "| `toy` | `channel` | `ops` | where it posts (one of `ops`, `dev`) |" in doc
     assert "`toy` | `api_key_file`, `api_key_env` | | secret: required; sent as X-Toy-Key" in doc
     assert "toy: 120" in doc  # its own rate-limit default
+    assert main(["analyze", "--help"]) == 0  # and named where --sink says which types there are
+    assert "toy, webhook" in " ".join(capsys.readouterr().out.split())
     # run: --sink toy=URL reads the secret from its declared variable; the notifier delivers
     monkeypatch.setenv("GPUFLEET_TOY_KEY", SECRET)
     caplog.set_level("DEBUG")
