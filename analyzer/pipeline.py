@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import time
 import zlib
 from dataclasses import dataclass
@@ -520,10 +521,10 @@ class Analyzer:
         for det in self.detectors:
             if m not in det.tables:
                 continue
-            if getattr(det, "fit_late", False):
-                det.fit(w)
-            hits = _only_hosts(det.detect(w), hosts)
-            self.engine.add(hits, self.reg, rack_names, late=True,
+            hits = self._hits(det, w, fit=getattr(det, "fit_late", False))
+            if hits is None:
+                continue
+            self.engine.add(_only_hosts(hits, hosts), self.reg, rack_names, late=True,
                             no_peers=not peers and getattr(det, "peers", False))
         self.windows += 1
 
@@ -949,10 +950,49 @@ class Analyzer:
         for det in self.detectors:
             if m not in det.tables:
                 continue
-            det.fit(w)
-            hits = det.detect(w)
-            self.engine.add(hits, self.reg, rack_names)
+            hits = self._hits(det, w, fit=True)
+            if hits is not None:
+                self.engine.add(hits, self.reg, rack_names)
         self.windows += 1
+
+    def _hits(self, det, w: Window, fit: bool) -> Hits | None:
+        """``det``'s hits on window ``w`` (fitted to it first where ``fit``). A detector that raises
+        on a window leaves that window unanalysed for its kind, and says so: one ``analysis_gap``
+        record of the fleet (its kind, the windows, the error; later failures within
+        ``quiet_after`` extend it) and one log line; every other detector and window goes on.
+        With ``GPUFLEET_STRICT`` set (the tests) it raises."""
+        try:
+            if fit:
+                det.fit(w)
+            return det.detect(w)
+        except Exception as exc:
+            if os.environ.get("GPUFLEET_STRICT"):
+                raise
+            self._unanalysed(det.kind, w, f"{type(exc).__name__}: {str(exc)[:200]}")
+            return None
+
+    def _unanalysed(self, kind: str, w: Window, error: str) -> None:
+        from gpufleet.analyzer.engine import incident_id
+
+        from gpufleet.records import Record, to_rfc3339
+
+        rec = self._gaps.get(("", kind))
+        if rec is not None and w.start <= rec.end + self.quiet_after:
+            rec.start, rec.end = min(rec.start, w.start), max(rec.end, w.end)
+            rec.evidence["windows"] += 1
+        else:
+            rec = Record(kind="analysis_gap", host=None, gpu=None, link=None, start=w.start, end=w.end,
+                         severity="warning")
+            rec.evidence = {"detector": kind, "windows": 1, "error": error,
+                            "why": f"the {kind} detector failed on these windows"}
+            rec.id = incident_id(rec)
+            self._gaps[("", kind)] = rec
+            self.notes.append(rec)
+            self.said.append(f"analysis gap: the {kind} detector failed on the window from "
+                             f"{to_rfc3339(w.start)}: {error}; its later windows go on")
+        rec.summary = (f"analysis gap: {kind} not analysed from {to_rfc3339(rec.start)} to "
+                       f"{to_rfc3339(rec.end)} ({rec.evidence['windows']} windows): its detector failed "
+                       f"({rec.evidence['error']})")
 
     def incidents(self):
         """The engine's incidents, each with the job ids on its GPUs during it (``jobs``), and the

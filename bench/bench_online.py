@@ -520,9 +520,10 @@ class _Writer(threading.Thread):
         self.db, self.gpus, self.every, self.faults = db, gpus, every, faults
         self.landed: dict[str, float] = {}
         self.stop = threading.Event()
+        self.t_start = time.time()
 
     def run(self):
-        t_start = time.time()
+        t_start = self.t_start = time.time()
         dbe = [0] * self.gpus
         k = 0
         while not self.stop.is_set():
@@ -552,7 +553,27 @@ class _Writer(threading.Thread):
             time.sleep(max(0.0, t_start + 1.37 * k - time.time()))
 
 
-def bench_latency(quick: bool, tmp: Path) -> list[dict]:
+def _backlog(db, tmp: Path, nodes: int) -> tuple[threading.Thread, dict]:
+    """A thread that writes ``nodes`` agent-shaped nodes' last 30 minutes into ``db`` at once, in
+    5,000-line bodies (spools draining after a network cut), when started; its ``done`` holds
+    the lines and when the last write returned."""
+    out = tmp / f"backlog-{nodes}"
+    start = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 32 * 60))
+    _agent_shaped(out, nodes, "30m", start)
+    lines = gzip.decompress((out / "telemetry.lp.gz").read_bytes()).splitlines()
+    done: dict = {}
+
+    def drain():
+        for i in range(0, len(lines), 5000):
+            db.write("fleet", b"\n".join(lines[i:i + 5000]).decode())
+        done.update(lines=len(lines), at=time.time())
+
+    return threading.Thread(target=drain, daemon=True), done
+
+
+def bench_latency(quick: bool, tmp: Path, backlog_nodes: int = 0) -> list[dict]:
+    """On-time pages' latency; with ``backlog_nodes``, while that many other nodes' 30-minute
+    backlog lands in the store a few seconds into the run (late data must not delay them)."""
     from tests.alerting_receiver import Receiver
     from tests.servers import Alertmanager, InfluxDB1, free_port
 
@@ -561,7 +582,7 @@ def bench_latency(quick: bool, tmp: Path) -> list[dict]:
     port = free_port()
     rows = []
     with (
-        InfluxDB1(tmp / "influx-live") as db,
+        InfluxDB1(tmp / f"influx-live-{backlog_nodes}") as db,
         Receiver() as rx_l,
         Receiver() as rx_f,
         Alertmanager(tmp / "am-l", rx_l.url + "/h") as am_l,
@@ -573,8 +594,8 @@ def bench_latency(quick: bool, tmp: Path) -> list[dict]:
         )
         store = ["--influx-url", db.url, "--influx-db", "fleet", "--poll", "1s", "--grace", "1s"]
         modes = (
-            (["--listen", f"127.0.0.1:{port}"], am_l, "l.db"),
-            (["--follow", "--since", "1m"], am_f, "f.db"),
+            (["--listen", f"127.0.0.1:{port}"], am_l, f"l{backlog_nodes}.db"),
+            (["--follow", "--since", "1m"], am_f, f"f{backlog_nodes}.db"),
         )
         procs = [
             subprocess.Popen(
@@ -582,13 +603,17 @@ def bench_latency(quick: bool, tmp: Path) -> list[dict]:
                  "--state", str(tmp / st)],
                 cwd=ROOT,
                 stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
+                stderr=(tmp / f"{st}.log").open("w"),
             )
             for mode, am, st in modes
         ]
+        late = _backlog(db, tmp, backlog_nodes) if backlog_nodes else None
         time.sleep(4)  # both interpreters up
         w = _Writer(db, 4 * (faults + 1), every, faults)
         w.start()
+        if late is not None:
+            time.sleep(every / 2)  # the first DBE is due at ``every``: the backlog lands before it
+            late[0].start()
         time.sleep(every * (faults + 1) + 8)
         w.stop.set()
         for p in procs:
@@ -602,6 +627,11 @@ def bench_latency(quick: bool, tmp: Path) -> list[dict]:
                     if a["status"] == "firing":
                         first.setdefault(key, req["wall"])
             lat = sorted(first[k] - w.landed[k] for k in w.landed if k in first)
+            during = ""
+            if late is not None:
+                name += f" while {backlog_nodes} nodes' 30 min backlog lands"
+                during = (f"; backlog {late[1].get('lines', 0):,} lines, in the store "
+                          f"{late[1].get('at', math.nan) - w.t_start:.1f} s into the run")
             if not lat:
                 rows.append(_row(f"online latency {name}", "failed", "s", "<= 2 polls", "no alert arrived"))
                 continue
@@ -612,8 +642,8 @@ def bench_latency(quick: bool, tmp: Path) -> list[dict]:
                     statistics.median(lat),
                     "s (median)",
                     "<= 2 polls + Alertmanager's group_wait",
-                    f"p95 {p95:.2f} s, {len(lat)}/{len(w.landed)} DBEs paged; poll 1 s, grace 1 s, "
-                    "Alertmanager group_wait 1 s",
+                    f"p95 {p95:.2f} s, max {lat[-1]:.2f} s, {len(lat)}/{len(w.landed)} DBEs paged; poll 1 s, "
+                    f"grace 1 s, Alertmanager group_wait 1 s{during}",
                 )
             )
     return rows
@@ -622,7 +652,8 @@ def bench_latency(quick: bool, tmp: Path) -> list[dict]:
 def run(quick: bool) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        return bench_paths(quick, tmp) + bench_latency(quick, tmp) + bench_memory(quick, tmp)
+        latency = bench_latency(quick, tmp) + bench_latency(quick, tmp, 4 if quick else 16)
+        return bench_paths(quick, tmp) + latency + bench_memory(quick, tmp)
 
 
 if __name__ == "__main__":  # pragma: no cover

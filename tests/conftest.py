@@ -6,6 +6,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# a detector that raises fails the test (and every analyzer process it starts), not a gap record
+os.environ.setdefault("GPUFLEET_STRICT", "1")
 FIXTURES = ROOT / "tests" / "fixtures"
 _RUN_TMP = pytest.StashKey[str]()
 

@@ -918,3 +918,59 @@ def test_a_rack_inlet_drifting_over_half_a_day_is_no_incident():
     data = _thermal_fleet(lambda n, s: True, lambda n, g: 0.0, steps=720, step=60, inlet=inlet)
     incs = [i for i in analyse(data).incidents() if i.kind == "cooling_degradation"]
     assert incs == [], [i.summary for i in incs]
+
+
+def test_nvlink_fit_in_a_mixed_fleet_takes_a_window_whose_links_have_no_rate_yet():
+    """Two GPU models, and a window whose NVLink rows are each link's first (no rate yet, as when
+    a node's backlog starts landing): nothing learned from it, no error (the listener died on it)."""
+    t0 = 1_795_100_000
+    lines = []
+    for s in range(0, 600, 10):
+        for host, model in (("a", "NVIDIA H200"), ("b", "NVIDIA A100-SXM4-80GB")):
+            m = model.replace(" ", "\\ ")
+            lines.append(f"gpu,host={host},gpu=0,model={m} up=1i,power_watts=300 {(t0 + s) * 10**9}")
+    lines.append(f"gpu_nvlink,host=a,gpu=0,link=0 up=1i,crc_flit_errors_total=0i {(t0 + 590) * 10**9}")
+    an = Analyzer()
+    an.feed_bytes(("\n".join(lines) + "\n").encode())
+    an.finish()
+    det = next(d for d in an.detectors if d.kind == "nvlink_degradation")
+    assert det.fleet_crc_rate_ == 0.0 and det.model_crc_rate_ == {}  # fitted, nothing learned
+    assert not [r for r in an.incidents() if r.kind == "nvlink_degradation"]
+
+
+def test_a_detector_failing_on_some_windows_is_one_gap_record_and_the_rest_goes_on(monkeypatch):
+    """memory_errors raises on the windows between 10 and 20 minutes: those are one
+    ``analysis_gap`` record naming the detector, its windows and the error, said once in the log;
+    the other detectors (an XID 79 inside them) and memory_errors' own later windows (a DBE at 30
+    minutes) are analysed as ever."""
+    monkeypatch.delenv("GPUFLEET_STRICT")
+    t0 = 1_795_100_000
+    lines = []
+    for s in range(0, 2400, 10):
+        for g in range(2):
+            dbe = int(g == 1 and s >= 1800)
+            lines.append(f"gpu,host=a,gpu={g} up=1i,power_watts=300,ecc_uncorrected_volatile_total={dbe}i "
+                         f"{(t0 + s) * 10**9}")
+    lines.append(f"gpu_event,host=a,gpu=0,type=xid code=79i {(t0 + 900) * 10**9}")
+    an = Analyzer()
+    det = next(d for d in an.detectors if d.kind == "memory_errors")
+    inner = det.detect
+
+    def detect(w):
+        if t0 + 600 <= w.start < t0 + 1200:
+            raise ValueError("boom")
+        return inner(w)
+
+    monkeypatch.setattr(det, "detect", detect)
+    an.feed_bytes(("\n".join(lines) + "\n").encode())
+    an.finish()
+    recs = an.incidents()
+    gaps = [r for r in recs if r.kind == "analysis_gap"]
+    assert len(gaps) == 1 and gaps[0].host is None, gaps
+    ev = gaps[0].evidence
+    assert ev["detector"] == "memory_errors" and ev["error"] == "ValueError: boom" and ev["windows"] >= 2
+    assert t0 + 600 <= gaps[0].start and gaps[0].end <= t0 + 1200 + an.window
+    assert "memory_errors not analysed from" in gaps[0].summary
+    assert [line for line in an.said if "memory_errors detector failed" in line] != []
+    found = {(r.kind, r.gpu) for r in recs if r.kind != "analysis_gap"}
+    assert found == {("gpu_lost", 0), ("memory_errors", 1)}

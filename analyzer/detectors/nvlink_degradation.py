@@ -93,6 +93,8 @@ class NvlinkDegradation(Detector):
         if int(window.reg.model_ids().max(initial=0)) == 0:
             return self  # one model: the fleet's rate is its own
         model = _models(window)[ok]
+        if not len(model):
+            return self  # no link row with a rate in this window
         r = r[ok]
         order = np.argsort(model, kind="stable")
         ms, first = np.unique(model[order], return_index=True)
