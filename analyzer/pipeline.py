@@ -112,6 +112,9 @@ def shard_of(host: str, n: int) -> int:
     return zlib.crc32(host.encode()) % n
 
 
+COPIES = "inside what the host had analysed already (copies, or its own rows reordered beyond the grace)"
+
+
 class Analyzer:
     def __init__(self, config: Config | None = None, shard: tuple[int, int] | None = None):
         self.config = config or Config()
@@ -317,6 +320,7 @@ class Analyzer:
                 name = self.reg.hosts[h]
                 self.late_points += int(drop.sum())
                 self.late_per_host[name] = self.late_per_host.get(name, 0) + int(drop.sum())
+                self._gap(h, t[drop], COPIES, "info")
             old = (t < bound_ns) & ~drop
             if old.any():
                 self._beyond(h, t[old], "more than the late bound behind the analysis")
@@ -334,14 +338,20 @@ class Analyzer:
     def _beyond(self, h: int, t: np.ndarray, why: str) -> None:
         """Rows of host ``h`` that cannot be analysed from memory: re-read from the store, or
         dropped and reported (one ``analysis_gap`` record per host and stretch)."""
+        if self.store:
+            self.reread.append((self.reg.hosts[h], int(t.min()), int(t.max()) + 1))
+            return
+        self.dropped_rows += len(t)
+        self._gap(h, t, why, "warning")
+
+    def _gap(self, h: int, t: np.ndarray, why: str, severity: str) -> None:
+        """Host ``h``'s rows at ``t`` (ns) are not analysed: one ``analysis_gap`` record per host,
+        reason and stretch (rows within ``quiet_after`` of its end extend it), said once in the
+        log. ``info``: never paged (rows inside what the host has analysed: copies as a rule)."""
         from gpufleet.records import Record, to_rfc3339
 
         name = self.reg.hosts[h]
         t1, t2 = int(t.min()), int(t.max())
-        if self.store:
-            self.reread.append((name, t1, t2 + 1))
-            return
-        self.dropped_rows += len(t)
         rec = self._gaps.get((name, why))
         if rec is not None and t1 / 1e9 <= rec.end + self.quiet_after:
             rec.end = max(rec.end, t2 / 1e9)
@@ -349,7 +359,7 @@ class Analyzer:
             rec.start = min(rec.start, t1 / 1e9)
         else:
             rec = Record(kind="analysis_gap", host=name, gpu=None, link=None, start=t1 / 1e9, end=t2 / 1e9,
-                         severity="warning", rack=self.reg.host_rack[h], cluster=self.reg.host_cluster[h])
+                         severity=severity, rack=self.reg.host_rack[h], cluster=self.reg.host_cluster[h])
             rec.evidence = {"rows": len(t), "why": why}
             self._gaps[(name, why)] = rec
             self.notes.append(rec)
@@ -358,7 +368,7 @@ class Analyzer:
         from gpufleet.analyzer.engine import incident_id
 
         rec.id = incident_id(Record(kind=rec.kind, host=name, gpu=None, link=None, start=rec.start, end=None,
-                                    severity="warning", rack=rec.rack, cluster=rec.cluster))
+                                    severity=severity, rack=rec.rack, cluster=rec.cluster))
         if rec.evidence["rows"] == len(t):
             self.said.append(rec.summary)  # a new gap: the online loop logs it once
 

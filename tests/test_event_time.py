@@ -291,6 +291,25 @@ def test_an_analyzer_stall_is_no_node_s_silence():
     assert stopped == [("c", T + 399)], stopped
 
 
+def test_copies_of_rows_already_analysed_are_one_info_record_not_a_page():
+    """b's rows of 100-160 s land a second time at 300 s (a batch sent again after its answer was
+    lost): not analysed twice, and not left unsaid: counted, and one informational analysis_gap
+    record for b (never paged) with their stretch and count."""
+    lines = _dbe_fleet(150, seconds=400)
+    again = [x for x in lines if x[1] == b"b" and 100 <= x[0] // 10**9 - T < 160]
+
+    def arrive(t, host, i):
+        return T + 300.5 if i >= len(lines) else t + 0.5
+
+    an = replay(lines + again, arrive, poll=1.0).an
+    gaps = [r for r in an.incidents() if r.kind == "analysis_gap"]
+    assert [(r.host, r.severity, r.start, r.end, r.evidence["rows"]) for r in gaps] == [
+        ("b", "info", T + 100, T + 159, len(again))], gaps
+    assert "copies" in gaps[0].evidence["why"] and an.late_points == len(again) and an.dropped_rows == 0
+    got = [r for r in an.incidents() if r.kind == "memory_errors"]
+    assert [(r.host, r.start) for r in got] == [("b", T + 150)]
+
+
 # ---------------------------------------------------------------- clocks
 T = 1_795_100_000
 
