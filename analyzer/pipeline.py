@@ -18,8 +18,9 @@ Rows more than ``late_bound_seconds`` behind the cursor are not held: with a sto
 listed for re-reading (``reread``), without one they are dropped, counted per host and reported
 as an ``analysis_gap`` record (host, from, to, rows, why). Rows inside what their own host has
 already analysed (duplicates, a host's own reordering beyond the grace) are counted
-(``late_points``) and recorded (an informational ``analysis_gap`` per host and stretch); a part of a host's backlog older than what its late windows analysed (it
-landed after them) is analysed in late windows of its own. Memory is bounded by window +
+(``late_points``) and recorded (an informational ``analysis_gap`` per host and stretch); a
+part of a host's backlog older than what its late windows analysed (it landed after them) is
+analysed in late windows of its own. Memory is bounded by window +
 lateness + context + the peers held.
 
 Time is bounded: after a stream's data stops, empty windows are walked for ``EMPTY_WALK_SECONDS``

@@ -481,7 +481,7 @@ def test_table_derived_arrays_are_computed_once_and_read_only():
 
 
 def test_group_median_buckets_and_lookup_match_the_sorting_versions():
-    from gpufleet.analyzer.detectors.cooling_degradation import _leave_one_out_median
+    from gpufleet.analyzer.detectors.rack_inlet import leave_one_out_median as _leave_one_out_median
     from gpufleet.analyzer.groupby import buckets, group_median, lookup
 
     rng = np.random.default_rng(4)

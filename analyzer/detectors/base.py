@@ -19,6 +19,7 @@ the fields it reads: the parser's field list, ``gpufleet.analyzer.pipeline.field
 from __future__ import annotations
 
 import copy
+import math
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -265,6 +266,12 @@ def share(tab: Table, counter: str) -> np.ndarray:
     """Share of the time between polls a nanosecond counter accumulated (0..1, NaN unknown)."""
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.clip(tab.delta(counter) / (tab.dt() * 1e9), 0, 1)
+
+
+def rounded(x) -> float | None:
+    """An evidence value: ``x`` to 2 decimals, None where it is not a finite number."""
+    x = float(x)
+    return round(x, 2) if math.isfinite(x) else None
 
 
 def nz(v: np.ndarray) -> np.ndarray:

@@ -41,8 +41,9 @@ from gpufleet.analyzer.detectors.base import (
     nan_as_zero_ge,
     nan_as_zero_gt,
     nz,
-    racks_with_nodes,
+    rounded,
 )
+from gpufleet.analyzer.detectors.rack_inlet import RackInletRule, racks_with_inlet
 from gpufleet.analyzer.detectors.thermal_throttle import thermal_bits
 from gpufleet.analyzer.frame import Window
 from gpufleet.analyzer.groupby import buckets, distinct_count, group_median, lookup
@@ -449,7 +450,7 @@ class CoolingDegradation(Detector):
         began = np.where(hot & np.isfinite(began), began, tab.t)
         new = tab.in_window()
         hot &= new
-        inlet_hits = self._inlet_hits(window)
+        inlet_hits = self._rack_inlet().hits(window, self.kind, getattr(self, "inlet_ref_", {}))
         node = window.node_of[tab.ent] if len(tab) else np.zeros(0, np.int64)
         # rows where failed cooling would show plainly: steady load, modelled, not throttling
         judged = new & steady & np.isfinite(v) & ~throttled & nan_as_zero_ge(power, self.low_power_watts)
@@ -477,7 +478,7 @@ class CoolingDegradation(Detector):
         # a rack whose hosts report their inlet: a rack-wide cause (a hot aisle, a failing rack
         # cooler) shows in the inlet (the inlet rule below), and the model subtracts it from the
         # GPUs, so nodes of such a rack hot together are that many node faults, not a rack fault
-        with_inlet = self._racks_with_inlet(window)
+        with_inlet = racks_with_inlet(window)
         if with_inlet.size and row_rack_hot.any():
             row_rack_hot &= ~np.isin(rack, with_inlet)
         gpu_rows = hot & ~row_node_hot & ~by_fan
@@ -527,147 +528,14 @@ class CoolingDegradation(Detector):
             bad = (state >= 2) | (rpm < self.fan_drop_share * fleet)
         return rpm, state, bad & ok
 
-    @staticmethod
-    def _racks_with_inlet(window: Window) -> np.ndarray:
-        """Rack ids whose hosts have an inlet reading in this window."""
-        bmc = window.bmc
-        if not len(bmc) or "inlet" not in bmc.cols or not len(window.node_of):
-            return np.zeros(0, np.int64)
-        host_rack = np.full(int(window.node_of.max()) + 1, -1, np.int64)
-        host_rack[window.node_of] = window.rack_of
-        h = bmc.ent[np.isfinite(bmc.cols["inlet"])]
-        h = h[h < len(host_rack)]
-        r = np.unique(host_rack[h])
-        return r[r >= 0]
-
-    def _inlet_hits(self, window: Window) -> Hits:
-        """Rack scope from the inlet itself: the inlet of a rack's nodes above their own usual inlet by
-        ``inlet_excess_celsius`` more than the other racks' inlets moved (the room's common mode; with
-        one rack, the usual inlet alone). The GPU model subtracts the inlet, so this is where a hot
-        aisle or a failing rack cooler shows, in fleets of two racks as of many."""
-        bmc = window.bmc
-        refs = getattr(self, "inlet_ref_", {})
-        if not len(bmc) or "inlet" not in bmc.cols or not refs or not len(window.node_of):
-            return Hits.none(self.kind)
-        n_hosts = int(max(bmc.ent.max(), window.node_of.max())) + 1
-        host_rack = np.full(n_hosts, -1, np.int64)
-        host_rack[window.node_of] = window.rack_of
-        # against each host's slowly tracking usual inlet (time constant inlet_track_seconds), so a
-        # room that drifts a few degrees over a day is no incident; a failing rack cooler (tens of
-        # minutes to hours) still stands out, and a rack flagged here stops its hosts' tracking
-        track = self.inlet_track_ = getattr(self, "inlet_track_", {})
-        ref = lookup({h: track.get(h, r) for h, r in refs.items()}, bmc.ent)
-        rack = host_rack[bmc.ent]
-        new = bmc.in_window()
-        ok = new & np.isfinite(bmc.cols["inlet"]) & np.isfinite(ref) & (rack >= 0) & (rack < 10**6)
-        if not ok.any():
-            return Hits.none(self.kind)
-        dev = (bmc.cols["inlet"] - ref)[ok]
-        host, rack, t = bmc.ent[ok], rack[ok], bmc.t[ok]
-        minute = np.floor(t / 60.0).astype(np.int64)
-        # per (minute, rack): median deviation of the rack's hosts
-        inv, ng = buckets(t, 60.0, rack)
-        rmed, _ = group_median(inv, dev, ng)
-        first = np.zeros(ng, np.int64)
-        first[inv] = np.arange(len(inv))
-        g_min, g_rack = minute[first], rack[first]
-        # the other racks' movement in the same minute (leave one out; 0 with a single rack)
-        others = _leave_one_out_median(g_min, rmed)
-        excess_row = dev - others[inv]
-        hot_row = excess_row >= self.inlet_excess_celsius
-        hosts_hot = distinct_count(inv, host, hot_row, ng)
-        hosts_all = distinct_count(inv, host, np.ones(len(inv), bool), ng)
-        need = np.minimum(self.rack_min_nodes, hosts_all)
-        flag = (rmed - others >= self.inlet_excess_celsius) & (hosts_hot >= np.maximum(need, 1))
-        self._track_inlet(window, bmc.ent[ok], t, bmc.cols["inlet"][ok], rack, set(g_rack[flag].tolist()))
-        # the room is a baseline: a rack that steps to a warmer inlet and stays there is judged against
-        # its own inlet (the GPU model subtracts it) and pages only while its inlet keeps rising, or
-        # once its GPUs come near their slowdown temperature
-        rising = self._inlet_rising(g_rack, g_min, rmed - others, flag)
-        since = self.__dict__.setdefault("inlet_since_", {})  # rack -> when its excess crossed the bar
-        if not flag.any() and not since:
-            return Hits.none(self.kind)
-        tmax = np.full(ng, -np.inf)
-        np.maximum.at(tmax, inv, t)
-        # an incident the gate delayed still begins where the rack's excess crossed the bar
-        began = np.full(ng, np.nan)
-        for g in np.lexsort((g_min, g_rack)).tolist():
-            r = int(g_rack[g])
-            if flag[g]:
-                began[g] = since.setdefault(r, float(tmax[g]))
-            else:
-                since.pop(r, None)
-        if flag.any():
-            near = self._racks_near_limits(window)
-            flag &= rising | np.isin(g_rack, near)
-        sel = np.flatnonzero(flag)
-        if not len(sel):
-            return Hits.none(self.kind)
-        ev = [
-            {
-                "signals": ["bmc_sensor.value (inlet)"],
-                "scope": "rack",
-                "inlet_excess_celsius": _r(rmed[g] - others[g]),
-                "threshold_celsius": self.inlet_excess_celsius,
-                "other_racks_celsius": _r(others[g]),
-                "hot_nodes": int(hosts_hot[g]),
-                "inlet_rising": bool(rising[g]),
-            }
-            for g in sel.tolist()
-        ]
-        score = (rmed[sel] - others[sel]) / self.inlet_excess_celsius
-        return Hits.of_racks(self.kind, g_rack[sel], tmax[sel], score, ev, began[sel])
-
-    def _inlet_rising(self, rack: np.ndarray, minute: np.ndarray, excess: np.ndarray, ask: np.ndarray):
-        """Per (rack, minute) group: is the rack's inlet excess still rising? Over the trailing
-        ``inlet_rise_seconds``, cut in three, it rose by a third of ``inlet_rise_celsius`` in each
-        part: a ramp (a failing rack cooler), not a step that then stays (one part holds all of it)."""
-        hist = self.__dict__.setdefault("inlet_hist_", {})  # rack -> {minute: excess}
-        span = max(int(self.inlet_rise_seconds // 60), 3)
-        for r, m, x in zip(rack.tolist(), minute.tolist(), excess.tolist(), strict=True):
-            hist.setdefault(r, {})[m] = x
-        out = np.zeros(len(rack), bool)
-        need = self.inlet_rise_celsius / 3
-        for i in np.flatnonzero(ask).tolist():  # (only where asked: the flagged groups)
-            r, m = int(rack[i]), int(minute[i])
-            h = hist[r]
-            at = [m - span + k * span // 3 for k in range(3)] + [m]
-            got = [h.get(k, h.get(k - 1, h.get(k + 1))) for k in at]
-            if any(x is None for x in got):
-                continue
-            out[i] = all(b - a >= need for a, b in zip(got[:-1], got[1:], strict=True))
-        for h in hist.values():  # keep two spans (pruned once a rack holds four)
-            if len(h) > 4 * span:
-                last = max(h)
-                for k in [k for k in h if k < last - 2 * span]:
-                    del h[k]
-        return out
-
-    def _racks_near_limits(self, window: Window) -> np.ndarray:
-        """Racks where GPUs of ``rack_min_nodes`` nodes (every node, in a smaller rack) came within
-        ``near_limit_celsius`` of their slowdown temperature (or throttled for heat) in this window:
-        the room's heat reaching the GPUs, not one GPU's own fault."""
-        tab = window.gpu
-        if not len(tab):
-            return np.zeros(0, np.int64)
-        temp = tab.col("temperature_gpu_celsius")
-        slow = tab.ffill("temperature_slowdown_celsius")
-        slow = np.where(np.isfinite(slow), slow, 89.0)
-        near = tab.in_window() & ((nz(temp) >= slow - self.near_limit_celsius) | (thermal_bits(tab) > 0))
-        return racks_with_nodes(window, near, self.rack_min_nodes)
-
-    def _track_inlet(self, window, host, t, inlet, rack, hot_racks: set) -> None:
-        """Move each host's tracked inlet toward this window's mean (not for hosts of a hot rack)."""
-        track, refs = self.inlet_track_, self.inlet_ref_
-        alpha = 1.0 - np.exp(-(window.end - window.start) / self.inlet_track_seconds)
-        keep = ~np.isin(rack, list(hot_racks)) if hot_racks else np.ones(len(host), bool)
-        u, inv = np.unique(host[keep], return_inverse=True)
-        if not len(u):
-            return
-        mean = np.bincount(inv, inlet[keep]) / np.bincount(inv)
-        for h, m in zip(u.tolist(), mean.tolist(), strict=True):
-            cur = track.get(h, refs.get(h, m))
-            track[h] = cur + alpha * (m - cur)
+    def _rack_inlet(self) -> RackInletRule:
+        """The rack rule from the inlet itself (``rack_inlet``), with its learned state."""
+        if not hasattr(self, "rack_inlet_"):
+            self.rack_inlet_ = RackInletRule(
+                excess_celsius=self.inlet_excess_celsius, track_seconds=self.inlet_track_seconds,
+                rise_seconds=self.inlet_rise_seconds, rise_celsius=self.inlet_rise_celsius,
+                near_limit_celsius=self.near_limit_celsius, min_nodes=self.rack_min_nodes)
+        return self.rack_inlet_
 
     def _mk(self, window: Window, found: Found, idx: np.ndarray, scope: str, count=None, fan=None) -> Hits:
         """The hits at rows ``idx`` of the window's GPU table, at ``scope``: "gpu" (the row's GPU),
@@ -687,16 +555,16 @@ class CoolingDegradation(Detector):
             d = {
                 "signals": ["temperature_gpu_celsius", "power_watts"],
                 "scope": scope,
-                "excess_celsius": _r(ex.smoothed[i]),
-                "threshold_celsius": _r(ex.bar[i]),
-                "temperature_gpu_celsius": _r(ex.temp[i]),
-                "power_watts": _r(ex.power[i]),
+                "excess_celsius": rounded(ex.smoothed[i]),
+                "threshold_celsius": rounded(ex.bar[i]),
+                "temperature_gpu_celsius": rounded(ex.temp[i]),
+                "power_watts": rounded(ex.power[i]),
                 "slope_c_per_w": slope,
             }
             if len(slopes) > 1:  # a mixed fleet: the GPU's model, judged by its own model's physics
                 mid = int(reg.model_ids()[ent[i]])
                 d["model"] = reg.gpu_model[int(ent[i])]
-                d["slope_c_per_w"] = _r(slopes.get(mid, math.nan))
+                d["slope_c_per_w"] = rounded(slopes.get(mid, math.nan))
                 late = mid in getattr(self, "model_learned_", {})
                 d["baseline"] = "own model" + (" (first seen here: learned its own)" if late else "")
             if scope == "gpu":
@@ -705,11 +573,11 @@ class CoolingDegradation(Detector):
                 d["hot_gpus" if scope == "node" else "hot_nodes"] = int(count[k])
             if np.isfinite(margin[i]):
                 d["signals"].append("temperature_margin_celsius")
-                d["temperature_margin_celsius"] = _r(margin[i])
-                d["minutes_to_throttling"] = _r(to_thr[i] / 60.0) if np.isfinite(to_thr[i]) else None
+                d["temperature_margin_celsius"] = rounded(margin[i])
+                d["minutes_to_throttling"] = rounded(to_thr[i] / 60.0) if np.isfinite(to_thr[i]) else None
             if fan is not None and np.isfinite(fan[0][i]):
                 d["signals"] = d["signals"] + ["bmc_sensor fan"]
-                d["fan_rpm"] = _r(fan[0][i])
+                d["fan_rpm"] = rounded(fan[0][i])
                 d["fan_state"] = None if not np.isfinite(fan[1][i]) else int(fan[1][i])
             return d
 
@@ -802,11 +670,6 @@ def _recent_max(tab, v: np.ndarray, seconds: float, rows: np.ndarray, polls: int
     return out
 
 
-def _r(x):
-    x = float(x)
-    return round(x, 2) if math.isfinite(x) else None
-
-
 def _time_to_throttle(tab, power: np.ndarray, seconds: float, rows: np.ndarray, polls: int = 90):
     """Per row: the thermal margin (°C, carried forward) and, at ``rows`` (NaN elsewhere), the
     seconds left before it reaches 0 at its fall over the trailing ``seconds`` (inf: not falling;
@@ -841,33 +704,6 @@ def _same_minute(t: np.ndarray, mask: np.ndarray) -> np.ndarray:
     flag = np.zeros(int(hi - lo) + 1, bool)
     flag[k[mask]] = True
     return flag[k]
-
-
-def _leave_one_out_median(group: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """Per element: the median of the other elements of its group (0 where it is alone); finite ``v``."""
-    n = len(v)
-    out = np.zeros(n)
-    if n < 2:
-        return out
-    order = np.lexsort((v, group))
-    g, vs = group[order], v[order]
-    first = np.ones(n, bool)
-    first[1:] = g[1:] != g[:-1]
-    start = np.maximum.accumulate(np.where(first, np.arange(n), 0))
-    size = np.bincount(np.cumsum(first) - 1)[np.cumsum(first) - 1]
-    pos = np.arange(n) - start  # rank of the element within its group
-    rest = size - 1  # how many remain without it
-    many = rest >= 1
-
-    def kth(k):  # the k-th smallest of the others: skip the element's own rank
-        return vs[np.minimum(start + k + (k >= pos), n - 1)]
-
-    lo_k = np.where(many, (rest - 1) // 2, 0)
-    hi_k = np.where(many, rest // 2, 0)
-    med = (kth(lo_k) + kth(hi_k)) / 2
-    med = np.where(rest % 2 == 1, kth(lo_k), med)
-    out[order] = np.where(many, med, 0.0)
-    return out
 
 
 def _common_mode(groups: dict, t: np.ndarray, x: np.ndarray, need: np.ndarray) -> np.ndarray:

@@ -19,8 +19,13 @@ own inlet and pages while the inlet keeps rising or the GPUs near their limits.
 from __future__ import annotations
 
 import numpy as np
-from gpufleet.analyzer.detectors.base import Detector, Hits, nz, racks_with_nodes
-from gpufleet.analyzer.detectors.cooling_degradation import _leave_one_out_median
+from gpufleet.analyzer.detectors.base import Detector, Hits
+from gpufleet.analyzer.detectors.rack_inlet import (
+    RackHistory,
+    host_racks,
+    leave_one_out_median,
+    racks_near_limits,
+)
 from gpufleet.analyzer.frame import Window
 from gpufleet.analyzer.groupby import buckets, distinct_count, group_median
 
@@ -73,10 +78,7 @@ class InletAboveRoom(Detector):
         bmc = window.bmc
         if not len(bmc) or "inlet" not in bmc.cols or not len(window.node_of):
             return None
-        n_hosts = int(max(bmc.ent.max(), window.node_of.max())) + 1
-        host_rack = np.full(n_hosts, -1, np.int64)
-        host_rack[window.node_of] = window.rack_of
-        rack = host_rack[bmc.ent]
+        rack = host_racks(window)[bmc.ent]
         inlet = bmc.cols["inlet"]
         ok = bmc.in_window() & np.isfinite(inlet) & (rack >= 0) & (rack < 10**6)
         if not ok.any():
@@ -91,7 +93,7 @@ class InletAboveRoom(Detector):
         first[inv] = np.arange(len(inv))
         minute = np.floor(t[first] / 60.0).astype(np.int64)
         g_rack = rk[first]
-        room = _leave_one_out_median(minute, rmed)
+        room = leave_one_out_median(minute, rmed)
         minv = np.unique(minute, return_inverse=True)[1]
         racks_in_minute = np.bincount(minv)[minv]
         excess = np.where(racks_in_minute >= 2, rmed - room, np.nan)
@@ -103,34 +105,17 @@ class InletAboveRoom(Detector):
     def _rising(self, rack: np.ndarray, minute: np.ndarray, excess: np.ndarray, ask: np.ndarray):
         """Per (rack, minute) group: did the rack's excess rise ``rise_celsius`` over the trailing
         ``rise_seconds`` (its history kept per rack, two spans)? Answered where ``ask``ed."""
-        hist = self.__dict__.setdefault("hist_", {})  # rack -> {minute: excess}
+        hist = self.__dict__.setdefault("hist_", RackHistory())  # rack -> {minute: excess}
         span = max(int(self.rise_seconds // 60), 1)
-        for r, m, x in zip(rack.tolist(), minute.tolist(), excess.tolist(), strict=True):
-            if np.isfinite(x):
-                hist.setdefault(r, {})[m] = x
+        hist.add(rack, minute, excess, finite_only=True)
         out = np.zeros(len(rack), bool)
         for i in np.flatnonzero(ask).tolist():
             r, m, x = int(rack[i]), int(minute[i]), float(excess[i])
             h = hist.get(r, {})
             past = [h[k] for k in range(m - span, m) if k in h]
             out[i] = bool(past) and np.isfinite(x) and x - min(past) >= self.rise_celsius
-        for h in hist.values():
-            if len(h) > 4 * span:
-                last = max(h)
-                for k in [k for k in h if k < last - 2 * span]:
-                    del h[k]
+        hist.prune(span)
         return out
-
-    def _near_limits(self, window: Window) -> np.ndarray:
-        """Racks whose GPUs of ``near_nodes`` nodes (every node, in a smaller rack) came within
-        ``near_limit_celsius`` of their slowdown temperature in this window."""
-        tab = window.gpu
-        if not len(tab):
-            return np.zeros(0, np.int64)
-        slow = tab.ffill("temperature_slowdown_celsius")
-        slow = np.where(np.isfinite(slow), slow, 89.0)
-        near = tab.in_window() & (nz(tab.col("temperature_gpu_celsius")) >= slow - self.near_limit_celsius)
-        return racks_with_nodes(window, near, self.near_nodes)
 
     def detect(self, window: Window) -> Hits:
         got = self._racks(window)
@@ -142,7 +127,8 @@ class InletAboveRoom(Detector):
         rising = self._rising(g_rack, minute, excess, warm)  # (the history is kept for every rack)
         if not warm.any():
             return Hits.none(self.kind)
-        warm &= ~rising & ~np.isin(g_rack, self._near_limits(window))
+        near = racks_near_limits(window, self.near_limit_celsius, self.near_nodes, throttled=False)
+        warm &= ~rising & ~np.isin(g_rack, near)
         sel = np.flatnonzero(warm)
         if not len(sel):
             return Hits.none(self.kind)
