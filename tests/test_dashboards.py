@@ -9,7 +9,10 @@ import pytest
 import yaml
 from gpufleet.dashboards import expand as ex
 from gpufleet.dashboards import generate
+from gpufleet.dashboards.assemble import UIDS
 from gpufleet.dashboards.export import Settings, export
+from gpufleet.dashboards.grafana_units import grafana_unit
+from gpufleet.dashboards.influxql import field, incident_field, show_tag_values
 from gpufleet.dashboards.runner import targets
 
 from gpufleet import catalogue
@@ -41,7 +44,7 @@ def test_generate_check_cli(capsys):
 def test_dashboard_structure(name):
     d = json.loads(generate.dumps(DASHES[name]))
     assert (
-        d["schemaVersion"] >= 39 and d["uid"] == generate.UIDS[name] and d["title"].startswith("gpufleet / ")
+        d["schemaVersion"] >= 39 and d["uid"] == UIDS[name] and d["title"].startswith("gpufleet / ")
     )
     ids = [p["id"] for p in d["panels"]]
     titles = [p["title"] for p in d["panels"] if p["type"] != "row"]
@@ -102,7 +105,7 @@ def test_variables_and_units():
     }
     # every catalogue unit maps to a Grafana unit id
     for mt in catalogue.load():
-        assert generate.grafana_unit(mt) in GRAFANA_UNITS, mt.key
+        assert grafana_unit(mt) in GRAFANA_UNITS, mt.key
     expected = {
         ("gpu", "power_watts"): "watt",
         ("gpu", "temperature_gpu_celsius"): "celsius",
@@ -115,7 +118,7 @@ def test_variables_and_units():
         ("gpu", "pcie_replay_total"): "short",
     }
     for key, unit in expected.items():
-        assert generate.grafana_unit(catalogue.by_key()[key]) == unit
+        assert grafana_unit(catalogue.by_key()[key]) == unit
 
 
 def _panel(name, title):
@@ -155,7 +158,12 @@ def test_throttle_breakdown_keeps_healthy_reasons_apart():
 
 def test_unknown_field_fails_generation():
     with pytest.raises(KeyError):
-        generate.f("gpu", "no_such_field")
+        field("gpu", "no_such_field")
+    with pytest.raises(KeyError):
+        incident_field("no_such_field")
+    with pytest.raises(KeyError):
+        show_tag_values("gpu", "no_such_tag")
+    assert field("gpu", "power_watts") == '"power_watts"' and incident_field("kind") == '"kind"'
 
 
 # ------------------------------------------------------------------ Grafana's expansion

@@ -100,7 +100,7 @@ def test_wheel_declares_extras_and_entry_point(wheel):
         assert re.search(r"^gpufleet\s*=\s*gpufleet\.cli:main$", z.read(ep).decode(), re.M)
     assert "gpufleet/catalogue.toml" in names and "gpufleet/xid_catalogue.toml" in names
     assert "gpufleet/agent/model.py" in names and "gpufleet/analyzer/parse.py" in names
-    assert "gpufleet/dashboards/generate.py" in names
+    assert "gpufleet/dashboards/generate.py" in names and "gpufleet/dashboards/boards/gpu.py" in names
     # the runbooks alerts and pages link when no --runbook-base-url is set (one per kind)
     assert "gpufleet/analyzer/alerting/runbooks/sdc.md" in names
     assert "gpufleet/analyzer/alerting/runbooks/memory_errors.md" in names

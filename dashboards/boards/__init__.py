@@ -1,0 +1,1 @@
+"""The four dashboards' content, one module each: which panels, over which queries (``build()``)."""
