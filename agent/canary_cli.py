@@ -114,7 +114,7 @@ def canary(gpu, as_json, engine, backend_spec, size, dtype, memory_bytes, state_
         raise ConfigError("--timeout, --confirm and --max-files must be positive")
     import logging
 
-    from gpufleet.agent.collectors.canary import write_drop
+    from gpufleet.agent.canary_drop import write_drop
 
     # each GPU's problem is in the output and the exit line: not also as a log warning
     logging.getLogger("gpufleet.agent.collectors.canary").addFilter(

@@ -9,7 +9,7 @@ seeded inputs on the device, run one GEMM and a memory pattern check (write, rea
 device's first answer (kept as ``<state_dir>/<sha1(label|key)[:16]>.npz``; the first run
 stores it), print ONE JSON object on stdout and exit. The CUDA context (and the clocks it
 pins, the host memory torch takes) dies with the process: the agent never imports torch, cupy
-or a CUDA library itself (:mod:`gpufleet.agent.collectors.canary` starts this module and reads its line).
+or a CUDA library itself (:mod:`gpufleet.agent.canary_child` starts this module and reads its line).
 
 The device: the parent restricts the child with ``CUDA_VISIBLE_DEVICES=<uuid>`` (and
 ``CUDA_DEVICE_ORDER=PCI_BUS_ID``), so the check runs on CUDA device 0 and touches no other GPU.

@@ -13,7 +13,8 @@ import time
 
 import pytest
 from gpufleet.agent.backends.recorded import RecordedBackend
-from gpufleet.agent.collectors.canary import CanaryCollector, drop_sample, write_drop
+from gpufleet.agent.canary_drop import drop_sample, write_drop
+from gpufleet.agent.collectors.canary import CanaryCollector
 
 from tests.conftest import FIXTURES, ROOT
 
@@ -236,7 +237,7 @@ def test_canary_cli_json_and_drop(tmp_path):
 
 def test_a_gpu_childs_resident_memory_is_bounded():
     """A CUDA child cannot have RLIMIT_AS: its resident set is watched and it is killed past the bound."""
-    from gpufleet.agent.collectors.canary import Child
+    from gpufleet.agent.canary_child import Child
 
     grow = "import time; b = bytearray(300 << 20); b[::4096] = b'x' * len(b[::4096]); time.sleep(60)"
     c = Child([sys.executable, "-c", grow], dict(os.environ), timeout=60, max_rss=100 << 20, cpu_only=False)

@@ -1,17 +1,11 @@
 """Silent-data-corruption canary: a known-answer test per GPU (``gpu_canary`` rows), run out of
 the agent's process, on a schedule that bounds how long any GPU goes unchecked.
 
-**Out of process.** Each check is a short-lived child, ``python -P .../agent/canary_worker.py``, that
-imports the engine (torch or cupy on the GPU; numpy on the CPU), runs the seeded GEMM and the
-memory pattern on ONE GPU (``CUDA_VISIBLE_DEVICES=<uuid>``), prints one JSON line and exits, so
-its CUDA context (the clocks it pins, ~0.8 GB of host memory torch takes) dies with it. This
-module never imports torch, cupy or any CUDA library. The child runs in its own session with a
-hard deadline (``timeout``; then SIGKILL to its process group) and a memory bound (``max_rss``:
-its resident set, read from ``/proc`` at every tick and while waiting, kills it beyond the bound;
-the CPU engine also gets ``RLIMIT_AS``, which a CUDA process cannot have: CUDA reserves tens of
-GB of address space). A child that hangs, crashes, is killed or finds no engine is one log line
-and a count in ``gpufleet_canary.errors_total``; the loop goes on. The agent does not wait for a
-child: ``collect`` starts it and a later tick reads its answer (``wait`` > 0: wait that long).
+**Out of process.** Each check is a short-lived child process (:mod:`gpufleet.agent.canary_child`:
+its deadline, memory bound and answer); this module never imports torch, cupy or any CUDA
+library. A child that hangs, crashes, is killed or finds no engine is one log line and a count
+in ``gpufleet_canary.errors_total``; the loop goes on. The agent does not wait for a child:
+``collect`` starts it and a later tick reads its answer (``wait`` > 0: wait that long).
 
 **Comparisons.** The result is compared bit for bit with this GPU's first answer (the child keeps
 it in ``state_dir``; ``mismatches`` = elements that differ) and, when the fleet has one, with the
@@ -28,12 +22,13 @@ only from the fleet reference is deterministic (driver/engine mismatch): it is n
 NVML shows it idle: no compute process other than the agent's own pid and children, utilization
 <= ``idle_util``, for ``idle_for`` seconds; a busy GPU is looked at again after ``busy_backoff``.
 On a busy fleet the idle windows come at job boundaries: ``gpufleet canary`` run by a Slurm
-Epilog/Prolog (packaging/slurm) or a Kubernetes hook writes its result into ``drop_dir``, and
-the agent turns each file into a ``gpu_canary`` row like its own. ``max_age`` is the bound every
-GPU must be checked within (by either path): ``gpufleet_canary`` rows (every ``status_every``
-seconds) say when each GPU was last checked and set ``overdue`` beyond it; the analyzer warns at
-twice ``max_age``. ``busy_size`` > 0 runs a check of that size on a busy GPU within the
-duty-cycle budget ``duty`` (off by default: a check needs device memory and a context).
+Epilog/Prolog (packaging/slurm) or a Kubernetes hook writes its result into ``drop_dir``
+(:mod:`gpufleet.agent.canary_drop`), and the agent turns each file into a ``gpu_canary`` row
+like its own, counted for its GPU. ``max_age`` is the bound every GPU must be checked within
+(by either path): ``gpufleet_canary`` rows (every ``status_every`` seconds) say when each GPU
+was last checked and set ``overdue`` beyond it; the analyzer warns at twice ``max_age``.
+``busy_size`` > 0 runs a check of that size on a busy GPU within the duty-cycle budget ``duty``
+(off by default: a check needs device memory and a context).
 
 Verdict engines (``backend.canary_engine()``, a simulated node's) answer in process (they touch
 no device); ``standin`` runs each NVML GPU's check on the CPU engine (simulated fleets, tests).
@@ -49,7 +44,6 @@ import json
 import logging
 import os
 import shutil
-import sys
 import tempfile
 import time
 import urllib.request
@@ -57,6 +51,16 @@ import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpufleet.agent.canary_child import (
+    CHILD_ENGINES,
+    NO_ENGINE_HINT,
+    Child,
+    canary_engines,
+    foreign_processes,
+    worker_argv,
+    worker_env,
+)
+from gpufleet.agent.canary_drop import FIELD_TYPES, DropDir
 from gpufleet.agent.canary_worker import reference_key
 from gpufleet.agent.model import STATE_DIR, Node, Sample, register
 
@@ -66,31 +70,8 @@ from gpufleet.units import format_duration
 
 log = logging.getLogger(__name__)
 
-CHILD_ENGINES = ("auto", "torch", "cupy", "numpy")
 LOST = "GPU lost"
 _GPU_IS_LOST = 15  # NVML_ERROR_GPU_IS_LOST
-DROP_SUFFIX = ".json"
-NO_ENGINE_HINT = ("a GPU check needs torch or cupy: set canary.python (gpufleet canary --python) to an "
-                  "interpreter that has one, e.g. /opt/gpufleet-canary/bin/python (docs/sources.md)")
-DROP_VERSION = 1
-# gpu_canary fields a result may carry, with their types (the catalogue's)
-_FIELD_TYPES = {"passed": int, "mismatches": int, "memory_mismatches": int, "duration_seconds": float,
-                "startup_seconds": float, "digest": str, "reference_match": int, "checks": int,
-                "checks_failed": int}
-
-
-def canary_engines(python: str = "") -> list[str]:
-    """The CUDA engines (torch, cupy) the canary's child interpreter can import, looked up in a
-    child: the agent itself never imports them or asks its import system for them."""
-    import subprocess
-
-    probe = "import importlib.util as u; print(' '.join(m for m in ('torch', 'cupy') if u.find_spec(m)))"
-    try:
-        r = subprocess.run([python or sys.executable, "-P", "-c", probe], capture_output=True, text=True,
-                           timeout=30, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return r.stdout.split() if r.returncode == 0 else []
 
 
 def backend_engine(backend, name: str):
@@ -121,170 +102,6 @@ def load_reference(where: str, timeout: float = 5.0) -> dict[str, str]:
     if not isinstance(refs, dict):
         raise ConfigError(f"canary.reference: {where} is not a JSON object of key -> digest")
     return {str(k): str(v) for k, v in refs.items()}
-
-
-# ------------------------------------------------------------------------------- the child
-def _rss_bytes(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-def _ppid(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        return int(stat[stat.rindex(b")") + 2:].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def is_own_process(pid: int, own: int | None = None, depth: int = 16) -> bool:
-    """``pid`` is this process or one of its descendants (``/proc`` parent chain)."""
-    own = os.getpid() if own is None else own
-    for _ in range(depth):
-        if pid == own:
-            return True
-        if pid is None or pid <= 1:
-            return False
-        pid = _ppid(pid)
-    return False
-
-
-class Child:
-    """One running ``gpufleet.agent.canary_worker`` process: its own session, output in temp files."""
-
-    def __init__(self, argv: list[str], env: dict, timeout: float, max_rss: int, cpu_only: bool):
-        import subprocess
-
-        self.out = tempfile.TemporaryFile()
-        self.err = tempfile.TemporaryFile()
-        self.t0 = time.monotonic()
-        self.deadline = self.t0 + timeout
-        self.timeout, self.max_rss = timeout, max_rss
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self.out, stderr=self.err,
-                                     env=env, start_new_session=True, close_fds=True)
-        self.peak_rss = 0
-        self.killed: str | None = None
-        self.result: dict | None = None  # once done: what poll() returns from then on
-        if cpu_only and max_rss > 0:
-            try:
-                import resource
-
-                resource.prlimit(self.proc.pid, resource.RLIMIT_AS, (max_rss, max_rss))
-            except (OSError, ValueError, AttributeError):
-                pass  # the RSS watch still bounds it
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def poll(self) -> dict | None:
-        """The child's result once it is done (or killed), else None. Enforces deadline and RSS."""
-        if self.result is not None:
-            return self.result
-        rc = self.proc.poll()
-        if rc is None:
-            rss = _rss_bytes(self.proc.pid) or 0
-            self.peak_rss = max(self.peak_rss, rss)
-            if self.max_rss > 0 and rss > self.max_rss:
-                self.kill(f"resident memory {rss >> 20} MiB over the {self.max_rss >> 20} MiB bound")
-            elif time.monotonic() > self.deadline:
-                self.kill(f"no answer within the {self.timeout:g} s deadline")
-            else:
-                return None
-            rc = self.proc.returncode
-        self.result = self._result(rc)
-        return self.result
-
-    def wait(self, seconds: float) -> dict | None:
-        end = time.monotonic() + seconds
-        while True:
-            res = self.poll()
-            if res is not None or time.monotonic() >= end:
-                return res
-            time.sleep(min(0.02, max(0.0, end - time.monotonic())))
-
-    def kill(self, why: str) -> None:
-        import signal
-
-        self.killed = why
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            self.proc.wait(10)
-        except Exception:  # noqa: BLE001 - an unkillable child (D state): reported as killed
-            pass
-
-    def _result(self, rc) -> dict:
-        wall = time.monotonic() - self.t0
-        self.out.seek(0)
-        self.err.seek(0)
-        out = self.out.read().decode(errors="replace")
-        err = self.err.read().decode(errors="replace").strip()
-        self.out.close()
-        self.err.close()
-        if self.killed:
-            return {"ok": False, "reason": "killed", "error": f"killed: {self.killed}", "wall_s": wall}
-        res = None
-        for line in reversed(out.splitlines()):
-            if line.startswith("{"):
-                try:
-                    res = json.loads(line)
-                    break
-                except ValueError:
-                    continue
-        if not isinstance(res, dict):
-            tail = err.splitlines()[-1] if err else "no output"
-            how = f"killed by signal {-rc}" if isinstance(rc, int) and rc < 0 else f"exit {rc}"
-            res = {"ok": False, "reason": "crashed", "error": f"child {how}: {tail[:300]}"}
-        res["wall_s"] = wall
-        res["peak_rss_bytes"] = self.peak_rss
-        return res
-
-
-# The child runs this file as a script: it imports only the standard library, numpy and the
-# engine, so any interpreter with those can run it (``canary.python``: one with torch or cupy).
-WORKER = str(Path(__file__).resolve().parents[1] / "canary_worker.py")
-
-
-def worker_argv(engine: str, size: int, dtype: str, seed: int, memory_bytes: int, state_dir: str,
-                label: str, driver: str, inject: tuple[int, int] | None = None,
-                python: str = "") -> list[str]:
-    """The child's command line. ``-P``: the script's folder (gpufleet's agent modules, ``config.py``
-    among them) does not come first on the child's import path, and the child's import path is
-    the interpreter's own (no PYTHONPATH of ours): nothing of gpufleet (``gpufleet/secrets.py``)
-    shadows the standard library or numpy."""
-    argv = [python or sys.executable, "-P", WORKER, "--engine", engine, "--size", str(size),
-            "--seed", str(seed), "--memory-bytes", str(memory_bytes), "--state-dir", state_dir,
-            "--label", label, "--driver", driver]
-    if dtype:
-        argv += ["--dtype", dtype]
-    if inject is not None:
-        argv += ["--inject", f"{inject[0]}:{inject[1]}"]
-    return argv
-
-
-def worker_env(uuid: str | None, index: int | None, cpu_only: bool) -> dict:
-    """The child's environment: one visible GPU, quiet BLAS threads, the import path unchanged."""
-    env = dict(os.environ)
-    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    if cpu_only:
-        env["CUDA_VISIBLE_DEVICES"] = ""
-        for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-            env.setdefault(k, "1")
-    elif uuid:
-        env["CUDA_VISIBLE_DEVICES"] = uuid
-    elif index is not None:
-        env["CUDA_VISIBLE_DEVICES"] = str(index)
-    return env
 
 
 # ---------------------------------------------------------------------------------- collector
@@ -437,15 +254,7 @@ class CanaryCollector:
         self.reference_src, self.reference_refresh = reference, float(reference_refresh)
         self._refs = load_reference(reference)
         self._refs_at = self._now
-        self.drop_dir = Path(drop_dir) if drop_dir else None
-        if self.drop_dir is not None:
-            try:  # the agent's own directory: it must be able to remove what hooks leave there
-                self.drop_dir.mkdir(parents=True, exist_ok=True)
-            except OSError:
-                pass  # not there and not creatable: nothing to pick up until a hook creates it
-        self.drop_files = self.drop_errors = 0
-        self._drop_skip: set[str] = set()  # files that could not be removed or set aside
-        self._drop_logged = ""
+        self.drop = DropDir(drop_dir, log) if drop_dir else None
         self._tmp_state: str | None = None
         self.state_dir = self._state_dir(state_dir)
         gpus, self.devices_source = self._devices(engine)
@@ -553,8 +362,7 @@ class CanaryCollector:
         try:
             procs = b.nvmlDeviceGetComputeRunningProcesses(h) or []
             own = {c.pid for c in (x.child for x in self.gpus) if c is not None}
-            others = [p for p in procs
-                      if _pid(p) is None or not (_pid(p) in own or is_own_process(_pid(p)))]
+            others = foreign_processes(procs, own)
             if others:
                 return f"{len(others)} compute process(es)"
         except Exception as exc:  # noqa: BLE001 - unknown: judge by utilization alone
@@ -598,7 +406,7 @@ class CanaryCollector:
         f: dict[str, object] = {}
         for k in ("digest", "mismatches", "memory_mismatches", "duration_seconds", "passed"):
             if res.get(k) is not None:
-                f[k] = _FIELD_TYPES[k](res[k])
+                f[k] = FIELD_TYPES[k](res[k])
         if not res.get("verdict"):
             work = float(res.get("duration_seconds", 0.0))
             f["startup_seconds"] = max(0.0, float(res.get("wall_s", 0.0)) - work)
@@ -720,7 +528,7 @@ class CanaryCollector:
         if self._t0 is None:
             self._t0 = self._refs_at = self._now
         out = self._reap(now_ns)
-        out += self._pickup(now_ns)
+        out += self._pickup()
         # verdict engines and ``wait``: rounds complete within this call; children without
         # ``wait`` are started here and read at a later tick
         begun: set[str] = set()  # GPUs whose round began in this call: one round per call
@@ -789,52 +597,21 @@ class CanaryCollector:
                 f["age_seconds"] = max(0.0, now - g.last_check)
             f["overdue"] = int(now - since > self.max_age)
             out.append(Sample("gpufleet_canary", g.tags(), f, now_ns))
-        if self.drop_dir is not None:
-            out.append(Sample("gpufleet_canary", {}, {"drop_files_total": self.drop_files,
-                                                      "drop_errors_total": self.drop_errors}, now_ns))
+        if self.drop is not None:
+            out.append(Sample("gpufleet_canary", {}, {"drop_files_total": self.drop.files,
+                                                      "drop_errors_total": self.drop.errors}, now_ns))
         return out
 
     # ---------------------------------------------------------------- the drop directory
-    def _pickup(self, now_ns: int, limit: int = 256) -> list[Sample]:
-        """Results ``gpufleet canary`` (a Slurm epilog, a Kubernetes hook) left in ``drop_dir``."""
-        d = self.drop_dir
-        if d is None:
+    def _pickup(self) -> list[Sample]:
+        """Results ``gpufleet canary`` (a Slurm epilog, a Kubernetes hook) left in ``drop_dir``,
+        each counted as checks of its GPU (by uuid, else label) and given that GPU's tags."""
+        if self.drop is None:
             return []
-        try:
-            names = sorted(n for n in os.listdir(d) if n.endswith(DROP_SUFFIX) and n not in self._drop_skip)
-        except FileNotFoundError:
-            return []
-        except OSError as exc:
-            self.drop_errors += 1
-            why = str(exc.strerror or exc)
-            if why != self._drop_logged:  # one line per distinct problem, not one per tick
-                self._drop_logged = why
-                log.warning("canary drop_dir %s: %s", d, why)
-            return []
-        names = names[:limit]
-        out = []
+        rows = self.drop.take()
         by_label = {g.label: g for g in self.gpus}
         by_uuid = {g.uuid: g for g in self.gpus if g.uuid}
-        for name in names:
-            p = d / name
-            try:
-                doc = json.loads(p.read_bytes())
-                s = drop_sample(doc)
-            except (OSError, ValueError, TypeError, KeyError) as exc:
-                self.drop_errors += 1
-                log.warning("canary drop file %s: malformed (%s); set aside as .bad", p, exc)
-                try:
-                    p.rename(p.with_name(name + ".bad"))
-                except OSError:
-                    self._drop_skip.add(name)  # never read twice
-                continue
-            try:
-                p.unlink()
-            except OSError as exc:
-                self.drop_errors += 1
-                self._drop_skip.add(name)  # read once: never again
-                log.warning("canary drop file %s: cannot remove (%s); left alone", p, exc.strerror or exc)
-            self.drop_files += 1
+        for s in rows:
             g = by_uuid.get(s.tags.get("uuid")) or by_label.get(s.tags.get("gpu"))
             if g is not None:
                 g.checks += int(s.fields.get("checks", 1))
@@ -842,8 +619,7 @@ class CanaryCollector:
                 t = s.time_ns / 1e9
                 g.last_check = t if g.last_check is None else max(g.last_check, t)
                 s.tags = {**g.tags(), **s.tags}
-            out.append(s)
-        return out
+        return rows
 
     def close(self) -> None:
         for g in self.gpus:
@@ -854,63 +630,3 @@ class CanaryCollector:
             shutil.rmtree(self._tmp_state, ignore_errors=True)
             self._tmp_state = None
 
-
-def _pid(p) -> int | None:
-    v = p.get("pid") if isinstance(p, dict) else getattr(p, "pid", None)
-    try:
-        return int(v)
-    except (TypeError, ValueError):
-        return None
-
-
-def drop_sample(doc: dict) -> Sample:
-    """A drop file's ``gpu_canary`` row; ValueError/TypeError/KeyError when malformed."""
-    if not isinstance(doc, dict) or doc.get("version") != DROP_VERSION:
-        raise ValueError(f"not a version {DROP_VERSION} canary result")
-    tags = doc["tags"]
-    if not isinstance(tags, dict) or not isinstance(tags.get("gpu"), str) or not tags["gpu"]:
-        raise ValueError("tags.gpu missing")
-    tags = {k: str(v) for k, v in tags.items() if k in ("gpu", "uuid", "model") and v}
-    raw = doc["fields"]
-    if not isinstance(raw, dict):
-        raise TypeError("fields is not an object")
-    fields = {}
-    for k, v in raw.items():
-        typ = _FIELD_TYPES.get(k)
-        if typ is None:
-            raise ValueError(f"unknown field {k!r}")
-        if typ is str and not isinstance(v, str):
-            raise TypeError(f"{k} is not a string")
-        if typ is not str and (isinstance(v, bool) or not isinstance(v, int | float)):
-            raise TypeError(f"{k} is not a number")
-        fields[k] = typ(v)
-    if "passed" not in fields:
-        raise ValueError("fields.passed missing")
-    t = int(doc["time_ns"])
-    if t <= 0:
-        raise ValueError("time_ns is not positive")
-    return Sample("gpu_canary", tags, fields, t, extra={"source": str(doc.get("source", "drop"))})
-
-
-def write_drop(drop_dir: str | os.PathLike, sample: Sample, source: str, max_files: int = 1000) -> Path:
-    """Write one result into the drop directory, atomically (temp file + rename). OSError when
-    the directory is full (``max_files`` results waiting, or the disk) or not writable."""
-    d = Path(drop_dir)
-    d.mkdir(parents=True, exist_ok=True)
-    waiting = sum(1 for n in os.listdir(d) if n.endswith(DROP_SUFFIX))
-    if waiting >= max_files:
-        import errno
-
-        raise OSError(errno.ENOSPC, f"drop directory full ({waiting} results waiting)")
-    doc = {"version": DROP_VERSION, "time_ns": sample.time_ns, "tags": sample.tags,
-           "fields": sample.fields, "source": source}
-    name = f"{sample.time_ns}-{sample.tags.get('gpu', 'x')}-{os.getpid()}-{os.urandom(3).hex()}{DROP_SUFFIX}"
-    tmp = d / f".{name}.tmp"
-    try:
-        tmp.write_text(json.dumps(doc))
-        os.chmod(tmp, 0o644)
-        tmp.replace(d / name)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-        raise
-    return d / name
