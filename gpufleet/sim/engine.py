@@ -24,7 +24,7 @@ from gpufleet import __version__, catalogue
 from gpufleet.errors import GpufleetError
 from gpufleet.lineprotocol import encode, escape_key, format_value, head
 from gpufleet.records import Record, to_rfc3339
-from gpufleet.sim import activity
+from gpufleet.sim import activity, faults
 from gpufleet.sim.activity import FIELDS as ACTIVITY_FIELDS
 from gpufleet.sim.fleet import Fleet
 from gpufleet.sim.physics import (
@@ -622,8 +622,9 @@ CONFIRM = 2  # rechecks after a failed canary check (the agent's canary.confirm 
 
 
 def truth(fleet: Fleet, gen: Generator) -> list[Record]:
-    """Ground truth: one record per injected fault (a cooling fault's ``impact_at``: when its GPUs
-    began to throttle), plus thermal_throttle per GPU that throttled with no injected cause."""
+    """Ground truth: one record per injected fault, what it says beyond its target and times from
+    its kind (:mod:`gpufleet.sim.faults`), plus thermal_throttle per GPU that throttled with no
+    injected cause (a cooling fault's throttling is its ``impact_at``)."""
     fl = fleet
     st = gen.state
     t0 = fl.start
@@ -640,83 +641,25 @@ def truth(fleet: Fleet, gen: Generator) -> list[Record]:
             "rack": fl.racks[f.rack],
         }
 
+    seen = faults.Seen(start=t0, state=st, first_throttle=gen.first_thr, hw_throttle=gen.hw_thr)
     thermal_gpus: dict[int, object] = {}
     for f in fl.faults:
-        idd = ident(f)
-        start = t0 + f.onset
-        end = t0 + f.end if f.end is not None and f.end < end_run else None
-        sev, impact, detail = "warning", start, f"{f.mode}, severity {f.severity:g}"
-        if f.kind in ("cooling_degradation", "thermal_throttle"):
-            sel = st._gpus_of(f)
-            for g in sel.tolist():
+        kind = faults.REGISTRY[f.kind]
+        if kind.explains_throttling:
+            for g in st._gpus_of(f).tolist():
                 thermal_gpus[g] = f
-            ft = gen.first_thr[sel]
-            ft = ft[np.isfinite(ft) & (ft >= f.onset)]
-            impact = t0 + float(ft.min()) if len(ft) else None
-            scope = {
-                "gpu": "GPU heatsink/thermal interface degrading",
-                "node": "node fan/coolant failure" + (" on an idle node" if f.mode == "node_idle" else ""),
-                "rack": "rack inlet temperature rise",
-            }.get(f.scope, "cooling")
-            if f.kind == "thermal_throttle":
-                scope = "sudden cooling loss (heatsink)"
-            detail = f"{scope}; growth {f.growth:.0f} s, severity {f.severity:g}"
-            if bool(gen.hw_thr[sel].any()):
-                sev = "critical"
-            recs.append(
-                Record(
-                    kind="cooling_degradation",
-                    start=start,
-                    end=end,
-                    severity=sev,
-                    impact_at=impact,
-                    detail=detail,
-                    **idd,
-                )
-            )
-            continue
-        if f.kind == "power_brake":
-            eps = f.params["episodes"]
-            detail = f"{len(eps)} brake episodes of 20-120 s"
-            if f.scope == "node":
-                detail += ", every GPU of the node (PSU/BMC power brake)"
-        elif f.kind == "nvlink_degradation":
-            ls = st.links[(int(f.gpu), f.link)]
-            impact = t0 + ls["first_replay"] if "first_replay" in ls else None
-            if "down_at" in ls:
-                sev = "critical"
-                detail = f"CRC -> replay -> recovery -> link down at {to_rfc3339(t0 + ls['down_at'])}"
-            else:
-                detail = "CRC -> replay -> recovery, link stays up"
-        elif f.kind == "pcie_degradation":
-            detail = {
-                "replay_storm": f"replay storm ~{f.params['rate']:.0f}/s at full growth",
-                "width": f"link width x16 -> x{f.params['width']}",
-                "gen": f"link generation 5 -> {f.params['gen']}",
-            }[f.mode]
-        elif f.kind == "memory_errors":
-            sev = "critical" if f.mode in ("remap_failed", "dbe", "uncontained") else "warning"
-            detail = {
-                "sbe_storm": "single-bit ECC storm (XID 92)",
-                "remap_pending": "corrected errors, then a row remap pending (XID 63)",
-                "remap_failed": "corrected errors, then a failed row remap (XID 64)",
-                "dbe": "double-bit error, contained (XID 48, 94, 63), remap pending",
-                "uncontained": "double-bit error, uncontained (XID 48, 95), remap pending",
-            }[f.mode]
-            if f.mode != "sbe_storm":
-                detail += f"; escalates at {to_rfc3339(t0 + f.params['escalate_at'])}"
-        elif f.kind == "sdc":
-            sev = "critical"
-            first = st.first.get(id(f))
-            impact = t0 + first if first is not None else None
-            detail = f"canary mismatch probability {f.probability:g} per check"
-        elif f.kind == "gpu_lost":
-            sev = "critical"
-            detail = "XID 79, GPU fell off the bus"
-        elif f.kind == "straggler":
-            detail = f"SM clock held at {1 - 0.13 * f.severity:.0%} of peers, no reason bit"
+        said = kind.truth(f, seen)
+        end = t0 + f.end if f.end is not None and f.end < end_run else None
         recs.append(
-            Record(kind=f.kind, start=start, end=end, severity=sev, impact_at=impact, detail=detail, **idd)
+            Record(
+                kind=said.kind or f.kind,
+                start=t0 + f.onset,
+                end=end,
+                severity=said.severity,
+                impact_at=said.impact_at,
+                detail=said.detail,
+                **ident(f),
+            )
         )
     # throttling as it happened, per GPU, where no injected cooling fault caused it (that
     # throttling is the cooling fault's impact: its record's impact_at, one page, not a second)

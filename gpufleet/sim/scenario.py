@@ -12,7 +12,7 @@ from importlib import resources
 from pathlib import Path
 
 from gpufleet.errors import GpufleetError
-from gpufleet.records import FAULT_KINDS
+from gpufleet.sim.faults import REGISTRY as FAULT_KINDS
 from gpufleet.sim.units import parse_duration
 from gpufleet.times import parse_time
 
@@ -54,17 +54,6 @@ NUISANCES = {
     "job_restarts": 0,
     "warm_racks": 0,
     "warm_rack_c": 5.0,
-}
-MODES = {
-    "cooling_degradation": ("gpu", "node", "rack", "node_idle"),
-    "thermal_throttle": ("heatsink",),
-    "power_brake": ("episodes", "node"),
-    "nvlink_degradation": ("escalating",),
-    "pcie_degradation": ("replay_storm", "width", "gen"),
-    "memory_errors": ("sbe_storm", "remap_pending", "remap_failed", "dbe", "uncontained"),
-    "sdc": ("canary",),
-    "gpu_lost": ("xid79",),
-    "straggler": ("slow_clock", "slow_memory"),
 }
 FAULT_KEYS = {
     "kind",
@@ -220,9 +209,10 @@ def parse(doc: dict, name: str, src: str) -> Scenario:
         kind = f.get("kind")
         if kind not in FAULT_KINDS:
             raise GpufleetError(f"{where}: unknown kind {kind!r} (one of {', '.join(FAULT_KINDS)})")
-        mode = f.get("mode", MODES[kind][0])
-        if mode not in MODES[kind]:
-            raise GpufleetError(f"{where}: {kind} mode {mode!r} not one of {', '.join(MODES[kind])}")
+        modes = FAULT_KINDS[kind].modes
+        mode = f.get("mode", modes[0])
+        if mode not in modes:
+            raise GpufleetError(f"{where}: {kind} mode {mode!r} not one of {', '.join(modes)}")
         spec = FaultSpec(kind=kind, mode=mode)
         spec.count = int(_num({"count": f.get("count", 1)}, "count", where, 0, 100_000, integer=True))
         for k in ("host", "rack"):
