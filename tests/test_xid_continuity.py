@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pynvml
 import pytest
+from gpufleet.agent import kernel_log
 from gpufleet.agent.backends.recorded import RecordedBackend
 from gpufleet.agent.collectors import xid as xidmod
 from gpufleet.agent.collectors.xid import XidCollector
@@ -36,7 +37,7 @@ def _journal_remote() -> str | None:
 REMOTE = _journal_remote()
 needs_journal = pytest.mark.skipif(REMOTE is None or shutil.which("journalctl") is None,
                                    reason="needs journalctl and systemd-journal-remote")
-BOOT = xidmod.boot_id()
+BOOT = kernel_log.boot_id()
 
 
 class Journal:
@@ -107,7 +108,7 @@ def test_xids_logged_while_stopped_are_delivered_once_after_start(tmp_path):
     assert a.tags == {"type": "xid", "source": "kmsg", "gpu": "0",
                       "uuid": "GPU-5e1f0a2c-7d31-4b58-9c2e-0000000a0200", "model": "NVIDIA H200"}
     assert a.fields["pid"] == 4242 and a.fields["process"] == "train.py" and a.fields["code"] == 79
-    saved = json.loads(xidmod._Position(state, "journal", f"journal:{j.dir}").file.read_text())
+    saved = json.loads(kernel_log.SavedPosition(state, "journal", f"journal:{j.dir}").file.read_text())
     assert saved["cursor"].startswith("s=")
 
     # the agent is stopped (an upgrade, a restart after the GPU failed): the kernel goes on logging,
@@ -161,7 +162,8 @@ def test_a_bad_saved_cursor_falls_back_to_this_boot(tmp_path, caplog):
     state = tmp_path / "state"
     state.mkdir()
     j.kernel(xid("only"))
-    xidmod._Position(state, "journal", f"journal:{j.dir}").file.write_text(json.dumps({"cursor": "bad"}))
+    saved = kernel_log.SavedPosition(state, "journal", f"journal:{j.dir}").file
+    saved.write_text(json.dumps({"cursor": "bad"}))
     col = XidCollector(nvml_events=False, kmsg=f"journal:{j.dir}", state_dir=str(state))
     try:
         rows = collect_until(col, 1)
@@ -175,10 +177,10 @@ def test_journal_json_entries():
     line = json.dumps({"__CURSOR": "s=1;i=2", "__REALTIME_TIMESTAMP": "1700000000500000",
                        "__MONOTONIC_TIMESTAMP": "9000000", "_SOURCE_MONOTONIC_TIMESTAMP": "8999000",
                        "MESSAGE": [78, 86, 82, 77, 58]})  # binary MESSAGE: a byte array
-    assert xidmod.journal_entry(line) == ("NVRM:", (1700000000500000 - 1000) * 1000, "s=1;i=2")
+    assert kernel_log.journal_entry(line) == ("NVRM:", (1700000000500000 - 1000) * 1000, "s=1;i=2")
     no_src = json.dumps({"__CURSOR": "c", "__REALTIME_TIMESTAMP": "5", "MESSAGE": "x"})
-    assert xidmod.journal_entry(no_src) == ("x", 5000, "c")
-    assert xidmod.journal_entry(b"{not json") is None
+    assert kernel_log.journal_entry(no_src) == ("x", 5000, "c")
+    assert kernel_log.journal_entry(b"{not json") is None
 
 
 def _kmsg_writable():
