@@ -7,8 +7,8 @@ journal cursor / ``/dev/kmsg`` sequence number is kept across restarts (:class:`
 so records logged while the agent was stopped are delivered at its next start, once.
 :func:`open_kernel_log` falls back from an unreadable ``/dev/kmsg`` to the journal.
 
-It knows nothing of XIDs: the XID collector (:mod:`gpufleet.agent.collectors.xid`) reads its
-records and picks the XID lines out.
+It parses no XIDs: the XID collector (:mod:`gpufleet.agent.collectors.xid`), its one reader,
+picks the XID lines out of its records (and its warnings carry that collector's ``xid:`` prefix).
 """
 
 from __future__ import annotations
