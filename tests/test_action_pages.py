@@ -16,9 +16,8 @@ from gpufleet.analyzer.pipeline import Analyzer
 
 from gpufleet import hosts, records
 from gpufleet.cli import main
+from tests.action_support import action, calls, fleet_lp, recorder
 from tests.alerting_receiver import T0, Receiver, fast
-from tests.test_alerting_action import action, calls, recorder
-from tests.test_slurm_remediation import fleet_lp
 
 HOSTILE = "<script>alert(1)</script>"
 # the verification's answer for gpu002: markup and a control character, as a broken or forged

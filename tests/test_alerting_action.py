@@ -5,7 +5,6 @@ The same sink against a real Slurm: tests/test_slurm_action.py."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import sys
 import time
@@ -16,34 +15,10 @@ import pytest
 from gpufleet.analyzer.alerting import Notifier, load_sinks
 
 from gpufleet.errors import ConfigError
+from tests.action_support import action, calls, recorder
 from tests.alerting_receiver import T0, Receiver, fast, incident
 
 ROOT = Path(__file__).resolve().parent.parent
-RECORDER = """
-import json, os, sys
-with open(sys.argv[1], "a") as f:
-    f.write(json.dumps({"argv": sys.argv[2:], "env": {k: v for k, v in os.environ.items()
-                                                    if k.startswith("GPUFLEET_")}}) + "\\n")
-"""
-
-
-def action(rules, **kw) -> dict:
-    d = {"type": "action", "dry_run": False, "rule": rules}
-    d.update(kw)
-    return d
-
-
-def recorder(tmp_path):
-    script = tmp_path / "rec.py"
-    script.write_text(RECORDER)
-    out = tmp_path / "calls.jsonl"
-    return [sys.executable, str(script), str(out)], out
-
-
-def calls(out):
-    return [json.loads(x) for x in out.read_text().splitlines()] if out.exists() else []
-
-
 def test_runs_argument_lists_without_a_shell_with_incident_fields(tmp_path):
     cmd, out = recorder(tmp_path)
     rule = {"command": cmd + ["drain", "{host}", "Reason=gpufleet: {kind} {where}", "{title}"],

@@ -16,8 +16,8 @@ from gpufleet.analyzer.alerting import Notifier, load_sinks
 from gpufleet.analyzer.alerting.budget import Ledger
 
 from gpufleet.errors import ConfigError
+from tests.action_support import action, calls, recorder
 from tests.alerting_receiver import T0, Receiver, fast, incident
-from tests.test_alerting_action import action, calls, recorder
 
 
 def pages(rx, kind):

@@ -19,8 +19,8 @@ from gpufleet.analyzer.pipeline import Analyzer, shard_of
 
 from gpufleet import records
 from gpufleet.cli import main
+from tests.fleets import T0, fleet
 from tests.servers import InfluxDB1, free_port, skip_unless
-from tests.test_detectors import T0, fleet
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

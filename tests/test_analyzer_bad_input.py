@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from gpufleet import records
 from gpufleet.cli import main
 from tests.agent_support import ROOT
+from tests.fleets import T0, fleet
 from tests.servers import InfluxDB1, free_port, skip_unless
-from tests.test_detectors import T0, fleet
 
 
 @functools.cache

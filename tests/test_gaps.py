@@ -13,7 +13,7 @@ import pytest
 from gpufleet.analyzer.frame import Table
 
 from tests.arrival import replay
-from tests.test_detectors import STEP, T0, analyse, fleet
+from tests.fleets import STEP, T0, analyse, fleet
 
 NODE, GPU = 1, 2
 GAPS = {"10min": range(200, 260), "4min": range(200, 224)}  # steps missing (10 s polls)

@@ -22,10 +22,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpufleet import hosts
+from tests.action_support import action, calls, fleet_lp, recorder
 from tests.alerting_receiver import T0, incident
 from tests.servers import InfluxDB1, skip_unless
-from tests.test_alerting_action import action, calls, recorder
-from tests.test_slurm_remediation import fleet_lp
 
 HOSTILE = ["gpu[001-100]", "ALL", "all", "n1,n2", "-n", "node1 State=RESUME", "--selector=x=y",
            "--kubeconfig=/tmp/x", "nöde1", "节点1", "node\u202e1", "n\U0001f525", "x" * 10_000, "node\x00x",

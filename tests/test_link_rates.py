@@ -8,7 +8,7 @@ import re
 import pytest
 from gpufleet.analyzer.config import Config
 
-from tests.test_detectors import STEP, T0, analyse, fleet
+from tests.fleets import STEP, T0, analyse, fleet
 
 SLOW_EVERY = 6  # the slow tier: every 60 s at the 10 s poll
 

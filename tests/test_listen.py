@@ -19,8 +19,8 @@ from gpufleet.analyzer.sources import Influx, pull
 
 from gpufleet.errors import ConfigError
 from tests.agent_support import ROOT
+from tests.fleets import T0, fleet
 from tests.servers import InfluxDB1, answers_ping, free_port, skip_unless
-from tests.test_detectors import T0, fleet
 
 LINES = b"gpu,host=n1,gpu=0 power_watts=300.5,up=1i 1795000000000000000\n" \
         b"gpu,host=n1,gpu=1 power_watts=301,up=1i 1795000000000000000\n"

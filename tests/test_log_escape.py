@@ -14,7 +14,7 @@ import pytest
 
 from gpufleet import logs
 from tests.agent_support import ROOT
-from tests.test_detectors import fleet
+from tests.fleets import fleet
 
 EVIL = "evil\x1b[2J\r\x00\x85\u2028\u202eRESOLVED all clear"
 CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e]")

@@ -16,7 +16,6 @@ import copy
 import dataclasses
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -30,10 +29,9 @@ from gpufleet.analyzer.alerting.audit import read_actions
 from gpufleet.analyzer.pipeline import Analyzer
 
 from gpufleet import hosts
-from gpufleet.lineprotocol import escape_key
+from tests.action_support import fleet_lp
 from tests.alerting_receiver import T0, Receiver, fast
 from tests.slurm import Slurm, skip_unless_slurm
-from tests.test_detectors import STEP, fleet
 
 pytestmark = skip_unless_slurm()
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,23 +64,6 @@ def drained(slurm) -> list[str]:
     """Nodes ``sinfo -R`` lists with a reason (drained or draining)."""
     out = slurm.run(["sinfo", "-R", "-h", "-N", "-o", "%n|%E"], check=False).stdout
     return sorted(line.split("|")[0] for line in out.splitlines() if "gpufleet" in line)
-
-
-def fleet_lp(names: list[str], dbe: set[int]) -> bytes:
-    """A small fleet's line protocol, node i's host tag written as ``names[i]`` (escaped as line
-    protocol needs), with an uncorrectable ECC error on GPU 1 of the nodes in ``dbe``."""
-    data = fleet(nodes=len(names), gpus=2, steps=150, links=0)
-    cut = int((T0 + 100 * STEP) * 1e9)
-    out = []
-    for line in data.split(b"\n"):
-        m = re.search(rb"host=node(\d+)(?=[, ])", line)
-        if m:
-            n = int(m.group(1))
-            if n in dbe and b",gpu=1," in line and int(line.rsplit(b" ", 1)[1]) >= cut:
-                line = line.replace(b"uncorrected_volatile_total=0i", b"uncorrected_volatile_total=1i")
-            line = line[:m.start()] + b"host=" + escape_key(names[n]).encode() + line[m.end():]
-        out.append(line)
-    return b"\n".join(out)
 
 
 def example_sink(**overrides) -> dict:
