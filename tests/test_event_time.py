@@ -276,8 +276,7 @@ def test_an_analyzer_stall_is_no_node_s_silence():
     deafness, not a and b stopping: no record for them. When c stops for real later, it is one
     record."""
     now = FakeClock(T)
-    online = Online(Config(), None, None, None, None, Checkpoint(None), 1.0, 1.0,
-                    clock=Clock(wall=now, mono=now))
+    online = _loop(now, 1.0)
     for s in [*range(200), *range(300, 600)]:
         if s == 300:  # the stall's rows: c's landed, a's and b's did not
             for k in range(200, 300):
@@ -314,6 +313,14 @@ def test_copies_of_rows_already_analysed_are_one_info_record_not_a_page():
 T = 1_795_100_000
 
 
+def _loop(clock, poll: float, influx=None) -> Online:
+    """The online loop on ``clock`` (a FakeClock for both wall and monotonic time, or a Clock),
+    poll and grace ``poll``, reading ``influx`` where given."""
+    if isinstance(clock, FakeClock):
+        clock = Clock(wall=clock, mono=clock)
+    return Online(Config(), None, influx, None, None, Checkpoint(None), poll, poll, clock=clock)
+
+
 def _rows(host: str, t: int, xid: bool = False) -> bytes:
     out = [f"gpu,host={host},gpu={g} up=1i,health_code=0i,power_watts=300 {t * 10**9}" for g in range(2)]
     if xid:
@@ -339,8 +346,7 @@ def test_a_writer_stamping_the_future_delays_no_other_host():
     """Host b's clock runs 2 h ahead: the poll-sized windows stay, and host a's XID 79 is found
     within two polls."""
     now = FakeClock(T)
-    online = Online(Config(), None, None, None, None, Checkpoint(None), 1.0, 1.0,
-                    clock=Clock(wall=now, mono=now))
+    online = _loop(now, 1.0)
     took = _pages_within(online, now, range(120), T + 60, ahead=7200)
     assert took is not None and took <= 2.0 + 0.5, took
     assert online.an.window == 1.0
@@ -353,7 +359,7 @@ def test_a_step_of_the_analyzer_s_clock_freezes_no_window():
     wall = FakeClock(T)
     mono = FakeClock(0.0)
     clock = Clock(wall=lambda: wall.t + (7200 if 60 <= mono.t < 68 else 0), mono=lambda: mono.t)
-    online = Online(Config(), None, None, None, None, Checkpoint(None), 1.0, 1.0, clock=clock)
+    online = _loop(clock, 1.0)
     found = None
     for s in range(120):
         wall.t, mono.t = T + s + 0.5, s + 0.5
@@ -382,8 +388,7 @@ def test_follow_reads_back_a_reappearing_host_s_gap(tmp_path):
     with InfluxDB1(tmp_path / "influx") as db:
         db.create_db("fleet")
         now = FakeClock(t0)
-        online = Online(Config(), None, Influx(db.url, "fleet"), None, None, Checkpoint(None), 10.0, 10.0,
-                        clock=Clock(wall=now, mono=now))
+        online = _loop(now, 10.0, Influx(db.url, "fleet"))
         held = []
         for s in range(0, 900, 10):
             t = t0 + s
@@ -421,8 +426,7 @@ def test_follow_finds_rows_written_behind_its_cursor_by_a_host_that_never_went_q
     with InfluxDB1(tmp_path / "influx") as db:
         db.create_db("fleet")
         now = FakeClock(t0)
-        online = Online(Config(), None, Influx(db.url, "fleet"), None, None, Checkpoint(None), 10.0, 10.0,
-                        clock=Clock(wall=now, mono=now))
+        online = _loop(now, 10.0, Influx(db.url, "fleet"))
         for s in range(0, 900, 10):
             t = t0 + s
             db.write("fleet", _rows("a", t, xid=s == 100))
