@@ -80,6 +80,8 @@ class CoolingDegradation(Detector):
         "inlet_rise_seconds": 2700.0,  # a rack's inlet excess pages while it still rises over this span
         "inlet_rise_celsius": 1.5,  # ... by this much, a third in each third of it
         "near_limit_celsius": 5.0,  # ... or while a GPU of the rack is this close to its slowdown
+        "slope_refine_seconds": 7200.0,  # a model's slope is refitted over its first this long
+        "settle_seconds": 180.0,  # ... on rows this long after a power step of 40 W
     }
     # bmc_sensor: the inlet temperature and fan rows (the bmc and fan tables)
     fields = {
@@ -219,7 +221,6 @@ class CoolingDegradation(Detector):
         if len(models) == 1 and not slopes:
             slopes[models[0]] = self.slope_  # one model: the pooled slope is its own
             mems[models[0]] = self.mem_
-            return
         mrow = ids[tab.ent]
         late = bool(slopes)  # a model first seen after the fleet's first window
         for m in models:
@@ -234,6 +235,7 @@ class CoolingDegradation(Detector):
                 slopes[m], mems[m] = got
                 if late:
                     self.model_learned_ = {**getattr(self, "model_learned_", {}), m: float(tab.t.max())}
+        self._refine_slopes(window)
 
     def _reference(self, tab, power) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per row: the GPU's learned offset, the bar its excess must pass and the offset's frame (the
@@ -287,15 +289,12 @@ class CoolingDegradation(Detector):
         # before it; cm: the frame of each row, see _features)
         v, steady, *_, cm = self._features(window)
         for band in ("", "lo_", "hi_"):
-            for name in ("samples", "offset", "scale", "frames", "frame"):
+            for name in ("samples", "offset", "scale", "frames", "frame", "loads", "at"):
                 setattr(self, f"{name}_{band}", getattr(self, f"{name}_{band}", {}))
-        good = np.isfinite(v) & steady & (thermal_bits(tab) == 0)
         # nothing is learned from a GPU (node) held as faulty: its broken state is not its normal
-        held = list(getattr(self, "latch_gpu_", {}))
-        held_nodes = list(getattr(self, "latch_node_", {}))
-        if held or held_nodes:
-            good &= ~np.isin(tab.ent, held) & ~np.isin(window.node_of[tab.ent], held_nodes)
+        good = np.isfinite(v) & steady & (thermal_bits(tab) == 0) & ~self._held_rows(window)
         power = tab.col("power_watts")
+        umem = np.nan_to_num(tab.ffill("utilization_memory_ratio"))
         low = nz(power) < self.low_power_watts
         # the baseline over all steady load, and one per power band: a GPU's own slope differs from
         # the pooled one by a few percent (its heatsink, its paste), a few degrees between idle and
@@ -316,16 +315,20 @@ class CoolingDegradation(Detector):
         ):
             samples, offset, scale = (getattr(self, f"{x}_{band}") for x in ("samples", "offset", "scale"))
             frames, frame = getattr(self, f"frames_{band}"), getattr(self, f"frame_{band}")
+            # (loads: each sample's power and memory utilisation, for the slope to move it by)
+            loads, at = getattr(self, f"loads_{band}"), getattr(self, f"at_{band}")
             ok = ok & np.isnan(lookup(offset, tab.ent))  # GPUs without a frozen (finite) baseline
             ents, vals, cms = tab.ent[ok], v[ok], cm[ok]
             if len(ents):
                 order = np.argsort(ents, kind="stable")
                 ents, vals, cms = ents[order], vals[order], cms[order]
+                pu = list(zip(power[ok][order].tolist(), umem[ok][order].tolist(), strict=True))
                 u, first = np.unique(ents, return_index=True)
                 vals, cms, bounds = vals.tolist(), cms.tolist(), first.tolist() + [len(ents)]
                 for e, a, b in zip(u.tolist(), bounds[:-1], bounds[1:], strict=True):
                     samples.setdefault(e, []).extend(vals[a:b])
                     frames.setdefault(e, []).extend(cms[a:b])
+                    loads.setdefault(e, []).extend(pu[a:b])
             # freeze a GPU's baseline once it has seen enough steady samples: median and MAD
             ready = [e for e, s in samples.items() if len(s) >= need]
             if ready:
@@ -336,38 +339,99 @@ class CoolingDegradation(Detector):
                 mad = group_median(g, np.abs(vals - med[g]), len(ready))[0]
                 cms = np.concatenate([np.asarray(frames.pop(e)) for e in ready])
                 cmed = group_median(g, cms, len(ready))[0]  # the frame: the common mode it was learned in
-                for e, m, d, f in zip(ready, med.tolist(), mad.tolist(), cmed.tolist(), strict=True):
+                pus = np.concatenate([np.asarray(loads.pop(e)) for e in ready])
+                p_at = group_median(g, pus[:, 0], len(ready))[0].tolist()  # the load it was learned at
+                u_at = group_median(g, pus[:, 1], len(ready))[0].tolist()
+                for e, m, d, f, pw, um in zip(ready, med.tolist(), mad.tolist(), cmed.tolist(), p_at, u_at,
+                                              strict=True):
                     offset[e] = m
                     scale[e] = max(1.4826 * d, 0.25)
                     frame[e] = f
+                    at[e] = (pw, um)
         return self
 
-    def _fit_slope(self, window: Window, rows: np.ndarray | None = None, default=(DEFAULT_SLOPE, 0.0)):
-        """(°C per W, °C per unit of memory utilisation) from the window's loaded rows, each GPU
-        against its own means; ``default`` where power barely moves. Memory-bound work runs the die
-        cooler per W (its HBM takes part of the power), so the slope fitted alone over a window whose
-        jobs ran memory-bound comes out well below the heatsink's, and every compute-bound minute
-        after it looks hot. Where memory utilisation moves independently of power the memory term
-        is fitted with the slope; where it moves only with power (idle, then memory-bound load) the
-        two cannot be told apart: the slope comes from the rows whose memory is not the busy part
-        (at most half utilised), or ``default`` where those do not move power enough."""
+    def _slope_rows_of(self, window: Window, rows: np.ndarray | None = None):
+        """What a slope is fitted on: (ok, temperature, power, memory utilisation) of the window's
+        loaded rows without thermal throttling (and ``rows``)."""
         tab = window.gpu
         t, p = tab.col("temperature_gpu_celsius"), tab.col("power_watts")
         ok = np.isfinite(t) & np.isfinite(p) & (p > 50) & (thermal_bits(tab) == 0)
         if rows is not None:
             ok &= rows
-        um = tab.ffill("utilization_memory_ratio")
-        fit = _slope_fit(tab.ent[ok], t[ok], p[ok], um[ok])
-        if fit is None:
-            return default
-        b, k, separable = fit
-        if not separable:  # memory moved with power: the slope from the compute-like rows alone
-            low = ok & (nz(um) <= 0.5)
-            fit = _slope_fit(tab.ent[low], t[low], p[low], um[low])
-            if fit is None:
-                return default
-            b, k = fit[0], 0.0
-        return float(np.clip(b, 0.01, 0.1)), float(k)
+        return ok, t, p, tab.ffill("utilization_memory_ratio")
+
+    def _fit_slope(self, window: Window, rows: np.ndarray | None = None, default=(DEFAULT_SLOPE, 0.0)):
+        """(°C per W, °C per unit of memory utilisation) from the window's loaded rows, each GPU
+        against its own means; ``default`` where power barely moves (see ``_slope_of``)."""
+        tab = window.gpu
+        ok, t, p, um = self._slope_rows_of(window, rows)
+        low = ok & (nz(um) <= 0.5)
+        got = _slope_of(*(_subset_moments(tab.ent, t, p, um, sel) for sel in (ok, low)))
+        return default if got is None else got
+
+    def _refine_slopes(self, window: Window) -> None:
+        """A model's slope learned from one window reads the heatsink from the ramps and jobs of
+        minutes; its baselines learned at idle are then judged at full load through it (an A100's
+        0.06 °C/W from a first window against 0.08 over a day: 6 °C at 400 W). Over its first
+        ``slope_refine_seconds`` the slope is refitted on the settled rows of every window (no step
+        of 40 W within ``settle_seconds``: the temperature has caught up with the power), the sums
+        kept per GPU; where the refit moves it by more than a tenth the slope changes, and the
+        baselines already learned move with it (by the slope's change times the power they were
+        learned at), so what they judge stays the same physics."""
+        tab = window.gpu
+        slopes = self.slopes_
+        if not len(tab) or not slopes:
+            return
+        ok, t, p, um = self._slope_rows_of(window)
+        pprev = tab.prev(p)
+        step = ~(np.abs(p - pprev) < 40.0)  # (a GPU's first row counts as a step: nothing before it)
+        ok &= tab.in_window() & (tab.rolling_count(step, self.settle_seconds) == 0) & ~self._held_rows(window)
+        ids = window.reg.model_ids()
+        since = self.__dict__.setdefault("refine_since_", {})
+        for m in np.unique(ids[tab.ent[ok]]).tolist():
+            since.setdefault(m, window.start)
+        going = {m for m, t0 in since.items() if m in slopes and window.end - t0 <= self.slope_refine_seconds}
+        if not going:
+            return
+        ok &= np.isin(ids[tab.ent], list(going))
+        size = len(ids)  # (every GPU id)
+        sums = self.__dict__.setdefault("slope_sums_", [np.zeros((0, 9)), np.zeros((0, 9))])
+        for i, sel in enumerate((ok, ok & (nz(um) <= 0.5))):
+            got = _subset_moments(tab.ent, t, p, um, sel, size)
+            grown = np.zeros((size, 9))
+            grown[: len(sums[i])] = sums[i]
+            sums[i] = grown + got
+        for m in sorted(going):
+            got = _slope_of(sums[0][ids == m], sums[1][ids == m])
+            if got is not None and abs(got[0] - slopes[m]) > 0.1 * slopes[m]:
+                self._reslope(window, m, *got)
+
+    def _reslope(self, window: Window, m: int, b: float, k: float) -> None:
+        """Model ``m``'s slope (and memory term) becomes ``b`` (``k``); its GPUs' baselines move
+        with it, each by the change times the power (memory utilisation) it was learned at."""
+        db, dk = self.slopes_[m] - b, self.mems_[m] - k
+        self.slopes_[m], self.mems_[m] = b, k
+        if len(self.slopes_) == 1:
+            self.slope_, self.mem_ = b, k
+        ids = window.reg.model_ids()
+        for band in ("", "lo_", "hi_"):
+            offset, at = getattr(self, f"offset_{band}", {}), getattr(self, f"at_{band}", {})
+            for e, (pw, u) in at.items():
+                if ids[e] == m:
+                    offset[e] += db * pw - dk * u
+            samples, loads = getattr(self, f"samples_{band}", {}), getattr(self, f"loads_{band}", {})
+            for e, vals in samples.items():
+                if ids[e] == m:
+                    samples[e] = [v + db * pw - dk * u for v, (pw, u) in zip(vals, loads[e], strict=True)]
+
+    def _held_rows(self, window: Window) -> np.ndarray:
+        """Rows of GPUs (nodes) held as faulty: nothing is learned from them."""
+        tab = window.gpu
+        held = list(getattr(self, "latch_gpu_", {}))
+        held_nodes = list(getattr(self, "latch_node_", {}))
+        if not (held or held_nodes):
+            return np.zeros(len(tab), bool)
+        return np.isin(tab.ent, held) | np.isin(window.node_of[tab.ent], held_nodes)
 
     # ------------------------------------------------------------------ scoring
     def _excess(self, window: Window) -> Excess:
@@ -626,30 +690,65 @@ class Found:
     to_throttle: np.ndarray  # s left before the margin reaches 0 (at hot rows; NaN elsewhere)
 
 
-def _slope_fit(ent, t, p, um):
-    """(°C per W, °C per unit of memory utilisation, separable) by least squares over rows, each
-    entity against its own means: the memory term 0 where memory utilisation does not move (a tenth
-    on average), or moves in lockstep with power (then ``separable`` is False and the slope is the
-    power-only fit); None with under 50 rows or where power barely moves."""
-    if len(ent) < 50:
+def _moments(ent, t, p, um, size: int | None = None) -> np.ndarray:
+    """Per entity (rows: its id, up to ``size``), the sums a slope fit needs:
+    n, St, Sp, Su, Spp, Stp, Suu, Spu, Stu (``_MOMENTS``). Sums add up over windows."""
+    size = size if size is not None else (int(ent.max()) + 1 if len(ent) else 0)
+    cols = (np.ones(len(p)), t, p, um, p * p, t * p, um * um, p * um, t * um)
+    return np.stack([np.bincount(ent, c, size) for c in cols], axis=1)
+
+
+def _subset_moments(ent, t, p, um, sel, size: int | None = None) -> np.ndarray:
+    """``_moments`` of the rows ``sel`` (memory utilisation 0 where any of them lacks it: no memory
+    term to fit)."""
+    u = um[sel]
+    if not np.isfinite(u).all():
+        u = np.zeros(len(u))
+    return _moments(ent[sel], t[sel], p[sel], u, size)
+
+
+def _slope_of(m_all: np.ndarray, m_low: np.ndarray) -> tuple[float, float] | None:
+    """(°C per W, °C per unit of memory utilisation) from per-GPU sums of loaded rows (``m_all``)
+    and of those whose memory is at most half utilised (``m_low``); None where power barely moves.
+    Memory-bound work runs the die cooler per W (its HBM takes part of the power), so the slope
+    fitted alone over a window whose jobs ran memory-bound comes out well below the heatsink's, and
+    every compute-bound minute after it looks hot. Where memory utilisation moves independently of
+    power the memory term is fitted with the slope; where it moves only with power (idle, then
+    memory-bound load) the two cannot be told apart: the slope comes from the rows whose memory is
+    not the busy part."""
+    fit = _moments_fit(m_all)
+    if fit is None:
         return None
-    u, inv = np.unique(ent, return_inverse=True)
-    n = np.bincount(inv)
-    dt_, dp = t - (np.bincount(inv, t) / n)[inv], p - (np.bincount(inv, p) / n)[inv]
-    var = float((dp * dp).sum())
-    if var < 1e4 * len(u):  # power barely moves
+    b, k, separable = fit
+    if not separable:  # memory moved with power: the slope from the compute-like rows alone
+        fit = _moments_fit(m_low)
+        if fit is None:
+            return None
+        b, k = fit[0], 0.0
+    return float(np.clip(b, 0.01, 0.1)), float(k)
+
+
+def _moments_fit(m: np.ndarray):
+    """A slope fit by least squares, each entity against its own means, from per-entity sums
+    (``_moments``): (°C per W, °C per unit of memory utilisation, separable), the memory term 0 where memory
+    utilisation does not move (a tenth on average), or moves in lockstep with power (then
+    ``separable`` is False and the slope is the power-only fit); None with under 50 rows or where
+    power barely moves."""
+    m = m[m[:, 0] > 0]
+    n, st, sp, su, spp, stp, suu, spu, stu = m.T
+    if n.sum() < 50:
         return None
-    ct = float((dt_ * dp).sum())
-    if not np.isfinite(um).all():
-        return ct / var, 0.0, True
-    du = um - (np.bincount(inv, um) / n)[inv]
-    vu, cpu = float((du * du).sum()), float((dp * du).sum())
-    if vu < 0.01 * len(um):  # memory utilisation barely moves: no term to fit
+    var = float((spp - sp * sp / n).sum())
+    if var < 1e4 * len(n):  # power barely moves
+        return None
+    ct = float((stp - st * sp / n).sum())
+    vu, cpu = float((suu - su * su / n).sum()), float((spu - sp * su / n).sum())
+    if vu < 0.01 * n.sum():  # memory utilisation barely moves: no term to fit
         return ct / var, 0.0, True
     det = var * vu - cpu * cpu
     if det <= 0.1 * var * vu:  # in lockstep with power
         return ct / var, 0.0, False
-    cu = float((dt_ * du).sum())
+    cu = float((stu - st * su / n).sum())
     b, k = (ct * vu - cu * cpu) / det, -(cu * var - ct * cpu) / det
     if k <= 0:  # (busier memory never makes the die hotter at the same power)
         return ct / var, 0.0, True
