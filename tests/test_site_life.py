@@ -116,6 +116,46 @@ onset = "50%"
     assert 0.07 <= page.evidence["peak"]["slope_c_per_w"] <= 0.09  # the A100's heatsink (r_fast + r_slow)
 
 
+def test_a_model_s_slope_learned_from_its_first_window_is_refitted_from_its_settled_hours(tmp_path):
+    # two A100 nodes among H200s: gpu0002's job alternates compute and memory-bound work in the
+    # first minutes (the window its model's slope is first fitted on reads 0.06 °C/W: the die lags
+    # the power and the memory-bound minutes run it cooler), gpu0001 idles 40 min (its baselines
+    # learned at idle) and then computes at full power for two hours. The slope is refitted on the
+    # settled rows of the model's first hours towards its heatsink's (0.08); a heatsink fault on
+    # gpu0002 late in the run still pages once, and nothing else does.
+    toml = """
+[fleet]
+generations = [["NVIDIA A100-SXM4-80GB", 0.5]]
+[[fault]]
+kind = "cooling_degradation"
+host = "gpu0002"
+gpu = 3
+severity = 1.2
+onset = "70%"
+"""
+
+    def life(fl):
+        assert fl.model_of(0).name == fl.model_of(8).name == "NVIDIA A100-SXM4-80GB"
+        job = 42000
+        fl.jobs = {job: {"nodes": [1, 2, 3], "start": 200.0, "end": fl.duration + 1, "mem": 40 << 30},
+                   job + 1: {"nodes": [0], "start": 2400.0, "end": fl.duration + 1, "mem": 40 << 30}}
+        fl.job_mem = {job: 40 << 30, job + 1: 40 << 30}
+        early = [(0, "idle"), (200, "setup"), (240, "compute"), (400, "memory"), (460, "compute"),
+                 (600, "memory"), (640, "compute")]
+        late = [(0, "idle"), (2400, "setup"), (2440, "compute")]
+        timelines = [late, early, early, early]
+        fl.seg_t = [np.array([float(t) for t, _ in tl]) for tl in timelines]
+        fl.seg_phase = [np.array([PHASE_CODE[p] for _, p in tl], dtype=np.int8) for tl in timelines]
+        fl.seg_job = [np.array([0] + [job + (i == 0)] * (len(tl) - 1), dtype=np.int64)
+                      for i, tl in enumerate(timelines)]
+
+    truth, incidents = _fleet(tmp_path, toml, life=life)
+    _one_page_per_fault(truth, incidents)
+    (page,) = [r for r in incidents if r.kind == "cooling_degradation"]
+    assert page.evidence["peak"]["model"] == "NVIDIA A100-SXM4-80GB"
+    assert 0.07 <= page.evidence["peak"]["slope_c_per_w"] <= 0.09  # not the first window's 0.06
+
+
 @pytest.mark.slow
 def test_an_operator_power_cap_is_no_straggler_and_a_slow_gpu_beside_it_is(tmp_path):
     # the operator caps gpu0002 at ~70 % of 700 W for most of the run; GPU 5 of it is a real straggler
