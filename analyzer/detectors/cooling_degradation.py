@@ -334,11 +334,15 @@ class CoolingDegradation(Detector):
             if ready:
                 arrs = [np.asarray(samples.pop(e)) for e in ready]
                 g = np.repeat(np.arange(len(ready)), [len(a) for a in arrs])
-                vals = np.concatenate(arrs)
-                med = group_median(g, vals, len(ready))[0]
-                mad = group_median(g, np.abs(vals - med[g]), len(ready))[0]
                 cms = np.concatenate([np.asarray(frames.pop(e)) for e in ready])
                 cmed = group_median(g, cms, len(ready))[0]  # the frame: the common mode it was learned in
+                # each sample in the fleet's frame (its value plus its own frame): a GPU whose samples
+                # span the fleet's first minutes (raw levels per model, a frame) and the minutes after
+                # (each GPU's deviation, no frame) learns one level, not the median of two
+                vals = np.concatenate(arrs) + cms
+                med = group_median(g, vals, len(ready))[0]
+                mad = group_median(g, np.abs(vals - med[g]), len(ready))[0]
+                med = med - cmed
                 pus = np.concatenate([np.asarray(loads.pop(e)) for e in ready])
                 p_at = group_median(g, pus[:, 0], len(ready))[0].tolist()  # the load it was learned at
                 u_at = group_median(g, pus[:, 1], len(ready))[0].tolist()
