@@ -182,6 +182,22 @@ def test_pcie_width_down_on_an_idle_gpu_is_found():
     assert abs(incs[0].start - (T0 + 200 * STEP)) <= 90
 
 
+def test_a_replay_burst_in_a_gpu_s_first_seconds_is_no_replay_rate():
+    # node1 GPU 2's link replays twice between its first two polls, then never again: over the
+    # minute a rate is judged on that is 2 replays, not 0.2/s over the 10 s its data covers (a
+    # healthy fleet's false page); node3 GPU 0's replay storm still pages
+    lines = []
+    for ln in fleet(steps=120, fault=("pcie_degradation", 3, 0, 60)).decode().splitlines():
+        s = (int(ln.rsplit(" ", 1)[1]) // 10**9 - T0) // STEP
+        if ln.startswith("gpu,") and ",host=node1," in ln and ",gpu=2," in ln and s >= 1:
+            ln = re.sub(r"pcie_replay_total=(\d+)i", lambda m: f"pcie_replay_total={int(m[1]) + 2}i", ln)
+        lines.append(ln)
+    incs = analyse(("\n".join(lines) + "\n").encode()).incidents()
+    assert [(i.kind, i.host, i.gpu) for i in incs] == [("pcie_degradation", "node3", 0)], [
+        i.summary for i in incs
+    ]
+
+
 def _stale(lines, node, gpu, steps):
     out = []
     for ln in lines:

@@ -104,8 +104,13 @@ class PcieDegradation(Detector):
         width_eff = np.where(np.isfinite(width), width, wmax)
         allowance = self.replay_allowance_per_s * nz(gmax) * nz(wmax) / 80.0
         allowance = np.where(allowance > 0, allowance, self.replay_allowance_per_s)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            rate = tab.rolling_mean(tab.delta("pcie_replay_total") / tab.dt(), 60.0)
+        # replays per second over the trailing minute; a GPU's first rows (under a minute of its data)
+        # count the rest of the minute as replay-free, as the link error rates below do: a healthy
+        # link's burst of 2 replays in its first 10 s is no 0.2/s
+        step, dt = tab.delta("pcie_replay_total"), tab.dt()
+        ok = np.isfinite(step) & (nz(dt) > 0)
+        span = np.fmax(tab.rolling_sum(np.where(ok, dt, 0.0), 60.0), 60.0)
+        rate = tab.rolling_sum(np.where(ok, step, 0.0), 60.0) / span
         # replays over a gap: no rate of the row after it; paged only when even their mean over the
         # gap (a lower bound of the rate somewhere in it) is above the allowance
         gap_rate = tab.gap_rate("pcie_replay_total")
