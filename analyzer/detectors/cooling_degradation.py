@@ -289,7 +289,7 @@ class CoolingDegradation(Detector):
         # before it; cm: the frame of each row, see _features)
         v, steady, *_, cm = self._features(window)
         for band in ("", "lo_", "hi_"):
-            for name in ("samples", "offset", "scale", "frames", "frame", "loads", "at"):
+            for name in ("samples", "offset", "scale", "frame", "at"):
                 setattr(self, f"{name}_{band}", getattr(self, f"{name}_{band}", {}))
         # nothing is learned from a GPU (node) held as faulty: its broken state is not its normal
         good = np.isfinite(v) & steady & (thermal_bits(tab) == 0) & ~self._held_rows(window)
@@ -313,45 +313,41 @@ class CoolingDegradation(Detector):
             (good & low, "lo_", max(20, n_learn // 2)),
             (good & ~low, "hi_", n_learn),
         ):
-            samples, offset, scale = (getattr(self, f"{x}_{band}") for x in ("samples", "offset", "scale"))
-            frames, frame = getattr(self, f"frames_{band}"), getattr(self, f"frame_{band}")
-            # (loads: each sample's power and memory utilisation, for the slope to move it by)
-            loads, at = getattr(self, f"loads_{band}"), getattr(self, f"at_{band}")
+            samples, offset, scale, frame, at = (
+                getattr(self, f"{x}_{band}") for x in ("samples", "offset", "scale", "frame", "at")
+            )
             ok = ok & np.isnan(lookup(offset, tab.ent))  # GPUs without a frozen (finite) baseline
-            ents, vals, cms = tab.ent[ok], v[ok], cm[ok]
-            if len(ents):
+            if ok.any():
+                ents = tab.ent[ok]
                 order = np.argsort(ents, kind="stable")
-                ents, vals, cms = ents[order], vals[order], cms[order]
-                pu = list(zip(power[ok][order].tolist(), umem[ok][order].tolist(), strict=True))
-                u, first = np.unique(ents, return_index=True)
-                vals, cms, bounds = vals.tolist(), cms.tolist(), first.tolist() + [len(ents)]
-                for e, a, b in zip(u.tolist(), bounds[:-1], bounds[1:], strict=True):
-                    samples.setdefault(e, []).extend(vals[a:b])
-                    frames.setdefault(e, []).extend(cms[a:b])
-                    loads.setdefault(e, []).extend(pu[a:b])
+                # per sample (a row): its value, its frame, and the power and memory
+                # utilisation it was taken at (for a refitted slope to move it by); per GPU a list
+                # of arrays, one per window
+                block = np.column_stack([v[ok], cm[ok], power[ok], umem[ok]])[order]
+                u, first = np.unique(ents[order], return_index=True)
+                bounds = first.tolist() + [len(ents)]
+                for e, lo, hi in zip(u.tolist(), bounds[:-1], bounds[1:], strict=True):
+                    samples.setdefault(e, []).append(block[lo:hi].copy())  # (a copy: not the block)
             # freeze a GPU's baseline once it has seen enough steady samples: median and MAD
-            ready = [e for e, s in samples.items() if len(s) >= need]
+            ready = [e for e, s in samples.items() if sum(len(c) for c in s) >= need]
             if ready:
-                arrs = [np.asarray(samples.pop(e)) for e in ready]
+                arrs = [np.concatenate(samples.pop(e)) for e in ready]
                 g = np.repeat(np.arange(len(ready)), [len(a) for a in arrs])
-                cms = np.concatenate([np.asarray(frames.pop(e)) for e in ready])
-                cmed = group_median(g, cms, len(ready))[0]  # the frame: the common mode it was learned in
+                got = np.concatenate(arrs)
+                # the frame (the common mode it was learned in), the power and memory utilisation
+                cmed, p_at, u_at = (group_median(g, got[:, k], len(ready))[0] for k in (1, 2, 3))
                 # each sample in the fleet's frame (its value plus its own frame): a GPU whose samples
                 # span the fleet's first minutes (raw levels per model, a frame) and the minutes after
                 # (each GPU's deviation, no frame) learns one level, not the median of two
-                vals = np.concatenate(arrs) + cms
+                vals = got[:, 0] + got[:, 1]
                 med = group_median(g, vals, len(ready))[0]
                 mad = group_median(g, np.abs(vals - med[g]), len(ready))[0]
-                med = med - cmed
-                pus = np.concatenate([np.asarray(loads.pop(e)) for e in ready])
-                p_at = group_median(g, pus[:, 0], len(ready))[0].tolist()  # the load it was learned at
-                u_at = group_median(g, pus[:, 1], len(ready))[0].tolist()
-                for e, m, d, f, pw, um in zip(ready, med.tolist(), mad.tolist(), cmed.tolist(), p_at, u_at,
-                                              strict=True):
+                for e, m, d, f, pw, um in zip(ready, (med - cmed).tolist(), mad.tolist(), cmed.tolist(),
+                                              p_at.tolist(), u_at.tolist(), strict=True):
                     offset[e] = m
                     scale[e] = max(1.4826 * d, 0.25)
                     frame[e] = f
-                    at[e] = (pw, um)
+                    at[e] = (pw, um)  # the load it was learned at
         return self
 
     def _slope_rows_of(self, window: Window, rows: np.ndarray | None = None):
@@ -423,10 +419,10 @@ class CoolingDegradation(Detector):
             for e, (pw, u) in at.items():
                 if ids[e] == m:
                     offset[e] += db * pw - dk * u
-            samples, loads = getattr(self, f"samples_{band}", {}), getattr(self, f"loads_{band}", {})
-            for e, vals in samples.items():
+            for e, chunks in getattr(self, f"samples_{band}", {}).items():
                 if ids[e] == m:
-                    samples[e] = [v + db * pw - dk * u for v, (pw, u) in zip(vals, loads[e], strict=True)]
+                    for c in chunks:
+                        c[:, 0] += db * c[:, 2] - dk * c[:, 3]
 
     def _held_rows(self, window: Window) -> np.ndarray:
         """Rows of GPUs (nodes) held as faulty: nothing is learned from them."""
