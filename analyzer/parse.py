@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -73,9 +74,14 @@ class SeriesIndex:
         self._raw_host: dict[int, str] = {}  # sid -> the host tag as written, where quarantined
 
     def add(self, measurement: str, tags: dict[str, str]) -> int:
-        key = (measurement, *sorted(tags.items()))  # not a joined string: "a\\,b=1" is no tag
+        # not a joined string: "a\\,b=1" is no tag; the pairs flat (measurement, k1, v1, k2, ...)
+        key = (measurement, *(x for kv in sorted(tags.items()) for x in kv))
         sid = self.ids.get(key)
         if sid is None:
+            # a fleet's series share most of their tag values (a GPU's host, rack, model and UUID
+            # in each of its links' series): one string each, not one per series
+            tags = {sys.intern(k): sys.intern(v) for k, v in tags.items()}
+            key = tuple(sys.intern(x) for x in key)
             sid = len(self.tags)
             self.ids[key] = sid
             self.measurement.append(measurement)
