@@ -82,6 +82,7 @@ class CoolingDegradation(Detector):
         "near_limit_celsius": 5.0,  # ... or while a GPU of the rack is this close to its slowdown
         "slope_refine_seconds": 7200.0,  # a model's slope is refitted over its first this long
         "settle_seconds": 180.0,  # ... on rows this long after a power step of 40 W
+        "slope_doubt": 0.15,  # the bar rises by this share of the slope x W above where it was learned
     }
     # bmc_sensor: the inlet temperature and fan rows (the bmc and fan tables)
     fields = {
@@ -168,7 +169,7 @@ class CoolingDegradation(Detector):
         # fleet's frame (an A100 rack learned against the A100s' level is not 4 °C "hot" once the
         # fleet-wide median, mostly H200s, is its common mode), and each GPU is judged in its own.
         groups = {"band": buckets(tab.t, 60.0, band)}
-        own, _, frame = self._reference(tab, power)
+        own, _, frame, _ = self._reference(window, power)
         frame = np.where(np.isfinite(frame), frame, 0.0)
         c = np.full(len(u), np.nan)
         if np.isfinite(own).any():
@@ -237,12 +238,14 @@ class CoolingDegradation(Detector):
                     self.model_learned_ = {**getattr(self, "model_learned_", {}), m: float(tab.t.max())}
         self._refine_slopes(window)
 
-    def _reference(self, tab, power) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per row: the GPU's learned offset, the bar its excess must pass and the offset's frame (the
-        common mode it was learned against). At low power the low-power baseline with the lower bar,
-        at load the high-power one, where the GPU has them; otherwise the baseline over all steady
-        load. As learned when asked: a window's features take the baselines from before its fit,
-        its excess (what detect judges) from after it (a baseline frozen in this window counts)."""
+    def _reference(self, window: Window, power) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per row: the GPU's learned offset, the bar its excess must pass, the offset's frame (the
+        common mode it was learned against) and the power it was learned at. At low power the
+        low-power baseline with the lower bar, at load the high-power one, where the GPU has them;
+        otherwise the baseline over all steady load. As learned when asked: a window's features take
+        the baselines from before its fit, its excess (what detect judges) from after it (a baseline
+        frozen in this window counts)."""
+        tab = window.gpu
 
         def learned(name):
             return lookup(getattr(self, name, {}), tab.ent)
@@ -264,7 +267,8 @@ class CoolingDegradation(Detector):
                 np.fmax(self.excess_celsius, self.sigma * learned("scale_")),
             ),
         )
-        return base, thr, frame
+        p_at = np.where(lo, learned("p_at_lo_"), np.where(hi, learned("p_at_hi_"), learned("p_at_")))
+        return base, thr, frame, p_at
 
     # ------------------------------------------------------------------ learning
     def fit(self, window: Window) -> CoolingDegradation:
@@ -289,7 +293,7 @@ class CoolingDegradation(Detector):
         # before it; cm: the frame of each row, see _features)
         v, steady, *_, cm = self._features(window)
         for band in ("", "lo_", "hi_"):
-            for name in ("samples", "offset", "scale", "frame", "at"):
+            for name in ("samples", "offset", "scale", "frame", "p_at", "u_at"):
                 setattr(self, f"{name}_{band}", getattr(self, f"{name}_{band}", {}))
         # nothing is learned from a GPU (node) held as faulty: its broken state is not its normal
         good = np.isfinite(v) & steady & (thermal_bits(tab) == 0) & ~self._held_rows(window)
@@ -313,8 +317,8 @@ class CoolingDegradation(Detector):
             (good & low, "lo_", max(20, n_learn // 2)),
             (good & ~low, "hi_", n_learn),
         ):
-            samples, offset, scale, frame, at = (
-                getattr(self, f"{x}_{band}") for x in ("samples", "offset", "scale", "frame", "at")
+            samples, offset, scale, frame, p_at_, u_at_ = (
+                getattr(self, f"{x}_{band}") for x in ("samples", "offset", "scale", "frame", "p_at", "u_at")
             )
             ok = ok & np.isnan(lookup(offset, tab.ent))  # GPUs without a frozen (finite) baseline
             if ok.any():
@@ -347,7 +351,7 @@ class CoolingDegradation(Detector):
                     offset[e] = m
                     scale[e] = max(1.4826 * d, 0.25)
                     frame[e] = f
-                    at[e] = (pw, um)  # the load it was learned at
+                    p_at_[e], u_at_[e] = pw, um  # the load it was learned at
         return self
 
     def _slope_rows_of(self, window: Window, rows: np.ndarray | None = None):
@@ -415,10 +419,10 @@ class CoolingDegradation(Detector):
             self.slope_, self.mem_ = b, k
         ids = window.reg.model_ids()
         for band in ("", "lo_", "hi_"):
-            offset, at = getattr(self, f"offset_{band}", {}), getattr(self, f"at_{band}", {})
-            for e, (pw, u) in at.items():
+            offset, u_at = getattr(self, f"offset_{band}", {}), getattr(self, f"u_at_{band}", {})
+            for e, pw in getattr(self, f"p_at_{band}", {}).items():
                 if ids[e] == m:
-                    offset[e] += db * pw - dk * u
+                    offset[e] += db * pw - dk * u_at[e]
             for e, chunks in getattr(self, f"samples_{band}", {}).items():
                 if ids[e] == m:
                     for c in chunks:
@@ -440,7 +444,17 @@ class CoolingDegradation(Detector):
     def _excess_uncached(self, window: Window) -> Excess:
         tab = window.gpu
         v, steady, throttled, temp, power, _ = self._features(window)
-        base, thr, _ = self._reference(tab, power)
+        base, thr, _, p_at = self._reference(window, power)
+        # a baseline judged above the power it was learned at is extrapolated by its model's slope,
+        # and a GPU's own heatsink differs from its model's by a few percent (a node's airflow, a
+        # GPU's paste; a slope fitted in a fleet's first hours reads a little low): the bar rises by
+        # slope_doubt of the slope times the watts above (an A100 learned at 60 W, judged at 400 W:
+        # 4 °C; at or below the power it was learned at: 0, so a GPU that lost its heatsink under
+        # load and went idle still shows). Not while the GPU throttles thermally: at its limit where
+        # its power says it should not be is no question of a few percent.
+        far = power - p_at
+        far = np.where(np.isfinite(far) & (far > 0) & ~throttled, far, 0.0)
+        thr = thr + self.slope_doubt * self._slope_rows(window) * far
         r = tab.rolling_mean(v - base, self.smooth_seconds)
         from_fleet = np.full(len(v), np.nan)
         if self.fleet_spread_celsius > 0:
@@ -456,7 +470,8 @@ class CoolingDegradation(Detector):
     @staticmethod
     def _step_onset(tab, raw: np.ndarray, thr: np.ndarray) -> np.ndarray:
         """Per row: the time of the last normal poll before the current run of raw excess above half
-        the bar, where that run opened with a jump past the full bar (NaN otherwise)."""
+        the bar, where that run opened with a jump past the full bar; or of the poll before the run's
+        latest jump by a full bar, past it (NaN otherwise)."""
         n = len(raw)
         out = np.full(n, np.nan)
         if not n:
@@ -466,10 +481,16 @@ class CoolingDegradation(Detector):
         prev_high = np.concatenate([[False], high[:-1]])
         opened = high & ~first & ~prev_high
         prev_raw = tab.prev(raw)
+        measured = np.isfinite(prev_raw) & ~first
+        past = nan_as_zero_gt(raw, thr)
         # the run opened at a jump: from a measured normal poll straight past the full bar
-        jump = opened & nan_as_zero_gt(raw, thr) & np.isfinite(prev_raw) & (prev_raw < thr / 2)
+        jump = opened & past & measured & (prev_raw < thr / 2)
+        # or, inside a run, a jump by a full bar between two polls (a heatsink lost on a GPU that ran
+        # a few degrees warm already, judged at a load its baseline was not learned at): the fault
+        # began after the poll before it, not where the run of a few degrees began
+        jump |= high & past & measured & nan_as_zero_ge(raw - prev_raw, thr)
         pt = tab.prev(tab.t)
-        idx = np.where(opened | (high & first), np.arange(n), 0)
+        idx = np.where(opened | (high & first) | jump, np.arange(n), 0)
         np.maximum.accumulate(idx, out=idx)
         ok = high & jump[idx]
         out[ok] = pt[idx[ok]]
