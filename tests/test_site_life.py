@@ -38,6 +38,29 @@ def _fleet(tmp_path, toml: str, seed: int = 7, life=None, hours: float = HOURS) 
     return records.read(out / "truth.jsonl"), records.read(inc)
 
 
+def _heatsink(host: str, gpu: int, onset: str, fleet: str) -> str:
+    """Scenario text: the ``[fleet]`` line ``fleet``, and ``host`` GPU ``gpu``'s heatsink degrading
+    (severity 1.2) from ``onset``."""
+    return (f'[fleet]\n{fleet}\n[[fault]]\nkind = "cooling_degradation"\nhost = "{host}"\ngpu = {gpu}\n'
+            f'severity = 1.2\nonset = "{onset}"\n')
+
+
+def _jobs(fl, timelines: list[list[tuple[float, str]]], jobs: list[int]) -> None:
+    """Node n runs job ``jobs[n]`` (40 GiB) through the phases ``timelines[n]`` ((time, phase), the
+    first one idle, before its job starts): the fleet's own jobs replaced."""
+    fl.jobs, fl.job_mem = {}, {}
+    for job in set(jobs):
+        nodes = [n for n, j in enumerate(jobs) if j == job]
+        start = min(timelines[n][1][0] for n in nodes)
+        fl.jobs[job] = {"nodes": nodes, "start": start, "end": fl.duration + 1, "mem": 40 << 30}
+        fl.job_mem[job] = 40 << 30
+    fl.seg_t = [np.array([float(t) for t, _ in tl]) for tl in timelines]
+    fl.seg_phase = [np.array([PHASE_CODE[p] for _, p in tl], dtype=np.int8) for tl in timelines]
+    fl.seg_job = [
+        np.array([0] + [j] * (len(tl) - 1), dtype=np.int64) for tl, j in zip(timelines, jobs, strict=True)
+    ]
+
+
 def _one_page_per_fault(truth, incidents, capsys=None):
     """Every truth record paged by exactly one incident; no other incident but informational ones,
     at most one per node or rack."""
@@ -55,16 +78,7 @@ def _one_page_per_fault(truth, incidents, capsys=None):
 @pytest.mark.slow
 def test_a_node_of_another_generation_is_judged_by_its_own_model(tmp_path):
     # gpu0001 is an A100 (400 W, a steeper °C per W) among H200s; one of its GPUs' heatsinks degrades
-    toml = """
-[fleet]
-generations = [["NVIDIA A100-SXM4-80GB", 0.25]]
-[[fault]]
-kind = "cooling_degradation"
-host = "gpu0001"
-gpu = 3
-severity = 1.2
-onset = "25%"
-"""
+    toml = _heatsink("gpu0001", 3, "25%", 'generations = [["NVIDIA A100-SXM4-80GB", 0.25]]')
 
     def life(fl):
         assert fl.model_of(0).name == "NVIDIA A100-SXM4-80GB"
@@ -84,29 +98,14 @@ def test_a_model_learned_while_its_jobs_ran_memory_bound_is_not_hot_once_they_co
     # W) through the windows its model's slope is learned in, with a minute of compute among them,
     # then compute-bound; the H200 nodes compute from the start. A slope fitted to power alone comes
     # out near 0.05 °C/W (the A100's heatsink: 0.08) and the node paged once it computed.
-    toml = """
-[fleet]
-generations = [["NVIDIA A100-SXM4-80GB", 0.25]]
-[[fault]]
-kind = "cooling_degradation"
-host = "gpu0001"
-gpu = 3
-severity = 1.2
-onset = "50%"
-"""
+    toml = _heatsink("gpu0001", 3, "50%", 'generations = [["NVIDIA A100-SXM4-80GB", 0.25]]')
 
     def life(fl):
         assert fl.model_of(0).name == "NVIDIA A100-SXM4-80GB"
-        job = 42000
-        fl.jobs = {job: {"nodes": [0, 1, 2, 3], "start": 200.0, "end": fl.duration + 1, "mem": 40 << 30}}
-        fl.job_mem = {job: 40 << 30}
         a100 = [(0, "idle"), (350, "setup"), (390, "memory"), (540, "compute"), (600, "memory")]
         a100.append((1500, "compute"))
         h200 = [(0, "idle"), (200, "setup"), (240, "compute")]
-        timelines = [a100] + [h200] * 3
-        fl.seg_t = [np.array([float(t) for t, _ in tl]) for tl in timelines]
-        fl.seg_phase = [np.array([PHASE_CODE[p] for _, p in tl], dtype=np.int8) for tl in timelines]
-        fl.seg_job = [np.array([0] + [job] * (len(tl) - 1), dtype=np.int64) for tl in timelines]
+        _jobs(fl, [a100] + [h200] * 3, [42000] * 4)
 
     truth, incidents = _fleet(tmp_path, toml, life=life, hours=1.5)
     # its heatsink fault (half-way) pages once; the node itself, computing, does not
@@ -123,31 +122,14 @@ def test_a_model_s_slope_learned_from_its_first_window_is_refitted_from_its_sett
     # learned at idle) and then computes at full power for two hours. The slope is refitted on the
     # settled rows of the model's first hours towards its heatsink's (0.08); a heatsink fault on
     # gpu0002 late in the run still pages once, and nothing else does.
-    toml = """
-[fleet]
-generations = [["NVIDIA A100-SXM4-80GB", 0.5]]
-[[fault]]
-kind = "cooling_degradation"
-host = "gpu0002"
-gpu = 3
-severity = 1.2
-onset = "70%"
-"""
+    toml = _heatsink("gpu0002", 3, "70%", 'generations = [["NVIDIA A100-SXM4-80GB", 0.5]]')
 
     def life(fl):
         assert fl.model_of(0).name == fl.model_of(8).name == "NVIDIA A100-SXM4-80GB"
-        job = 42000
-        fl.jobs = {job: {"nodes": [1, 2, 3], "start": 200.0, "end": fl.duration + 1, "mem": 40 << 30},
-                   job + 1: {"nodes": [0], "start": 2400.0, "end": fl.duration + 1, "mem": 40 << 30}}
-        fl.job_mem = {job: 40 << 30, job + 1: 40 << 30}
         early = [(0, "idle"), (200, "setup"), (240, "compute"), (400, "memory"), (460, "compute"),
                  (600, "memory"), (640, "compute")]
         late = [(0, "idle"), (2400, "setup"), (2440, "compute")]
-        timelines = [late, early, early, early]
-        fl.seg_t = [np.array([float(t) for t, _ in tl]) for tl in timelines]
-        fl.seg_phase = [np.array([PHASE_CODE[p] for _, p in tl], dtype=np.int8) for tl in timelines]
-        fl.seg_job = [np.array([0] + [job + (i == 0)] * (len(tl) - 1), dtype=np.int64)
-                      for i, tl in enumerate(timelines)]
+        _jobs(fl, [late, early, early, early], [42001, 42000, 42000, 42000])
 
     truth, incidents = _fleet(tmp_path, toml, life=life)
     _one_page_per_fault(truth, incidents)
@@ -194,16 +176,7 @@ onset = "20%"
 def test_a_warm_rack_is_its_own_baseline_and_a_hot_gpu_in_it_still_pages(tmp_path):
     # rack r001 (gpu0001, gpu0002) steps to 7 °C above the room an hour in and stays there (the room's
     # doing, no GPU near its limits); one GPU's heatsink degrades in it
-    toml = """
-[fleet]
-nodes_per_rack = 2
-[[fault]]
-kind = "cooling_degradation"
-host = "gpu0001"
-gpu = 6
-severity = 1.2
-onset = "25%"
-"""
+    toml = _heatsink("gpu0001", 6, "25%", "nodes_per_rack = 2")
 
     def life(fl):
         fl.warm = np.zeros(fl.n_racks)
