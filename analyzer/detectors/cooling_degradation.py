@@ -82,7 +82,7 @@ class CoolingDegradation(Detector):
         "near_limit_celsius": 5.0,  # ... or while a GPU of the rack is this close to its slowdown
         "slope_refine_seconds": 7200.0,  # a model's slope is refitted over its first this long
         "settle_seconds": 180.0,  # ... on rows this long after a power step of 40 W
-        "slope_doubt": 0.15,  # the bar rises by this share of the slope x W above where it was learned
+        "slope_doubt": 0.15,  # the bar rises by this share of the °C a GPU rose above its baseline's power
     }
     # bmc_sensor: the inlet temperature and fan rows (the bmc and fan tables)
     fields = {
@@ -169,7 +169,7 @@ class CoolingDegradation(Detector):
         # fleet's frame (an A100 rack learned against the A100s' level is not 4 °C "hot" once the
         # fleet-wide median, mostly H200s, is its common mode), and each GPU is judged in its own.
         groups = {"band": buckets(tab.t, 60.0, band)}
-        own, _, frame, _ = self._reference(window, power)
+        own, _, frame, *_ = self._reference(window, power)
         frame = np.where(np.isfinite(frame), frame, 0.0)
         c = np.full(len(u), np.nan)
         if np.isfinite(own).any():
@@ -238,9 +238,10 @@ class CoolingDegradation(Detector):
                     self.model_learned_ = {**getattr(self, "model_learned_", {}), m: float(tab.t.max())}
         self._refine_slopes(window)
 
-    def _reference(self, window: Window, power) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def _reference(self, window: Window, power) -> tuple[np.ndarray, ...]:
         """Per row: the GPU's learned offset, the bar its excess must pass, the offset's frame (the
-        common mode it was learned against) and the power it was learned at. At low power the
+        common mode it was learned against), and the power and temperature it was learned at. At
+        low power the
         low-power baseline with the lower bar, at load the high-power one, where the GPU has them;
         otherwise the baseline over all steady load. As learned when asked: a window's features take
         the baselines from before its fit, its excess (what detect judges) from after it (a baseline
@@ -267,8 +268,9 @@ class CoolingDegradation(Detector):
                 np.fmax(self.excess_celsius, self.sigma * learned("scale_")),
             ),
         )
-        p_at = np.where(lo, learned("p_at_lo_"), np.where(hi, learned("p_at_hi_"), learned("p_at_")))
-        return base, thr, frame, p_at
+        p_at, t_at = (np.where(lo, learned(f"{x}_lo_"), np.where(hi, learned(f"{x}_hi_"), learned(f"{x}_")))
+                      for x in ("p_at", "t_at"))
+        return base, thr, frame, p_at, t_at
 
     # ------------------------------------------------------------------ learning
     def fit(self, window: Window) -> CoolingDegradation:
@@ -293,11 +295,11 @@ class CoolingDegradation(Detector):
         # before it; cm: the frame of each row, see _features)
         v, steady, *_, cm = self._features(window)
         for band in ("", "lo_", "hi_"):
-            for name in ("samples", "offset", "scale", "frame", "p_at", "u_at"):
+            for name in ("samples", "offset", "scale", "frame", "p_at", "u_at", "t_at"):
                 setattr(self, f"{name}_{band}", getattr(self, f"{name}_{band}", {}))
         # nothing is learned from a GPU (node) held as faulty: its broken state is not its normal
         good = np.isfinite(v) & steady & (thermal_bits(tab) == 0) & ~self._held_rows(window)
-        power = tab.col("power_watts")
+        power, temp = tab.col("power_watts"), tab.col("temperature_gpu_celsius")
         umem = np.nan_to_num(tab.ffill("utilization_memory_ratio"))
         low = nz(power) < self.low_power_watts
         # the baseline over all steady load, and one per power band: a GPU's own slope differs from
@@ -317,17 +319,18 @@ class CoolingDegradation(Detector):
             (good & low, "lo_", max(20, n_learn // 2)),
             (good & ~low, "hi_", n_learn),
         ):
-            samples, offset, scale, frame, p_at_, u_at_ = (
-                getattr(self, f"{x}_{band}") for x in ("samples", "offset", "scale", "frame", "p_at", "u_at")
+            samples, offset, scale, frame, p_at_, u_at_, t_at_ = (
+                getattr(self, f"{x}_{band}")
+                for x in ("samples", "offset", "scale", "frame", "p_at", "u_at", "t_at")
             )
             ok = ok & np.isnan(lookup(offset, tab.ent))  # GPUs without a frozen (finite) baseline
             if ok.any():
                 ents = tab.ent[ok]
                 order = np.argsort(ents, kind="stable")
-                # per sample (a row): its value, its frame, and the power and memory
-                # utilisation it was taken at (for a refitted slope to move it by); per GPU a list
+                # per sample (a row): its value, its frame, the power and memory utilisation it was
+                # taken at (for a refitted slope to move it by) and the temperature; per GPU a list
                 # of arrays, one per window
-                block = np.column_stack([v[ok], cm[ok], power[ok], umem[ok]])[order]
+                block = np.column_stack([v[ok], cm[ok], power[ok], umem[ok], temp[ok]])[order]
                 u, first = np.unique(ents[order], return_index=True)
                 bounds = first.tolist() + [len(ents)]
                 for e, lo, hi in zip(u.tolist(), bounds[:-1], bounds[1:], strict=True):
@@ -338,20 +341,21 @@ class CoolingDegradation(Detector):
                 arrs = [np.concatenate(samples.pop(e)) for e in ready]
                 g = np.repeat(np.arange(len(ready)), [len(a) for a in arrs])
                 got = np.concatenate(arrs)
-                # the frame (the common mode it was learned in), the power and memory utilisation
-                cmed, p_at, u_at = (group_median(g, got[:, k], len(ready))[0] for k in (1, 2, 3))
+                # the frame (the common mode it was learned in), the power, memory utilisation and
+                # temperature
+                cmed, p_at, u_at, t_at = (group_median(g, got[:, k], len(ready))[0] for k in (1, 2, 3, 4))
                 # each sample in the fleet's frame (its value plus its own frame): a GPU whose samples
                 # span the fleet's first minutes (raw levels per model, a frame) and the minutes after
                 # (each GPU's deviation, no frame) learns one level, not the median of two
                 vals = got[:, 0] + got[:, 1]
                 med = group_median(g, vals, len(ready))[0]
                 mad = group_median(g, np.abs(vals - med[g]), len(ready))[0]
-                for e, m, d, f, pw, um in zip(ready, (med - cmed).tolist(), mad.tolist(), cmed.tolist(),
-                                              p_at.tolist(), u_at.tolist(), strict=True):
+                for e, m, d, f, pw, um, tc in zip(ready, (med - cmed).tolist(), mad.tolist(), cmed.tolist(),
+                                                  p_at.tolist(), u_at.tolist(), t_at.tolist(), strict=True):
                     offset[e] = m
                     scale[e] = max(1.4826 * d, 0.25)
                     frame[e] = f
-                    p_at_[e], u_at_[e] = pw, um  # the load it was learned at
+                    p_at_[e], u_at_[e], t_at_[e] = pw, um, tc  # the load it was learned at
         return self
 
     def _slope_rows_of(self, window: Window, rows: np.ndarray | None = None):
@@ -444,17 +448,18 @@ class CoolingDegradation(Detector):
     def _excess_uncached(self, window: Window) -> Excess:
         tab = window.gpu
         v, steady, throttled, temp, power, _ = self._features(window)
-        base, thr, _, p_at = self._reference(window, power)
+        base, thr, _, p_at, t_at = self._reference(window, power)
         # a baseline judged above the power it was learned at is extrapolated by its model's slope,
         # and a GPU's own heatsink differs from its model's by a few percent (a node's airflow, a
         # GPU's paste; a slope fitted in a fleet's first hours reads a little low): the bar rises by
-        # slope_doubt of the slope times the watts above (an A100 learned at 60 W, judged at 400 W:
-        # 4 °C; at or below the power it was learned at: 0, so a GPU that lost its heatsink under
-        # load and went idle still shows). Not while the GPU throttles thermally: at its limit where
-        # its power says it should not be is no question of a few percent.
-        far = power - p_at
-        far = np.where(np.isfinite(far) & (far > 0) & ~throttled, far, 0.0)
-        thr = thr + self.slope_doubt * self._slope_rows(window) * far
+        # slope_doubt of the GPU's temperature rise since (an A100 learned at 40 °C idle, judged at
+        # 66 °C under load: 4 °C; its own rise, not the slope's, so it does not hang on which rows
+        # a slope was fitted on). Not at or below the power it was learned at (a GPU that lost its
+        # heatsink under load and went idle still shows), nor while it throttles thermally: at its
+        # limit where its power says it should not be is no question of a few percent.
+        rise = temp - t_at
+        up = np.isfinite(rise) & (rise > 0) & nan_as_zero_gt(power - p_at, 0.0) & ~throttled
+        doubt = self.slope_doubt * np.where(up, rise, 0.0)
         r = tab.rolling_mean(v - base, self.smooth_seconds)
         from_fleet = np.full(len(v), np.nan)
         if self.fleet_spread_celsius > 0:
@@ -464,7 +469,8 @@ class CoolingDegradation(Detector):
             fleet_a = np.median(list(off.values())) if len(off) >= 4 else np.nan
             from_fleet = tab.rolling_mean(v - fleet_a, self.smooth_seconds) - self.fleet_spread_celsius
             from_fleet[~np.isfinite(a)] = np.nan  # only for GPUs with a baseline of their own to compare
-        return Excess(smoothed=r, bar=thr, from_fleet=from_fleet, steady=steady, throttled=throttled,
+        return Excess(smoothed=r, bar=thr + doubt, doubt=doubt, from_fleet=from_fleet, steady=steady,
+                      throttled=throttled,
                       temp=temp, power=power, modelled=v, base=base)
 
     @staticmethod
@@ -524,13 +530,15 @@ class CoolingDegradation(Detector):
         by_fan = fan_bad & nan_as_zero_gt(r, self.fan_excess_celsius) & np.isfinite(v) & ~hot
         hot |= by_fan
         # the drift began where the excess last rose above half the bar and stayed there
-        # (at most 3/4 of a smoothing span back: about what the smoothing delays a sudden step by)
-        began = np.fmax(tab.run_start(nan_as_zero_gt(r, thr / 2)), tab.t - 0.75 * self.smooth_seconds)
+        # (at most 3/4 of a smoothing span back: about what the smoothing delays a sudden step by);
+        # the bar without its extrapolation doubt, which says whether, not since when
+        plain = thr - ex.doubt
+        began = np.fmax(tab.run_start(nan_as_zero_gt(r, plain / 2)), tab.t - 0.75 * self.smooth_seconds)
         # a step (the raw excess jumped from below half the bar to above it between two polls): the
         # fault began after the last normal poll, and that is the best onset the data can give (the
         # smoothed excess may have wandered above half the bar earlier: noise, not the fault)
         raw = v - ex.base
-        step = self._step_onset(tab, raw, thr)
+        step = self._step_onset(tab, raw, plain)
         began = np.where(np.isfinite(step), step, began)
         began = np.where(hot & np.isfinite(began), began, tab.t)
         new = tab.in_window()
@@ -689,7 +697,8 @@ class Excess:
     """Per GPU row of a window: what cooling judges (``CoolingDegradation._excess``)."""
 
     smoothed: np.ndarray  # °C the GPU runs above its baseline, smoothed over smooth_seconds
-    bar: np.ndarray  # °C that excess must pass (its band's, scaled by the GPU's own spread)
+    bar: np.ndarray  # °C that excess must pass (its band's, scaled by the GPU's own spread, + doubt)
+    doubt: np.ndarray  # °C of the bar that is the baseline's extrapolation (dating uses the rest)
     from_fleet: np.ndarray  # °C above the fleet's median baseline past fleet_spread_celsius (NaN: off)
     steady: np.ndarray  # steady load, the row modelled
     throttled: np.ndarray  # thermally throttled
