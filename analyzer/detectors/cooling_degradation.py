@@ -241,11 +241,10 @@ class CoolingDegradation(Detector):
     def _reference(self, window: Window, power) -> tuple[np.ndarray, ...]:
         """Per row: the GPU's learned offset, the bar its excess must pass, the offset's frame (the
         common mode it was learned against), and the power and temperature it was learned at. At
-        low power the
-        low-power baseline with the lower bar, at load the high-power one, where the GPU has them;
-        otherwise the baseline over all steady load. As learned when asked: a window's features take
-        the baselines from before its fit, its excess (what detect judges) from after it (a baseline
-        frozen in this window counts)."""
+        low power the low-power baseline with the lower bar, at load the high-power one, where the
+        GPU has them; otherwise the baseline over all steady load. As learned when asked: a window's
+        features take the baselines from before its fit, its excess (what detect judges) from after
+        it (a baseline frozen in this window counts)."""
         tab = window.gpu
 
         def learned(name):
