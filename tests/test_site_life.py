@@ -195,6 +195,26 @@ def test_a_warm_rack_is_its_own_baseline_and_a_hot_gpu_in_it_still_pages(tmp_pat
     assert note.start >= t0 + 3600 + 1800  # the step an hour in: a note once its inlet no longer rises
 
 
+def test_gpus_at_their_limits_by_their_own_faults_do_not_make_a_warm_rack_a_page(tmp_path):
+    # rack r001 (gpu0001, gpu0002) steps to 7 °C above the room an hour in, and a GPU on each of its
+    # two nodes loses its heatsink: both run at their slowdown limit. That is two GPU faults, not
+    # the room's heat reaching the rack (which pages a rack incident and takes the GPUs' pages in):
+    # each GPU is paged once, the rack only gets its note.
+    toml = _heatsink("gpu0001", 6, "40%", "nodes_per_rack = 2") + (
+        '[[fault]]\nkind = "cooling_degradation"\nhost = "gpu0002"\ngpu = 3\nseverity = 1.2\nonset = "45%"\n')
+
+    def life(fl):
+        fl.warm = np.zeros(fl.n_racks)
+        fl.warm[0] = 7.0
+        fl.warm_from = np.full(fl.n_racks, -300.0)
+        fl.warm_from[0] = 3600.0
+
+    truth, incidents = _fleet(tmp_path, toml, life=life)
+    _one_page_per_fault(truth, incidents)
+    racks = [r.summary for r in incidents if r.severity != "info" and r.host is None]
+    assert not racks, racks
+
+
 def _gpu_lines(out, host: str) -> list[str]:
     import gzip
 

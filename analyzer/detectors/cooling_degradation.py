@@ -542,7 +542,10 @@ class CoolingDegradation(Detector):
         began = np.where(hot & np.isfinite(began), began, tab.t)
         new = tab.in_window()
         hot &= new
-        inlet_hits = self._rack_inlet().hits(window, self.kind, getattr(self, "inlet_ref_", {}))
+        # a GPU hot against its own baseline (the model takes the inlet out), or held as faulty, is
+        # near its limits by its own fault: no sign of the room's heat reaching the rack's GPUs
+        own = hot | self._held_rows(window)
+        inlet_hits = self._rack_inlet().hits(window, self.kind, getattr(self, "inlet_ref_", {}), own)
         node = window.node_of[tab.ent] if len(tab) else np.zeros(0, np.int64)
         # rows where failed cooling would show plainly: steady load, modelled, not throttling
         judged = new & steady & np.isfinite(v) & ~throttled & nan_as_zero_ge(power, self.low_power_watts)

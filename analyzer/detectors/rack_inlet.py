@@ -40,10 +40,12 @@ def racks_with_inlet(window: Window) -> np.ndarray:
     return r[r >= 0]
 
 
-def racks_near_limits(window: Window, near_celsius: float, min_nodes: int, throttled: bool) -> np.ndarray:
+def racks_near_limits(window: Window, near_celsius: float, min_nodes: int, throttled: bool,
+                      own: np.ndarray | None = None) -> np.ndarray:
     """Racks where GPUs of ``min_nodes`` nodes (every node, in a smaller rack) came within
     ``near_celsius`` of their slowdown temperature in this window (or, with ``throttled``,
-    throttled for heat): the room's heat reaching the GPUs, not one GPU's own fault."""
+    throttled for heat): the room's heat reaching the GPUs, not one GPU's own fault (``own``: rows
+    whose heat is their GPU's own, left out)."""
     tab = window.gpu
     if not len(tab):
         return np.zeros(0, np.int64)
@@ -52,6 +54,8 @@ def racks_near_limits(window: Window, near_celsius: float, min_nodes: int, throt
     near = nz(tab.col("temperature_gpu_celsius")) >= slow - near_celsius
     if throttled:
         near |= thermal_bits(tab) > 0
+    if own is not None:
+        near &= ~own
     return racks_with_nodes(window, tab.in_window() & near, min_nodes)
 
 
@@ -114,11 +118,12 @@ class RackInletRule:
     since: dict = field(default_factory=dict)  # rack -> when its excess crossed the bar
     history: RackHistory = field(default_factory=RackHistory)
 
-    def hits(self, window: Window, kind: str, refs: dict) -> Hits:
+    def hits(self, window: Window, kind: str, refs: dict, own: np.ndarray | None = None) -> Hits:
         """Rack hits of ``kind``: the inlet of a rack's hosts above their usual inlet (``refs``:
         host -> the inlet learned at its start, tracked since) by ``excess_celsius`` more than the
         other racks' inlets moved (with one rack, the usual inlet alone), on at least ``min_nodes``
-        of its hosts, while rising or near the GPUs' limits; dated to where it crossed the bar."""
+        of its hosts, while rising or near the GPUs' limits (``own``: GPU rows whose heat is their
+        own fault, which say nothing of the room); dated to where it crossed the bar."""
         bmc = window.bmc
         if not len(bmc) or "inlet" not in bmc.cols or not refs or not len(window.node_of):
             return Hits.none(kind)
@@ -165,7 +170,7 @@ class RackInletRule:
             else:
                 self.since.pop(r, None)
         if flag.any():
-            near = racks_near_limits(window, self.near_limit_celsius, self.min_nodes, throttled=True)
+            near = racks_near_limits(window, self.near_limit_celsius, self.min_nodes, throttled=True, own=own)
             flag &= rising | np.isin(g_rack, near)
         sel = np.flatnonzero(flag)
         if not len(sel):
