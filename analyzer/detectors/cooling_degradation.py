@@ -557,12 +557,15 @@ class CoolingDegradation(Detector):
         found = Found(excess=ex, score=self.score(window), began=began, below=below, margin=margin,
                       to_throttle=to_throttle)
         rack = window.rack_of[tab.ent]
-        # node scope: share of the node's evaluated GPUs hot in the same minute
+        # node scope: share of the node's evaluated GPUs hot in the same minute; the share counts
+        # the GPUs at three quarters of their bar too (scope by cause: a node whose GPUs all sit
+        # 3.5-4 °C up, three of them just past the bar, is one node deviation, not three GPU faults)
         inv, ng = buckets(tab.t, 60.0, node)
         evald = np.isfinite(v) & new
         hot_g = distinct_count(inv, tab.ent, hot, ng)
+        warm_g = distinct_count(inv, tab.ent, hot | (evald & nan_as_zero_ge(r, 0.75 * thr)), ng)
         ev_g = distinct_count(inv, tab.ent, evald, ng)
-        node_hot = (hot_g >= self.node_min_gpus) & (hot_g >= self.node_share * np.maximum(ev_g, 1))
+        node_hot = (hot_g >= self.node_min_gpus) & (warm_g >= self.node_share * np.maximum(ev_g, 1))
         row_node_hot = node_hot[inv] & hot
         # rack scope: nodes of a rack hot together in the same minute
         rinv, rng_ = buckets(tab.t, 60.0, rack)
