@@ -38,11 +38,21 @@ def _fleet(tmp_path, toml: str, seed: int = 7, life=None, hours: float = HOURS) 
     return records.read(out / "truth.jsonl"), records.read(inc)
 
 
-def _heatsink(host: str, gpu: int, onset: str, fleet: str) -> str:
+def _heatsink(host: str, gpu: int, onset: str, fleet: str, *more: tuple[str, int, str]) -> str:
     """Scenario text: the ``[fleet]`` line ``fleet``, and ``host`` GPU ``gpu``'s heatsink degrading
-    (severity 1.2) from ``onset``."""
-    return (f'[fleet]\n{fleet}\n[[fault]]\nkind = "cooling_degradation"\nhost = "{host}"\ngpu = {gpu}\n'
-            f'severity = 1.2\nonset = "{onset}"\n')
+    (severity 1.2) from ``onset`` (and each of ``more``: (host, gpu, onset))."""
+    return f"[fleet]\n{fleet}\n" + "".join(
+        f'[[fault]]\nkind = "cooling_degradation"\nhost = "{h}"\ngpu = {g}\nseverity = 1.2\nonset = "{o}"\n'
+        for h, g, o in ((host, gpu, onset), *more)
+    )
+
+
+def _warm_rack(fl) -> None:
+    """Rack r001 steps to 7 °C above the room an hour in and stays there."""
+    fl.warm = np.zeros(fl.n_racks)
+    fl.warm[0] = 7.0
+    fl.warm_from = np.full(fl.n_racks, -300.0)
+    fl.warm_from[0] = 3600.0
 
 
 def _jobs(fl, timelines: list[list[tuple[float, str]]], jobs: list[int]) -> None:
@@ -177,14 +187,7 @@ def test_a_warm_rack_is_its_own_baseline_and_a_hot_gpu_in_it_still_pages(tmp_pat
     # rack r001 (gpu0001, gpu0002) steps to 7 °C above the room an hour in and stays there (the room's
     # doing, no GPU near its limits); one GPU's heatsink degrades in it
     toml = _heatsink("gpu0001", 6, "25%", "nodes_per_rack = 2")
-
-    def life(fl):
-        fl.warm = np.zeros(fl.n_racks)
-        fl.warm[0] = 7.0
-        fl.warm_from = np.full(fl.n_racks, -300.0)
-        fl.warm_from[0] = 3600.0
-
-    truth, incidents = _fleet(tmp_path, toml, life=life)
+    truth, incidents = _fleet(tmp_path, toml, life=_warm_rack)
     _one_page_per_fault(truth, incidents)
     # a facility note for the rack, once its inlet is steadily above the other rack's (the room)
     (note,) = [r for r in incidents if r.severity == "info"]
@@ -200,16 +203,8 @@ def test_gpus_at_their_limits_by_their_own_faults_do_not_make_a_warm_rack_a_page
     # two nodes loses its heatsink: both run at their slowdown limit. That is two GPU faults, not
     # the room's heat reaching the rack (which pages a rack incident and takes the GPUs' pages in):
     # each GPU is paged once, the rack only gets its note.
-    toml = _heatsink("gpu0001", 6, "40%", "nodes_per_rack = 2") + (
-        '[[fault]]\nkind = "cooling_degradation"\nhost = "gpu0002"\ngpu = 3\nseverity = 1.2\nonset = "45%"\n')
-
-    def life(fl):
-        fl.warm = np.zeros(fl.n_racks)
-        fl.warm[0] = 7.0
-        fl.warm_from = np.full(fl.n_racks, -300.0)
-        fl.warm_from[0] = 3600.0
-
-    truth, incidents = _fleet(tmp_path, toml, life=life)
+    toml = _heatsink("gpu0001", 6, "40%", "nodes_per_rack = 2", ("gpu0002", 3, "45%"))
+    truth, incidents = _fleet(tmp_path, toml, life=_warm_rack)
     _one_page_per_fault(truth, incidents)
     racks = [r.summary for r in incidents if r.severity != "info" and r.host is None]
     assert not racks, racks
