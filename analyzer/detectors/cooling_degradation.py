@@ -389,12 +389,15 @@ class CoolingDegradation(Detector):
         slopes = self.slopes_
         if not len(tab) or not slopes:
             return
+        ids = window.reg.model_ids()
+        since = self.__dict__.setdefault("refine_since_", {})
+        if all(m in since and window.end - since[m] > self.slope_refine_seconds
+               for m in np.unique(ids[tab.ent]).tolist()):
+            return  # every model here is past its refit: no per-window work once a fleet has settled
         ok, t, p, um = self._slope_rows_of(window)
         pprev = tab.prev(p)
         step = ~(np.abs(p - pprev) < 40.0)  # (a GPU's first row counts as a step: nothing before it)
         ok &= tab.in_window() & (tab.rolling_count(step, self.settle_seconds) == 0) & ~self._held_rows(window)
-        ids = window.reg.model_ids()
-        since = self.__dict__.setdefault("refine_since_", {})
         for m in np.unique(ids[tab.ent[ok]]).tolist():
             since.setdefault(m, window.start)
         going = {m for m, t0 in since.items() if m in slopes and window.end - t0 <= self.slope_refine_seconds}
