@@ -437,15 +437,20 @@ class Analyzer:
 
     def _late_table(self, m: str, start: float, end: float, cur: _Block | None, hosts: set[int]):
         """A late window's table: held rows of ``[start - context, end)``, the late hosts' own
-        context and their rows; the late hosts' own earlier held rows are context only."""
+        context and their rows; the late hosts' own earlier held rows are context only. The peers'
+        rows only where a detector of the stream reads them (``peer_rows``); (table, peers held)."""
         held = self._held(m, start - self.context, end)
         ctx = self.late_ctx.get(m)
         if ctx is not None:
             ctx = _sub(ctx, (ctx.t >= int((start - self.context) * 1e9)) & (ctx.t < int(start * 1e9)))
         # new rows: the late rows and the peers' rows of the window; the late hosts' own held rows
         # and their context are context only (analysed already)
+        peers = False
         if held is not None and len(held.t):
             own = np.isin(self.host_of(m, held.ent), list(hosts))
+            peers = not own.all()
+            if peers and not any(d.peer_rows for d in self.detectors if m in d.tables):
+                held, own = _sub(held, own), own[own]
             held = _Block(held.ent, held.t, {**held.cols, NEW: (~own).astype(float)}, held.text)
         if ctx is not None and len(ctx.t):
             ctx = _Block(ctx.ent, ctx.t, {**ctx.cols, NEW: np.zeros(len(ctx.t))}, ctx.text)
@@ -461,8 +466,6 @@ class Analyzer:
                 old = _sub(old, old.t >= int((end - self.context) * 1e9))
             self.late_ctx[m] = _concat([old, _sub(cur, keep)])
         blk = _concat(parts)
-        peers = held is not None and bool(
-            (~np.isin(self.host_of(m, held.ent), list(hosts))).any())
         if blk is None:
             tab = Table.empty()
             tab.new = np.zeros(0, bool)

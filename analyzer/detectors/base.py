@@ -117,6 +117,10 @@ class Detector:
     severity = "warning"  # an incident's severity unless one of its hits is critical
     # judges a GPU against its peers' rows of the same time (a late window with none held says so)
     peers = False
+    # reads other hosts' rows of its window itself (peer medians, job peers): a late host's window
+    # then holds the peers' rows of that time; without it (a GPU judged against its own rows and
+    # what fit() learned on time) a late window's table is the late hosts' rows alone
+    peer_rows = True
     # fit() on a late host's windows too (its learning is per entity and order-free); otherwise
     # a late window is scored against what was learned so far
     fit_late = False
