@@ -44,6 +44,11 @@ PEERS_HOLD = 600.0  # online default: analysed rows held as peers and context fo
 LATE_LOOKBACK = PEERS_HOLD
 LATE_BUCKET = 60
 LATE_CHECK_EVERY = 60.0
+# a read-back (a host's gap, rows beyond the late bound) goes in reads of at most READ_BACK_STEP
+# of its data, after each cycle's on-time output, for at most READ_BACK_SHARE of a poll per cycle:
+# late data never delays on-time pages by more than that
+READ_BACK_STEP = 600
+READ_BACK_SHARE = 0.5
 
 
 def _say(msg: str) -> None:
@@ -145,6 +150,8 @@ class Online:
         self._counted: dict[tuple[str, str, int], int] = {}
         self._checked = -1e18
         self.late_writes = 0  # rows found written behind the cursor (and read back)
+        # per range being read back, keyed (host, to ns): (from ns, rows so far, a late write)
+        self._reading: dict[tuple[str, int], tuple[int, int, bool]] = {}
 
     # ------------------------------------------------------------------ where to start
     def start_ns(self, since: float | None, now_ns: int) -> int:
@@ -217,14 +224,13 @@ class Online:
     def _back_again(self, before, start_ns: int) -> None:
         """``--follow``: a host that was quiet before this read and has rows in it may have written
         its gap late (its spool drained into InfluxDB with the old stamps, behind the cursor): that
-        host's gap is read back and analysed in its own time. Only the gap, after its last row
-        read: no row is analysed twice."""
+        host's gap is queued to be read back (:meth:`read_back`) and analysed in its own time. Only
+        the gap, after its last row read: no row is analysed twice."""
         after = self._host_latest()
         for h in range(min(len(before), len(after))):
             last = before[h]
             if after[h] > last and last < start_ns / 1e9 - self.an.quiet_after and last > -1e18:
                 self.an.reread.append((self.an.reg.hosts[h], int(last * 1e9) + 1000, int(start_ns)))
-        self.read_back()
 
     def _hold(self, rows: dict, upto_ns: int) -> None:
         """Keep the (series, time) of the rows read in the last ``LATE_LOOKBACK``: what a count
@@ -261,7 +267,7 @@ class Online:
         """``--follow``: rows written to InfluxDB behind the cursor (a stream of a host delayed, a
         part of a batch retried), up to ``LATE_LOOKBACK`` back. Every ``LATE_CHECK_EVERY`` one
         count query per measurement, by host and ``LATE_BUCKET``, is compared with the rows read;
-        where InfluxDB holds more, that host's bucket is read back (the late path of a
+        where InfluxDB holds more, that host's bucket is queued to be read back (the late path of a
         reappearing host's gap) and only the rows not read already are analysed."""
         import numpy as np
 
@@ -307,34 +313,47 @@ class Online:
                     merged[-1][1] = max(merged[-1][1], z)
                 else:
                     merged.append([a, z])
-            self.an.reread.extend((host, a, z) for a, z in merged)
-        if grew:
-            self.late_writes += self.read_back()
+            for a, z in merged:
+                self.an.reread.append((host, a, z))
+                self._reading[(host, z)] = (a, 0, True)
 
-    def read_back(self) -> int:
-        """Read the listed ranges (host, from, to) back from InfluxDB, analysed in their host's own
-        time (rows beyond the late bound, a reappearing host's gap)."""
+    def read_back(self, budget: float | None = None) -> int:
+        """Read the queued ranges (host, from, to) back from InfluxDB, analysed in their host's own
+        time (rows beyond the late bound, a reappearing host's gap, rows written late), in reads of
+        at most ``READ_BACK_STEP`` of data. With a ``budget`` (s), no further read starts once it is
+        spent (one read at least): the rest stays queued for the next cycle. Returns the rows
+        analysed."""
         an = self.an
         n = 0
+        step = int(READ_BACK_STEP * 1e9)
+        until = None if budget is None else time.monotonic() + budget
         while an.reread and self.influx is not None:
-            host, a, b = an.reread.pop(0)
-            step = int(3600e9)
-            got = 0
+            host, a, b = an.reread[0]
+            first, got, late = self._reading.get((host, b), (a, 0, False))
+            z = min(b, a + step)
             bound, an.bound = an.bound, float("inf")  # read back: analysed however far behind
             try:
-                for t in range(a, b, step):
-                    z = min(b, t + step)
-                    rows = self.influx.query(an.wanted(), t, z, an.parser.series, an.tag_words(), host=host)
-                    rows = self._unread(rows, t, z)  # no row analysed twice
-                    k = sum(len(r) for r in rows.values())
-                    if k:
-                        n += k
-                        got += k
-                        self._hold(rows, self.cursor or z)
-                        an.feed_rows(rows)
+                rows = self.influx.query(an.wanted(), a, z, an.parser.series, an.tag_words(), host=host)
+                rows = self._unread(rows, a, z)  # no row analysed twice
+                k = sum(len(r) for r in rows.values())
+                if k:
+                    n += k
+                    got += k
+                    self.late_writes += k if late else 0
+                    self._hold(rows, self.cursor or z)
+                    an.feed_rows(rows)
             finally:
                 an.bound = bound
-            _say(f"{host}: read back {got} rows of {(b - a) / 1e9:.0f}s behind the analysis from InfluxDB")
+            if z < b:
+                an.reread[0] = (host, z, b)
+                self._reading[(host, b)] = (first, got, late)
+            else:
+                an.reread.pop(0)
+                self._reading.pop((host, b), None)
+                _say(f"{host}: read back {got} rows of {(b - first) / 1e9:.0f}s behind the analysis "
+                     "from InfluxDB")
+            if until is not None and time.monotonic() >= until:
+                break
         self.rows_in += n
         return n
 
@@ -396,11 +415,6 @@ class Online:
         self._size_windows(upto_ns)
         an.advance_clock(upto_ns / 1e9)
         an.engine.advance(upto_ns / 1e9 - self.grace)
-        if an.reread and self.influx is not None:
-            try:
-                self.read_back()
-            except GpufleetError as exc:
-                _say(f"read-back: {exc}; tried again next cycle")
         for line in an.said:
             _say(line)
         an.said.clear()
@@ -435,7 +449,15 @@ class Online:
                 self.write_failing = False
         for r in changed:
             self.written[r.id] = _state(r)
-        self.checkpoint.save(upto_ns - int(self.grace * 1e9))
+        # then what is queued to be read back, for a share of the poll (its incidents go out on
+        # the next cycle); the checkpoint stays before what is still queued, so a restart reads it
+        if an.reread and self.influx is not None:
+            try:
+                self.read_back(budget=READ_BACK_SHARE * self.poll)
+            except GpufleetError as exc:
+                _say(f"read-back: {exc}; tried again next cycle")
+        done = upto_ns - int(self.grace * 1e9)
+        self.checkpoint.save(min([done, *(a for _h, a, _b in an.reread)]))
 
     def _size_windows(self, upto_ns: int) -> None:
         """Windows of a poll while the data arrives live; batch-size windows otherwise:

@@ -411,6 +411,55 @@ def test_follow_reads_back_a_reappearing_host_s_gap(tmp_path):
 
 @pytest.mark.skipif(__import__("shutil").which("influxd") is None, reason="needs influxd")
 @pytest.mark.slow
+def test_a_long_read_back_waits_for_the_on_time_pages_and_goes_a_step_per_cycle(tmp_path, monkeypatch):
+    """Host b is quiet for 25 minutes and its spool drains into InfluxDB as a's XID 79 lands on
+    time. The cycle's on-time incident goes out first; b's gap is then read back a step
+    (``READ_BACK_STEP``) per cycle when the cycle's share is spent, the checkpoint kept before
+    what is still queued. b's XID inside the gap is found with its true start, and every row is
+    analysed once."""
+    from gpufleet.analyzer import online as online_mod
+    from gpufleet.analyzer.sources import Influx
+
+    from tests.servers import InfluxDB1
+
+    monkeypatch.setattr(online_mod, "READ_BACK_SHARE", 0.0)  # one read per cycle
+    t0 = T
+    with InfluxDB1(tmp_path / "influx") as db:
+        db.create_db("fleet")
+        now = FakeClock(t0)
+        ck = Checkpoint(tmp_path / "checkpoint.json")
+        online = Online(Config(), None, Influx(db.url, "fleet"), None, None, ck, 10.0, 10.0,
+                        clock=Clock(wall=now, mono=now))
+        held, queued, back = [], [], 1700
+        for s in range(0, 2000, 10):
+            t = t0 + s
+            db.write("fleet", _rows("a", t, xid=s == back))
+            gap = 200 <= s < back
+            (held.append if gap else lambda b: db.write("fleet", b))(_rows("b", t, xid=s == 900))
+            if s == back:  # b is back: its spool drains with the old stamps, behind the cursor
+                db.write("fleet", b"".join(held))
+            now.t = t + 10.5
+            online.read(int((now.t - 10) * 1e9), since=30)
+            online.deliver(int(now.t * 1e9))
+            if online.an.reread:
+                queued.append((s, len(online.an.reread), ck.load(), online.an.reread[0][1]))
+            if s == back + 10:  # a's XID, on time, went out before b's gap was read back whole
+                out = {r.host for r in online.an.incidents()
+                       if r.kind == "gpu_lost" and r.id in online.written}
+                assert out == {"a"}, out
+        # 25 minutes of b in reads of READ_BACK_STEP, one per cycle: queued for two more cycles
+        assert [q[0] for q in queued] == [back, back + 10], queued
+        assert all(done <= first for _s, _n, done, first in queued), queued
+        got = {r.host: r for r in online.an.incidents() if r.kind == "gpu_lost"}
+        assert sorted(got) == ["a", "b"] and got["b"].id in online.written
+        assert abs(got["b"].start - (t0 + 900)) <= 10 and got["b"].evidence.get("arrived_late")
+        assert online.an.late_points == 0
+        assert online.an.gpu_samples == 2 * 2 * 200  # every row read once
+        assert ck.load() == int((now.t - 10) * 1e9)  # nothing queued: the checkpoint is the cursor's
+
+
+@pytest.mark.skipif(__import__("shutil").which("influxd") is None, reason="needs influxd")
+@pytest.mark.slow
 def test_follow_finds_rows_written_behind_its_cursor_by_a_host_that_never_went_quiet(tmp_path):
     """Hosts a and b write their gpu rows on time; b's event stream is delayed (its XID 79s at
     300 s and 310 s land in InfluxDB 100 s and 160 s later, behind the cursor, the first again
