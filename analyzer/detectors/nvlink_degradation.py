@@ -304,11 +304,12 @@ def _poll_groups(window: Window, tab) -> tuple[np.ndarray, int]:
         if not len(tab):
             return np.zeros(0, np.int64), 0
         gid = window.reg.link_arrays()[0][tab.ent]
-        sec = np.round(tab.t).astype(np.int64)
-        lo = int(sec.min())
-        # (GPU, second) as one integer over the window's own span: that integer itself where its
-        # range is small (a GPU's polls: a few empty groups between them), else ranked by counting
-        key = gid * (int(sec.max()) - lo + 1) + (sec - lo)
+        # (GPU, second) as one integer over the seconds the table holds rows at (ranked: a quiet
+        # link's last row, kept as context for hours, does not stretch the range), that integer
+        # itself where its range is small (a GPU's polls: a few empty groups between them), else
+        # ranked by counting
+        sec, nsec = dense_inverse(np.round(tab.t).astype(np.int64))
+        key = gid * nsec + sec
         k0, k1 = int(key.min()), int(key.max())
         if k1 - k0 <= 4 * len(key) + 4096:
             return key - k0, k1 - k0 + 1
