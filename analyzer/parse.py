@@ -25,6 +25,7 @@ import logging
 import re
 import sys
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 
@@ -72,21 +73,26 @@ class SeriesIndex:
         self.unsafe_hosts: dict[str, str] = {}
         self.unsafe_series = 0
         self._raw_host: dict[int, str] = {}  # sid -> the host tag as written, where quarantined
+        self._plain: dict[str, bool] = {}  # host tag -> a plain node name (judged once per host)
 
     def add(self, measurement: str, tags: dict[str, str]) -> int:
         # not a joined string: "a\\,b=1" is no tag; the pairs flat (measurement, k1, v1, k2, ...)
-        key = (measurement, *(x for kv in sorted(tags.items()) for x in kv))
+        key = (measurement, *chain.from_iterable(sorted(tags.items())))
         sid = self.ids.get(key)
         if sid is None:
             # a fleet's series share most of their tag values (a GPU's host, rack, model and UUID
             # in each of its links' series): one string each, not one per series
-            tags = {sys.intern(k): sys.intern(v) for k, v in tags.items()}
-            key = tuple(sys.intern(x) for x in key)
+            intern = sys.intern
+            tags = {intern(k): intern(v) for k, v in tags.items()}
+            key = tuple(map(intern, key))
             sid = len(self.tags)
             self.ids[key] = sid
             self.measurement.append(measurement)
             host = tags.get("host")
-            if host is not None and not hosts.is_plain(host):
+            plain = self._plain.get(host) if host is not None else True
+            if plain is None:
+                plain = self._plain[host] = hosts.is_plain(host)
+            if not plain:
                 tags = {**tags, "host": self._quarantine(host)}
                 self._raw_host[sid] = host
             self.tags.append(tags)
