@@ -496,7 +496,9 @@ class Online:
                 "late_points_total": an.late_points, "late_rows_analysed_total": an.late_rows,
                 "gap_rows_dropped_total": an.dropped_rows, "clock_steps_total": self.clock.steps,
                 "incidents": len(an.incidents()), "bad_lines_total": an.parser.stats.bad_lines,
-                "unsafe_host_series_total": an.parser.series.unsafe_series}
+                "unsafe_host_series_total": an.parser.series.unsafe_series,
+                # data queued to be read back from the store (a host's gap, rows beyond the bound)
+                "read_back_queued_seconds": sum(b - a for _h, a, b in an.reread) / 1e9}
 
     def close(self) -> None:
         if self.notifier is not None:

@@ -442,7 +442,8 @@ def test_a_long_read_back_waits_for_the_on_time_pages_and_goes_a_step_per_cycle(
             online.read(int((now.t - 10) * 1e9), since=30)
             online.deliver(int(now.t * 1e9))
             if online.an.reread:
-                queued.append((s, len(online.an.reread), ck.load(), online.an.reread[0][1]))
+                left = online.gauges()["read_back_queued_seconds"]
+                queued.append((s, left, ck.load(), online.an.reread[0][1]))
             if s == back + 10:  # a's XID, on time, went out before b's gap was read back whole
                 out = {r.host for r in online.an.incidents()
                        if r.kind == "gpu_lost" and r.id in online.written}
@@ -450,6 +451,7 @@ def test_a_long_read_back_waits_for_the_on_time_pages_and_goes_a_step_per_cycle(
         # 25 minutes of b in reads of READ_BACK_STEP, one per cycle: queued for two more cycles
         assert [q[0] for q in queued] == [back, back + 10], queued
         assert all(done <= first for _s, _n, done, first in queued), queued
+        assert queued[0][1] > queued[1][1] > 0 and online.gauges()["read_back_queued_seconds"] == 0
         got = {r.host: r for r in online.an.incidents() if r.kind == "gpu_lost"}
         assert sorted(got) == ["a", "b"] and got["b"].id in online.written
         assert abs(got["b"].start - (t0 + 900)) <= 10 and got["b"].evidence.get("arrived_late")
