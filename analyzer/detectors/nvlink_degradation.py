@@ -38,7 +38,7 @@ from gpufleet.analyzer.groupby import dense_inverse, group_median, lookup
 class NvlinkDegradation(Detector):
     kind = "nvlink_degradation"
     peers = True
-    peer_rows = False  # the fleet's and each model's rates are learned by fit(); its siblings are its GPU's
+    peer_rows = False  # the rates it judges against are fit()'s; a link's siblings are its own GPU's links
     tables = ("gpu_nvlink",)
     params = {
         "crc_rate_max": 100.0,
