@@ -174,9 +174,13 @@ class CoolingDegradation(Detector):
         c = np.full(len(u), np.nan)
         if np.isfinite(own).any():
             c = _common_mode(groups, tab.t, uc - own - frame, np.isfinite(u)) + frame
-        level = np.zeros(len(u))  # per row: the frame a baseline learned from it would have
+        # per row: the frame its value is in, which a baseline learned from it takes: the frame of
+        # the baseline it is judged against (a GPU learning its high-power baseline while judged
+        # against its all-load one, learned in the fleet's first minutes, is in that one's frame)
+        level = frame.copy()
         few = np.isnan(c) & np.isfinite(u)
         if few.any():  # minutes where too few GPUs have a baseline yet: their raw levels
+            level[few] = 0.0  # (the fleet's raw level: no frame)
             idx = np.flatnonzero(_same_minute(tab.t, few))
             if np.isfinite(uc[idx]).any():  # (not so in a table's first minute: nothing steady yet)
                 part = {"band": buckets(tab.t[idx], 60.0, band[idx])}
@@ -185,7 +189,7 @@ class CoolingDegradation(Detector):
                     mb = band[idx] + 2 * window.reg.model_ids()[tab.ent[idx]]
                     per_model = _common_mode({"band": buckets(tab.t[idx], 60.0, mb)}, tab.t[idx], uc[idx],
                                              few[idx])
-                    level[idx] = np.where(few[idx] & np.isfinite(raw), per_model - raw, 0.0)
+                    level[idx] = np.where(few[idx] & np.isfinite(raw), per_model - raw, level[idx])
                     raw = per_model
                 c[idx] = np.where(few[idx], raw, c[idx])
         level = np.where(np.isfinite(level), level, 0.0)
