@@ -229,3 +229,25 @@ def test_mixed_generations_and_operator_life_in_the_healthy_scenario(tmp_path):
     man = json.loads((out / "manifest.json").read_text())
     assert set(man["fleet"]["models"].values()) == {"NVIDIA A100-SXM4-80GB"}
     assert man["nuisances"]["power_caps"] and man["nuisances"]["warm_racks"]
+
+
+
+@pytest.mark.slow
+def test_a_model_s_high_power_baseline_learned_after_its_first_one_is_in_the_same_frame(tmp_path):
+    """The chaos fleet of seed 1760211093 (16 nodes x 6 h): rack r004 is its only rack of H100s,
+    among H200s and A100s, warm all day, with a true node fan failure on gpu0013. The H100s' first
+    baselines are learned in the fleet's first minutes from the model's raw level (their frame:
+    the H100s' level above the fleet's, 5.6 °C); their high-power baselines later, while they are
+    judged against those. Taken in no frame, that level came back as excess once they froze: three
+    false node pages in r004 (gpu0014, gpu0015, gpu0016). Every fault is paged once and nothing
+    else (the chaos' own informational records aside)."""
+    out = tmp_path / "sim"
+    assert main(["sim", "--scenario", "chaos", "--nodes", "16", "--duration", "6h", "--step", "10s",
+                 "--seed", "1760211093", "--compress-level", "1", "--out", str(out), "--no-progress"]) == 0
+    inc = tmp_path / "incidents.jsonl"
+    assert main(["analyze", "--input", str(out / "telemetry.lp.gz"), "--out", str(inc)]) == 0
+    models = json.loads((out / "manifest.json").read_text())["fleet"]["models"]
+    assert {models[f"gpu00{n}"] for n in range(13, 17)} == {"NVIDIA H100 80GB HBM3"}
+    truth, pages = records.read(out / "truth.jsonl"), [r for r in records.read(inc) if r.severity != "info"]
+    assert all(len([r for r in pages if matches(r, tr)]) == 1 for tr in truth)
+    assert not [r.summary for r in pages if not any(matches(r, tr) for tr in truth)]
