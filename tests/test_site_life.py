@@ -71,9 +71,9 @@ def _jobs(fl, timelines: list[list[tuple[float, str]]], jobs: list[int]) -> None
     ]
 
 
-def _one_page_per_fault(truth, incidents, capsys=None):
+def _one_page_per_fault(truth, incidents, capsys=None, notes_once: bool = True):
     """Every truth record paged by exactly one incident; no other incident but informational ones,
-    at most one per node or rack."""
+    at most one per node or rack (``notes_once``; a chaos fleet's own life writes more)."""
     assert truth, "the fleet has its fault"
     pages = [r for r in incidents if r.severity != "info"]
     for tr in truth:
@@ -82,7 +82,7 @@ def _one_page_per_fault(truth, incidents, capsys=None):
     extra = [r for r in pages if not any(matches(r, tr) for tr in truth)]
     assert not extra, [r.summary for r in extra]
     info = [(r.host, r.rack) for r in incidents if r.severity == "info"]
-    assert len(info) == len(set(info))
+    assert len(info) == len(set(info)) or not notes_once
 
 
 @pytest.mark.slow
@@ -231,7 +231,6 @@ def test_mixed_generations_and_operator_life_in_the_healthy_scenario(tmp_path):
     assert man["nuisances"]["power_caps"] and man["nuisances"]["warm_racks"]
 
 
-
 @pytest.mark.slow
 def test_a_model_s_high_power_baseline_learned_after_its_first_one_is_in_the_same_frame(tmp_path):
     """The chaos fleet of seed 1760211093 (16 nodes x 6 h): rack r004 is its only rack of H100s,
@@ -248,6 +247,4 @@ def test_a_model_s_high_power_baseline_learned_after_its_first_one_is_in_the_sam
     assert main(["analyze", "--input", str(out / "telemetry.lp.gz"), "--out", str(inc)]) == 0
     models = json.loads((out / "manifest.json").read_text())["fleet"]["models"]
     assert {models[f"gpu00{n}"] for n in range(13, 17)} == {"NVIDIA H100 80GB HBM3"}
-    truth, pages = records.read(out / "truth.jsonl"), [r for r in records.read(inc) if r.severity != "info"]
-    assert all(len([r for r in pages if matches(r, tr)]) == 1 for tr in truth)
-    assert not [r.summary for r in pages if not any(matches(r, tr) for tr in truth)]
+    _one_page_per_fault(records.read(out / "truth.jsonl"), records.read(inc), notes_once=False)
