@@ -7,6 +7,7 @@ Each fleet comes from the simulator (gpufleet.sim) with the site's life placed o
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import numpy as np
@@ -19,6 +20,7 @@ from gpufleet.sim import scenario as scen
 from gpufleet.sim.engine import generate
 from gpufleet.sim.fleet import Fleet
 from gpufleet.sim.physics import PHASE_CODE
+from gpufleet.times import parse_time
 
 HOURS = 3
 
@@ -230,6 +232,30 @@ def test_mixed_generations_and_operator_life_in_the_healthy_scenario(tmp_path):
     assert set(man["fleet"]["models"].values()) == {"NVIDIA A100-SXM4-80GB"}
     assert man["nuisances"]["power_caps"] and man["nuisances"]["warm_racks"]
 
+
+@pytest.mark.slow
+def test_a_baseline_is_not_learned_before_every_model_has_its_slope(tmp_path):
+    """The healthy fleet of seed 162735600 (32 nodes, its first 80 min): rack r002 of A100s runs
+    5 °C warm all day, among H200s. In the fleet's first window only the A100s' slope is learned
+    (the H200s' power has not moved yet), so that window's raw level is the A100s' own; gpu0007,
+    idle then, learned its idle baseline from it, then was judged in the fleet's frame: a false node
+    page, 6 °C "hot" at 58 W, when it went idle again. Nothing but informational records."""
+    out = tmp_path / "sim"
+    assert main(["sim", "--scenario", "healthy", "--nodes", "32", "--duration", "6h", "--step", "10s",
+                 "--seed", "162735600", "--compress-level", "1", "--out", str(out), "--no-progress"]) == 0
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["fleet"]["models"]["gpu0007"] == "NVIDIA A100-SXM4-80GB"
+    assert "r002" in man["nuisances"]["warm_racks"]
+    end = int(parse_time(man["start"]) + 80 * 60) * 10**9
+    with gzip.open(out / "telemetry.lp.gz", "rb") as f:
+        head = [line for line in f if int(line.rsplit(b" ", 1)[1]) < end]
+    (tmp_path / "head.lp").write_bytes(b"".join(head))
+    inc = tmp_path / "incidents.jsonl"
+    assert main(["analyze", "--input", str(tmp_path / "head.lp"), "--out", str(inc)]) == 0
+    got = records.read(inc)
+    assert not [r.summary for r in got if r.severity != "info"]
+    info = [(r.host, r.rack) for r in got if r.severity == "info"]
+    assert info and len(info) == len(set(info))
 
 @pytest.mark.slow
 def test_a_model_s_high_power_baseline_learned_after_its_first_one_is_in_the_same_frame(tmp_path):

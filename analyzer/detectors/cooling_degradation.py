@@ -193,7 +193,23 @@ class CoolingDegradation(Detector):
                     raw = per_model
                 c[idx] = np.where(few[idx], raw, c[idx])
         level = np.where(np.isfinite(level), level, 0.0)
+        if few.any() and not self._every_model_sloped(window):
+            # a minute's raw level is the fleet's only once every model in it has its slope: before
+            # that it is the other models' alone (a model without one is not modelled), and a
+            # baseline learned from it would be in another frame than those learned once it has (an
+            # A100 node of a warm rack learned idle against the A100s' own level in a fleet's first
+            # window, the H200s' slope not learned yet, then judged in the fleet's: 6 °C "hot").
+            # No frame (NaN): nothing is learned from those rows (see fit)
+            level[few] = np.nan
         return u - c, steady, throttled, temp, power, level
+
+    def _every_model_sloped(self, window: Window) -> bool:
+        """Whether every GPU model of the window's table has its own slope learned."""
+        tab = window.gpu
+        slopes = getattr(self, "slopes_", {})
+        if not len(tab):
+            return True
+        return all(m in slopes for m in np.unique(window.reg.model_ids()[np.unique(tab.ent)]).tolist())
 
     def _slope_rows(self, window: Window):
         """The °C per W of each row's GPU model (a scalar where the fleet has one model); NaN for a
@@ -301,7 +317,8 @@ class CoolingDegradation(Detector):
             for name in ("samples", "offset", "scale", "frame", "p_at", "u_at", "t_at"):
                 setattr(self, f"{name}_{band}", getattr(self, f"{name}_{band}", {}))
         # nothing is learned from a GPU (node) held as faulty: its broken state is not its normal
-        good = np.isfinite(v) & steady & (thermal_bits(tab) == 0) & ~self._held_rows(window)
+        good = (np.isfinite(v) & np.isfinite(cm) & steady & (thermal_bits(tab) == 0)
+                & ~self._held_rows(window))
         power, temp = tab.col("power_watts"), tab.col("temperature_gpu_celsius")
         umem = np.nan_to_num(tab.ffill("utilization_memory_ratio"))
         low = nz(power) < self.low_power_watts
