@@ -43,12 +43,7 @@ def _sec(name: str, default: float, help: str, lo: float, hi: float) -> Option:
 
 # the [analyzer] keys (a key may leave out its "_seconds": window = "5m")
 ANALYZER_OPTIONS = (
-    _sec("window_seconds", 600.0, "detection window (online, a backlog's is at most backlog_window_seconds)",
-         1.0, DAY),
-    # online, a backlog (a catch-up, agents' spools draining, a replay) is cut in windows of at most
-    # this: what an online analyzer holds while it catches up grows with its windows
-    _sec("backlog_window_seconds", 300.0, "online: the longest window a backlog is cut in (bounds the "
-         "rows held while catching up)", 1.0, DAY),
+    _sec("window_seconds", 300.0, "detection window", 1.0, DAY),
     _sec("context_seconds", 300.0, "rows of the previous window kept for deltas and rolling features",
          0.0, DAY),
     _sec("lateness_seconds", 900.0, "how late a point may arrive (batch) before it is dropped and counted",

@@ -123,7 +123,7 @@ class Online:
         self.checkpoint = checkpoint
         self.poll = poll
         self.grace = grace
-        self.batch_window = min(cfg.analyzer["window_seconds"], cfg.analyzer["backlog_window_seconds"])
+        self.batch_window = cfg.analyzer["window_seconds"]
         self.online_window = min(self.batch_window, max(poll, 1.0))
         backlog_lateness = cfg.analyzer["lateness_seconds"]  # a backlog is cut as a file is
         cfg.analyzer["lateness_seconds"] = grace
@@ -133,7 +133,6 @@ class Online:
         self.clock = clock or Clock()
         self.an = Analyzer(cfg, shard)
         self.an.window = self.online_window  # batch-size windows only while catching up
-        self.an.batch_window = self.batch_window
         self.an.backlog_lateness = backlog_lateness
         self.an.now_ns = int(self.clock() * 1e9)  # the loop's clock, from before the first rows land
         self.an.store = influx is not None  # rows beyond the bound are read back, not dropped

@@ -121,7 +121,6 @@ class Analyzer:
         self.config = config or Config()
         a = self.config.analyzer
         self.window = a["window_seconds"]
-        self.batch_window = self.window  # a backlog's window (online: at most backlog_window_seconds)
         self.context = a["context_seconds"]
         self.lateness = a["lateness_seconds"]
         self.poll = a["poll_seconds"]
@@ -384,8 +383,9 @@ class Analyzer:
             blk = _concat(self.late[m])
             hosts = self.host_of(m, blk.ent)
             w = self.window
-            if blk.tmax - blk.tmin >= self.batch_window * 1e9:  # a backlog: analysed at batch speed
-                w = self.batch_window
+            wide = self.config.analyzer["window_seconds"]
+            if blk.tmax - blk.tmin >= wide * 1e9:  # a backlog: analysed at batch speed
+                w = wide
             cursor = self.window_start.get(m) or 0.0
             uh = np.unique(hosts)
             ready = np.empty(len(uh))
@@ -488,7 +488,7 @@ class Analyzer:
             # read through the gpu stream's late windows (cut after these): held as context for them
             old = self.late_ctx.get(m)
             if old is not None:
-                keep = end - self.context - self.batch_window - self.lateness
+                keep = end - self.context - self.config.analyzer["window_seconds"] - self.lateness
                 old = _sub(old, old.t >= int(keep * 1e9))
             self.late_ctx[m] = _concat([old, cur])
             return

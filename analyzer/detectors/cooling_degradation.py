@@ -193,23 +193,26 @@ class CoolingDegradation(Detector):
                     raw = per_model
                 c[idx] = np.where(few[idx], raw, c[idx])
         level = np.where(np.isfinite(level), level, 0.0)
-        if few.any() and not self._every_model_sloped(window):
-            # a minute's raw level is the fleet's only once every model in it has its slope: before
-            # that it is the other models' alone (a model without one is not modelled), and a
-            # baseline learned from it would be in another frame than those learned once it has (an
-            # A100 node of a warm rack learned idle against the A100s' own level in a fleet's first
-            # window, the H200s' slope not learned yet, then judged in the fleet's: 6 °C "hot").
-            # No frame (NaN): nothing is learned from those rows (see fit)
+        if few.any() and not self._mostly_modelled(window):
+            # a minute's raw level stands for the fleet's only where the GPUs it is taken over (those
+            # of models with a slope) are most of the fleet: where most have none yet it is a few
+            # models' own, and a baseline learned from it would be in another frame than those
+            # learned once the rest are modelled (an A100 node of a warm rack learned idle against
+            # the A100s' own level in a fleet's first window, the H200s' slope not learned yet, then
+            # judged in the fleet's: 6 °C "hot"). No frame (NaN): nothing is learned from those rows
+            # (see fit). A minority model waiting for its slope holds nobody back: it learns later
+            # in the frame the others' baselines keep.
             level[few] = np.nan
         return u - c, steady, throttled, temp, power, level
 
-    def _every_model_sloped(self, window: Window) -> bool:
-        """Whether every GPU model of the window's table has its own slope learned."""
+    def _mostly_modelled(self, window: Window) -> bool:
+        """Whether most of the table's GPUs are of a model whose slope is learned."""
         tab = window.gpu
         slopes = getattr(self, "slopes_", {})
         if not len(tab):
             return True
-        return all(m in slopes for m in np.unique(window.reg.model_ids()[np.unique(tab.ent)]).tolist())
+        models = window.reg.model_ids()[np.unique(tab.ent)]
+        return 2 * int(np.isin(models, list(slopes)).sum()) > len(models)
 
     def _slope_rows(self, window: Window):
         """The °C per W of each row's GPU model (a scalar where the fleet has one model); NaN for a
