@@ -322,6 +322,18 @@ def bench_listen(quick: bool, tmp: Path) -> list[dict]:
             f"peak RSS {rss:.0f} MiB",
         )
     )
+    n1, cpu1, took1, _r1, got1, rss1, _nb1 = _listen_path(tmp, body, n_all, "listen-pinned", pin=True)
+    rows.append(
+        _row(
+            "--listen path, the listener on one core and its client on another",
+            n1 / cpu1,
+            "GPU-samples/s per core",
+            ">= 100,000",
+            f"the same {nb} bodies; {n1 / took1:,.0f}/s wall; {n1 / cpu1 / (n / cpu):.2f}x the unpinned "
+            f"rate of this run; windows {got1.get('gpufleet_analyzer_windows_total', 0):.0f}; peak RSS "
+            f"{rss1:.0f} MiB",
+        )
+    )
     # the same fleet with one host in ten 30 min late (its rows land beside the others' rows of
     # 30 min later): analysed in its own time (event time per host), none dropped
     hosts = sorted({_host(x) for x in body if x.startswith(b"gpu,")})
@@ -358,11 +370,16 @@ def _ts(line: bytes) -> int:
     return int(line.rsplit(b" ", 1)[1])
 
 
-def _listen_path(tmp: Path, body, n_all: int, name: str):
+def _listen_path(tmp: Path, body, n_all: int, name: str, pin: bool = False):
     """POST ``body`` (lines, or an iterable of gzip bodies) to a fresh ``--listen`` as the agent
     posts (gzip, 5000 lines) and wait until every GPU sample is analysed: (samples, CPU s, wall s,
-    429s, /metrics, peak RSS MiB, bodies)."""
+    429s, /metrics, peak RSS MiB, bodies). ``pin``: the listener on one core and this process (the
+    client) on another, where there are two: its CPU is then one core's, not shared with the
+    client's on the same core or its sibling."""
     from tests.servers import answers_ping, free_port
+
+    cores = sorted(os.sched_getaffinity(0))
+    pin = pin and len(cores) >= 2
 
     if isinstance(body, list):
         batches = [gzip.compress(b"".join(body[i : i + 5000]), 1) for i in range(0, len(body), 5000)]
@@ -387,7 +404,10 @@ def _listen_path(tmp: Path, body, n_all: int, name: str):
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        preexec_fn=(lambda: os.sched_setaffinity(0, {cores[-1]})) if pin else None,
     )
+    if pin:
+        os.sched_setaffinity(0, {cores[0]})
     try:
         answers_ping(url)
         cpu0 = _cpu(p.pid)
@@ -429,6 +449,8 @@ def _listen_path(tmp: Path, body, n_all: int, name: str):
     finally:
         p.terminate()
         p.wait(30)
+        if pin:
+            os.sched_setaffinity(0, cores)
     n = got.get("gpufleet_analyzer_gpu_samples_total", 0)
     return n, cpu, took, refused, got, rss, posted
 

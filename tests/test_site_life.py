@@ -259,6 +259,7 @@ def test_no_baseline_is_learned_from_a_raw_level_most_of_the_fleet_is_not_in(tmp
     info = [(r.host, r.rack) for r in got if r.severity == "info"]
     assert info and len(info) == len(set(info))
 
+
 @pytest.mark.slow
 def test_a_model_s_high_power_baseline_learned_after_its_first_one_is_in_the_same_frame(tmp_path):
     """The chaos fleet of seed 1760211093 (16 nodes x 6 h): rack r004 is its only rack of H100s,
