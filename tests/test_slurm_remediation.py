@@ -202,11 +202,14 @@ def test_two_analyzers_share_a_budget_of_two_nodes_across_a_sigkill(cluster, tmp
     assert sum(e.get("type") == "exhausted" for e in entries) == 1
 
 
-# an action command that says it started, waits, then becomes the real command (same pid)
+# an action command that says it started (its mark written beside the folder, then renamed into it:
+# the test never reads a mark half written), waits, then becomes the real command (same pid)
 SLOW = """import json, os, sys, time
 mark = sys.argv[1]
-with open(os.path.join(mark, str(os.getpid())), "w") as f:
+tmp = os.path.join(os.path.dirname(mark), f"mark-{os.getpid()}.tmp")
+with open(tmp, "w") as f:
     json.dump({"pid": os.getpid(), "parent": os.getppid(), "argv": sys.argv[2:]}, f)
+os.replace(tmp, os.path.join(mark, str(os.getpid())))
 time.sleep(2.0)
 os.execvp(sys.argv[2], sys.argv[2:])
 """
