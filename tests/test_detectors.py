@@ -841,10 +841,10 @@ def test_nvlink_fit_in_a_mixed_fleet_takes_a_window_whose_links_have_no_rate_yet
 
 
 def test_a_detector_failing_on_some_windows_is_one_gap_record_and_the_rest_goes_on(monkeypatch):
-    """memory_errors raises on the windows that start between 5 and 25 minutes (two or more at any
-    window size up to 10 min): those are one ``analysis_gap`` record naming the detector, its
-    windows and the error, said once in the log; the other detectors (an XID 79 inside them) and
-    memory_errors' own later windows (a DBE at 30 minutes) are analysed as ever."""
+    """memory_errors raises on the windows between 10 and 20 minutes: those are one
+    ``analysis_gap`` record naming the detector, its windows and the error, said once in the log;
+    the other detectors (an XID 79 inside them) and memory_errors' own later windows (a DBE at 30
+    minutes) are analysed as ever."""
     monkeypatch.delenv("GPUFLEET_STRICT")
     t0 = 1_795_100_000
     lines = []
@@ -859,7 +859,7 @@ def test_a_detector_failing_on_some_windows_is_one_gap_record_and_the_rest_goes_
     inner = det.detect
 
     def detect(w):
-        if t0 + 300 <= w.start < t0 + 1500:
+        if t0 + 600 <= w.start < t0 + 1200:
             raise ValueError("boom")
         return inner(w)
 
@@ -871,7 +871,7 @@ def test_a_detector_failing_on_some_windows_is_one_gap_record_and_the_rest_goes_
     assert len(gaps) == 1 and gaps[0].host is None, gaps
     ev = gaps[0].evidence
     assert ev["detector"] == "memory_errors" and ev["error"] == "ValueError: boom" and ev["windows"] >= 2
-    assert t0 + 300 <= gaps[0].start and gaps[0].end <= t0 + 1500 + an.window
+    assert t0 + 600 <= gaps[0].start and gaps[0].end <= t0 + 1200 + an.window
     assert "memory_errors not analysed from" in gaps[0].summary
     assert [line for line in an.said if "memory_errors detector failed" in line] != []
     found = {(r.kind, r.gpu) for r in recs if r.kind != "analysis_gap"}
