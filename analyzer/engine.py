@@ -92,6 +92,16 @@ class _State:
     began: float = np.inf  # earliest onset the detector reported for the current run
     stale: bool = False  # the incident's evidence lags the hits (brought up to date when read)
     early: list = field(default_factory=list)  # late hits before the run, not (yet) chained to it
+    # the last run a gap ended before it lasted its dwell: a host's late rows landing in that gap
+    # (its live rows came first) join it to the run after
+    dropped: _State | None = None
+
+
+def _drop(st: _State) -> None:
+    """A gap ends the run before its dwell: it is kept as ``dropped`` (see ``Engine._rejoin``)."""
+    if st.run_hits:
+        st.dropped = replace(st, early=[], dropped=None)
+    st.run_hits = 0
 
 
 class Engine:
@@ -179,7 +189,7 @@ class Engine:
             st = self.states[key] = _State(kind, key)
         items = sorted(items, key=lambda x: x[0])
         if self._late and (st.incident is not None or st.run_hits):
-            items = self._early(st, items, gap, dwell)
+            items = self._early(st, items, gap, dwell, resolve)
         for t, score, critical, e, began, sustain in items:
             if sustain:  # holds an open incident open; never opens one, never evidence
                 if st.incident is not None and t - st.last_hit <= resolve:
@@ -197,7 +207,8 @@ class Engine:
                 self._extend(st, t, score, critical, e)
                 continue
             if t - st.last_hit > gap or st.run_hits == 0:
-                st.run_start, st.run_hits = t, 0
+                _drop(st)
+                st.run_start = t
                 st.critical, st.peak, st.peak_critical, st.hits = False, -np.inf, False, 0
                 # a run restarted mid-stream (its hits were absorbed by a wider incident) keeps the
                 # first evidence it had: only a run's possible first hits carry evidence
@@ -217,10 +228,12 @@ class Engine:
                     continue
                 st.incident = self._open(st, self._reg, self._racks)
 
-    def _early(self, st: _State, items: list, gap: float, dwell: float) -> list:
+    def _early(self, st: _State, items: list, gap: float, dwell: float, resolve: float) -> list:
         """Hits from late data before the current run or incident (a host's backlog analysed after
         its newer rows): those that chain back from its start, ``gap`` by ``gap``, move the start
-        back (the true start); the rest are returned, in time order, for the usual walk."""
+        back (the true start), and so does an earlier run of them lasting ``dwell``, less than
+        ``resolve`` before it (in time order it opened the incident, which stayed open until the
+        later hits); the rest are returned, in time order, for the usual walk."""
         anchor = st.incident.start if st.incident is not None else st.run_start
         early = [x for x in items if x[0] < anchor and not x[5]]
         if not early:
@@ -231,27 +244,57 @@ class Engine:
         early = sorted(st.early + early, key=lambda x: x[0])
         st.early = []
         start = anchor
-        for i in range(len(early) - 1, -1, -1):
-            t, score, critical, e, began, _sus = early[i]
-            if start - t > gap:
+        i = len(early) - 1
+        while i >= 0:
+            j = i  # the run of early hits ending at early[i]: early[j..i]
+            while j > 0 and early[j][0] - early[j - 1][0] <= gap:
+                j -= 1
+            lo, hi = early[j][0], early[i][0]
+            if start - hi > gap and not (start - hi <= resolve and hi - lo >= dwell):
                 st.early = [x for x in early[: i + 1] if anchor - x[0] <= EARLY_KEEP]
                 break
-            start = t
-            if st.incident is not None:
-                st.incident.start = min(st.incident.start, t, began)
-                if st.key in self._late:  # opened before its backlog landed: it says so
-                    st.incident.evidence["arrived_late"] = True
-                if e and t < st.first_time:  # the backlog's first hit is the run's first
-                    st.first_evidence, st.first_time, st.first_critical = e, t, critical
-            else:
-                st.run_start, st.run_hits = t, st.run_hits + 1
-                st.first_evidence = e or st.first_evidence
-                st.began = min(st.began, began)
-            self._extend(st, t, score, critical, e)
+            for t, score, critical, e, began, _sus in reversed(early[j : i + 1]):
+                start = t
+                if st.incident is not None:
+                    st.incident.start = min(st.incident.start, t, began)
+                    if st.key in self._late:  # opened before its backlog landed: it says so
+                        st.incident.evidence["arrived_late"] = True
+                    if e and t < st.first_time:  # the backlog's first hit is the run's first
+                        st.first_evidence, st.first_time, st.first_critical = e, t, critical
+                else:
+                    st.run_start, st.run_hits = t, st.run_hits + 1
+                    st.first_evidence = e or st.first_evidence
+                    st.began = min(st.began, began)
+                self._extend(st, t, score, critical, e)
+            i = j - 1
+        self._rejoin(st, start, gap)
         if st.incident is None and st.run_hits and st.last_hit - st.run_start >= dwell:
             if self._cover(st) is None:
                 st.incident = self._open(st, self._reg, self._racks)
         return rest
+
+    @staticmethod
+    def _rejoin(st: _State, start: float, gap: float) -> None:
+        """The run a gap ended (``dropped``) joins the run or incident beginning at ``start`` where
+        late hits have filled that gap: one fault whose host was cut off mid-run, its rows after
+        the cut landing before its backlog, began where that run began, and counts its hits."""
+        prev = st.dropped
+        if prev is None or not prev.last_hit < start <= prev.last_hit + gap:
+            return
+        st.dropped = None
+        if st.incident is not None:
+            st.incident.start = min(st.incident.start, prev.run_start, prev.began)
+        else:
+            st.run_start, st.run_hits = prev.run_start, st.run_hits + prev.run_hits
+        st.began = min(st.began, prev.began)
+        st.hits += prev.hits
+        st.critical |= prev.critical
+        if prev.first_evidence and prev.first_time < st.first_time:
+            st.first_evidence, st.first_time, st.first_critical = (
+                prev.first_evidence, prev.first_time, prev.first_critical)
+        if (prev.peak_critical, prev.peak) > (st.peak_critical, st.peak):
+            st.peak, st.peak_critical, st.peak_time, st.peak_evidence = (
+                prev.peak, prev.peak_critical, prev.peak_time, prev.peak_evidence)
 
     def _cover(self, st: _State) -> Record | None:
         kind, host, gpu, link, rack = st.key
@@ -404,7 +447,7 @@ class Engine:
             elif st.run_hits and wm - st.last_hit > float(
                 self.params.get(st.kind, {}).get("gap_seconds", 60.0)
             ):
-                st.run_hits = 0
+                _drop(st)
 
     # ------------------------------------------------------------------ output
     def open_incidents(self) -> list[Record]:

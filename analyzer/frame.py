@@ -549,8 +549,19 @@ class Window:
     last_seen: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per GPU, up to window end
     host_last_seen: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per host (host rows)
     fan: Table | None = None  # BMC fan sensors per host (fan_rpm, fan_state), with the gpu table
+    # a late host's window (event time): the hosts whose late rows it analyses; the others' rows in
+    # it are peers' rows, analysed in time already (None: a window of the stream's own)
+    late_hosts: frozenset[int] | None = None
     # per-window features: (detector, name) -> value (see once)
     features: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def fresh(self) -> np.ndarray:
+        """The gpu table's rows analysed here for the first time: the window's own (not context),
+        and in a late window the late hosts' only. What learns from each row once learns from these."""
+        new = self.gpu.in_window()
+        if self.late_hosts is not None:
+            new = new & np.isin(self.node_of[self.gpu.ent], list(self.late_hosts))
+        return new
 
     def once(self, detector: object, name: object, compute: Callable[[], Any]) -> Any:
         """``compute()`` the first time ``detector`` asks for feature ``name`` of this window, the

@@ -529,6 +529,7 @@ class Analyzer:
         node_of, rack_of = self.reg.arrays()
         w = Window(start, end, self.reg, tables["gpu"], tables["gpu_nvlink"], tables["gpu_event"],
                    tables["gpu_canary"], tables["host"], tables["bmc_sensor"], node_of, rack_of, last_seen)
+        w.late_hosts = frozenset(hosts)
         if m == "gpu":
             w.fan = fan
         rack_names = list(dict.fromkeys(r for r in self.reg.host_rack if r is not None))

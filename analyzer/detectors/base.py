@@ -266,6 +266,21 @@ class Detector:
         return Hits(self.kind, hosts, gids, links, tab.t[idx], np.asarray(score, float)[idx], crit, ev)
 
 
+# a fleet's background rate (fit): exponentially weighted over time, this time constant (s); a
+# 5-minute window weighs 0.1, ten 30 s windows as much, so what it learns does not depend on the
+# window size (online windows are a poll long, batch ones five minutes)
+RATE_TAU = 300.0 / math.log(10 / 9)
+
+
+def time_weighted(prev: float | None, value: float, window: Window) -> float:
+    """``value``, measured over ``window``, into the mean ``prev`` (``value`` where none yet),
+    weighed by the window's length against ``RATE_TAU``."""
+    if prev is None:
+        return value
+    a = 1.0 - math.exp(-max(window.end - window.start, 0.0) / RATE_TAU)
+    return (1.0 - a) * prev + a * value
+
+
 def share(tab: Table, counter: str) -> np.ndarray:
     """Share of the time between polls a nanosecond counter accumulated (0..1, NaN unknown)."""
     with np.errstate(invalid="ignore", divide="ignore"):

@@ -54,9 +54,10 @@ DEFAULT_SLOPE = 0.04  # °C per W, from the real H200 trace (39 -> 61 °C for 80
 class CoolingDegradation(Detector):
     kind = "cooling_degradation"
     peers = True
+    fit_late = True  # a host cut off while learning learns from its late rows, in its own order
     params = {
         "min_power_watts": 50.0,
-        "min_learn_samples": 120,
+        "min_learn_samples": 60,
         "excess_celsius": 6.0,
         "sigma": 4.0,
         "fleet_spread_celsius": 0.0,
@@ -230,9 +231,9 @@ class CoolingDegradation(Detector):
             return getattr(self, "mem_", 0.0)
         return np.nan_to_num(lookup(mems, window.reg.model_ids()[window.gpu.ent]))
 
-    def _fit_slopes(self, window: Window) -> None:
+    def _fit_slopes(self, window: Window, fresh: np.ndarray) -> None:
         """The pooled slope (``slope_``) from the first window; per GPU model (``slopes_``), each
-        model from the first window with enough of its own rows."""
+        model from the first window with enough of its own rows; refined on the ``fresh`` rows."""
         if not hasattr(self, "slope_"):
             self.slope_, self.mem_ = self._fit_slope(window)
         slopes = self.slopes_ = getattr(self, "slopes_", {})
@@ -251,15 +252,14 @@ class CoolingDegradation(Detector):
             if m in slopes:
                 continue
             got = self._fit_slope(window, mrow == m, default=None)
-            waited = self.__dict__.setdefault("slope_wait_", {})
-            waited[m] = waited.get(m, 0) + 1
-            if got is None and waited[m] >= 12:  # its power never moved: the physical default
+            since = self.__dict__.setdefault("slope_wait_", {}).setdefault(m, window.start)
+            if got is None and window.end - since >= 3600:  # its power never moved: the physical default
                 got = DEFAULT_SLOPE, 0.0
             if got is not None:
                 slopes[m], mems[m] = got
                 if late:
                     self.model_learned_ = {**getattr(self, "model_learned_", {}), m: float(tab.t.max())}
-        self._refine_slopes(window)
+        self._refine_slopes(window, fresh)
 
     def _reference(self, window: Window, power) -> tuple[np.ndarray, ...]:
         """Per row: the GPU's learned offset, the bar its excess must pass, the offset's frame (the
@@ -297,7 +297,11 @@ class CoolingDegradation(Detector):
     # ------------------------------------------------------------------ learning
     def fit(self, window: Window) -> CoolingDegradation:
         tab = window.gpu
-        self._fit_slopes(window)
+        # each row is learned from once, whatever windows it falls in (a window's context rows are
+        # the window before's; a late host's peers' rows were learned in time): what a baseline
+        # learns does not depend on the window size, nor on a host's rows landing late
+        fresh = window.fresh()
+        self._fit_slopes(window, fresh)
         self.inlet_ref_ = getattr(self, "inlet_ref_", {})
         bmc = window.bmc
         if len(bmc) and "inlet" in bmc.cols:
@@ -338,9 +342,9 @@ class CoolingDegradation(Detector):
                 self.poll_ = float(np.median(dt))
         n_learn = max(20, round(self.min_learn_samples * 10.0 / getattr(self, "poll_", 10.0)))
         for ok, band, need in (
-            (good, "", n_learn),
-            (good & low, "lo_", max(20, n_learn // 2)),
-            (good & ~low, "hi_", n_learn),
+            (good & fresh, "", n_learn),
+            (good & fresh & low, "lo_", max(20, n_learn // 2)),
+            (good & fresh & ~low, "hi_", n_learn),
         ):
             samples, offset, scale, frame, p_at_, u_at_, t_at_ = (
                 getattr(self, f"{x}_{band}")
@@ -349,15 +353,17 @@ class CoolingDegradation(Detector):
             ok = ok & np.isnan(lookup(offset, tab.ent))  # GPUs without a frozen (finite) baseline
             if ok.any():
                 ents = tab.ent[ok]
-                order = np.argsort(ents, kind="stable")
+                order = np.argsort(ents, kind="stable")  # (the table is in time order per GPU)
                 # per sample (a row): its value, its frame, the power and memory utilisation it was
                 # taken at (for a refitted slope to move it by) and the temperature; per GPU a list
-                # of arrays, one per window
+                # of arrays, one per window, its first ``need`` samples in all
                 block = np.column_stack([v[ok], cm[ok], power[ok], umem[ok], temp[ok]])[order]
                 u, first = np.unique(ents[order], return_index=True)
                 bounds = first.tolist() + [len(ents)]
                 for e, lo, hi in zip(u.tolist(), bounds[:-1], bounds[1:], strict=True):
-                    samples.setdefault(e, []).append(block[lo:hi].copy())  # (a copy: not the block)
+                    chunks = samples.setdefault(e, [])
+                    room = need - sum(len(c) for c in chunks)
+                    chunks.append(block[lo:min(hi, lo + room)].copy())  # (a copy: not the block)
             # freeze a GPU's baseline once it has seen enough steady samples: median and MAD
             ready = [e for e, s in samples.items() if sum(len(c) for c in s) >= need]
             if ready:
@@ -400,7 +406,7 @@ class CoolingDegradation(Detector):
         got = _slope_of(*(_subset_moments(tab.ent, t, p, um, sel) for sel in (ok, low)))
         return default if got is None else got
 
-    def _refine_slopes(self, window: Window) -> None:
+    def _refine_slopes(self, window: Window, fresh: np.ndarray) -> None:
         """A model's slope learned from one window reads the heatsink from the ramps and jobs of
         minutes; its baselines learned at idle are then judged at full load through it (an A100's
         0.06 °C/W from a first window against 0.08 over a day: 6 °C at 400 W). Over its first
@@ -421,7 +427,7 @@ class CoolingDegradation(Detector):
         ok, t, p, um = self._slope_rows_of(window)
         pprev = tab.prev(p)
         step = ~(np.abs(p - pprev) < 40.0)  # (a GPU's first row counts as a step: nothing before it)
-        ok &= tab.in_window() & (tab.rolling_count(step, self.settle_seconds) == 0) & ~self._held_rows(window)
+        ok &= fresh & (tab.rolling_count(step, self.settle_seconds) == 0) & ~self._held_rows(window)
         for m in np.unique(ids[tab.ent[ok]]).tolist():
             since.setdefault(m, window.start)
         going = {m for m, t0 in since.items() if m in slopes and window.end - t0 <= self.slope_refine_seconds}

@@ -11,9 +11,11 @@ pattern read back wrong: critical, device memory returned other data than was wr
 from __future__ import annotations
 
 import numpy as np
-from gpufleet.analyzer.detectors.base import Detector, Hits, concat, nz
+from gpufleet.analyzer.detectors.base import Detector, Hits, concat, nz, time_weighted
 from gpufleet.analyzer.frame import Window
 from gpufleet.analyzer.groupby import dense_inverse
+
+MIN_FLEET = 20  # GPUs reporting in a window for their 90th percentile to be the fleet's rate
 
 CRITICAL_XIDS = {48, 64, 95}
 
@@ -52,13 +54,13 @@ class MemoryErrors(Detector):
         dt = tab.dt()
         ok = np.isfinite(d) & np.isfinite(dt) & (dt > 0)
         # the fleet's own single-bit rate: the 90th percentile of per-GPU rates in the window
-        # (a storm on a few GPUs cannot raise it), exponentially weighted across windows
-        if ok.sum() > 10:
-            inv, _ = dense_inverse(tab.ent[ok])
+        # (a storm on a few GPUs cannot raise it: where at least MIN_FLEET GPUs report, not a few
+        # on time while the rest of the fleet lands late), exponentially weighted over time
+        inv, n = dense_inverse(tab.ent[ok])
+        if n >= MIN_FLEET:
             per_gpu = np.bincount(inv, d[ok]) / np.maximum(np.bincount(inv, dt[ok]), 1e-9)
             p90 = float(np.quantile(per_gpu, 0.9))
-            prev = getattr(self, "fleet_sbe_rate_", None)
-            self.fleet_sbe_rate_ = p90 if prev is None else 0.9 * prev + 0.1 * p90
+            self.fleet_sbe_rate_ = time_weighted(getattr(self, "fleet_sbe_rate_", None), p90, window)
         else:
             self.fleet_sbe_rate_ = getattr(self, "fleet_sbe_rate_", 0.0)
         return self

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from gpufleet.analyzer.detectors.base import Detector, Hits, concat, nz
+from gpufleet.analyzer.detectors.base import Detector, Hits, concat, nz, time_weighted
 from gpufleet.analyzer.frame import Window
 from gpufleet.analyzer.groupby import dense_inverse, group_median, lookup
 
@@ -84,8 +84,7 @@ class NvlinkDegradation(Detector):
         ok = np.isfinite(r)
         if ok.sum() > 20:
             p90 = _p90(r[ok])  # a few bad links cannot raise the fleet's own rate
-            prev = getattr(self, "fleet_crc_rate_", None)
-            self.fleet_crc_rate_ = p90 if prev is None else 0.9 * prev + 0.1 * p90
+            self.fleet_crc_rate_ = time_weighted(getattr(self, "fleet_crc_rate_", None), p90, window)
         else:
             self.fleet_crc_rate_ = getattr(self, "fleet_crc_rate_", 0.0)
         # per GPU model too (its links' count, generation and background are its own): a model's
@@ -101,8 +100,7 @@ class NvlinkDegradation(Detector):
         ms, first = np.unique(model[order], return_index=True)
         for m, part in zip(ms.tolist(), np.split(r[order], first[1:]), strict=True):
             if len(part) > 20:
-                p90 = _p90(part)
-                per[m] = p90 if m not in per else 0.9 * per[m] + 0.1 * p90
+                per[m] = time_weighted(per.get(m), _p90(part), window)
         return self
 
     def _crc_hit(self, window: Window) -> np.ndarray:
