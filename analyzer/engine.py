@@ -530,8 +530,12 @@ def _evidence_candidates(items: list, gap: float) -> set[int]:
 
 
 def _covers(o: Record, r: Record) -> bool:
-    """Does incident ``o`` (its time span and scope) cover incident ``r``?"""
-    if o.start > r.start + 1800 or (o.end is not None and o.end + 1800 < r.start):
+    """Does incident ``o`` (its time span and scope) cover incident ``r``? In time: ``r`` began
+    within 30 min of ``o``'s span, or was still going (or ended within 30 min) when ``o`` began
+    (a GPU throttling since before its cooling fault was found: that fault's impact, one page)."""
+    if o.end is not None and o.end + 1800 < r.start:
+        return False
+    if o.start > r.start + 1800 and r.end is not None and r.end + 1800 < o.start:
         return False
     if o.host is None:
         return o.rack is not None and o.rack == r.rack

@@ -761,8 +761,11 @@ def test_throttling_gpu_that_idles_between_jobs_is_one_incident():
         return not (n == 1 and 300 <= s < 1020)
 
     data = _thermal_fleet(busy, lambda n, g: 0.0, steps=1200, throttling=lambda n, g, s: (n, g) == (1, 2))
-    incs = [i for i in analyse(data).incidents() if i.kind == "thermal_throttle"]
+    # (or the cooling fault the model finds in it later, the throttling folded in as its impact:
+    # still one incident)
+    incs = [i for i in analyse(data).incidents() if i.kind in ("thermal_throttle", "cooling_degradation")]
     assert [(i.host, i.gpu, i.end) for i in incs] == [("node1", 2, None)]
+    assert incs[0].kind == "thermal_throttle" or incs[0].impact_at is not None
 
 
 @pytest.mark.slow
