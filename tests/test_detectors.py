@@ -879,3 +879,21 @@ def test_a_detector_failing_on_some_windows_is_one_gap_record_and_the_rest_goes_
     assert [line for line in an.said if "memory_errors detector failed" in line] != []
     found = {(r.kind, r.gpu) for r in recs if r.kind != "analysis_gap"}
     assert found == {("gpu_lost", 0), ("memory_errors", 1)}
+
+
+def test_one_gpu_s_sbe_storm_on_a_node_of_eight_pages_and_sets_no_fleet_rate():
+    """The only node of a small fleet: GPU 3's corrected (single-bit) errors storm at one a second
+    from the start. The fleet's own rate, its GPUs' 90th percentile, is never taken above the third
+    highest: the storm does not become the rate it is judged against (50 times it), and it pages."""
+    out = []
+    for s in range(360):
+        t = (T0 + s * STEP) * 10**9
+        for g in range(8):
+            sbe = int(s * STEP) if g == 3 else 0
+            out.append(encode("gpu", {"host": "node0", "gpu": str(g)},
+                              {"up": 1, "power_watts": 300.0, "ecc_corrected_volatile_total": sbe}, t))
+    an = analyse(("\n".join(out) + "\n").encode())
+    got = [(i.kind, i.host, i.gpu) for i in an.incidents()]
+    assert got == [("memory_errors", "node0", 3)], got
+    det = next(d for d in an.detectors if d.kind == "memory_errors")
+    assert det.fleet_sbe_rate_ == 0.0

@@ -15,8 +15,6 @@ from gpufleet.analyzer.detectors.base import Detector, Hits, concat, nz, time_we
 from gpufleet.analyzer.frame import Window
 from gpufleet.analyzer.groupby import dense_inverse
 
-MIN_FLEET = 20  # GPUs reporting in a window for their 90th percentile to be the fleet's rate
-
 CRITICAL_XIDS = {48, 64, 95}
 
 
@@ -53,13 +51,14 @@ class MemoryErrors(Detector):
         d = tab.delta("ecc_corrected_volatile_total")
         dt = tab.dt()
         ok = np.isfinite(d) & np.isfinite(dt) & (dt > 0)
-        # the fleet's own single-bit rate: the 90th percentile of per-GPU rates in the window
-        # (a storm on a few GPUs cannot raise it: where at least MIN_FLEET GPUs report, not a few
-        # on time while the rest of the fleet lands late), exponentially weighted over time
+        # the fleet's own single-bit rate: the 90th percentile of per-GPU rates in the window, never
+        # above the third highest (a storm on one or two GPUs cannot raise it however few GPUs
+        # report: a small fleet, or the few on time while the rest lands late), exponentially
+        # weighted over time
         inv, n = dense_inverse(tab.ent[ok])
-        if n >= MIN_FLEET:
+        if n >= 3:
             per_gpu = np.bincount(inv, d[ok]) / np.maximum(np.bincount(inv, dt[ok]), 1e-9)
-            p90 = float(np.quantile(per_gpu, 0.9))
+            p90 = min(float(np.quantile(per_gpu, 0.9)), float(np.partition(per_gpu, n - 3)[n - 3]))
             self.fleet_sbe_rate_ = time_weighted(getattr(self, "fleet_sbe_rate_", None), p90, window)
         else:
             self.fleet_sbe_rate_ = getattr(self, "fleet_sbe_rate_", 0.0)
