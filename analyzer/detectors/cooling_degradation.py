@@ -343,7 +343,7 @@ class CoolingDegradation(Detector):
         n_learn = max(20, round(self.min_learn_samples * 10.0 / getattr(self, "poll_", 10.0)))
         for ok, band, need in (
             (good & fresh, "", n_learn),
-            (good & fresh & low, "lo_", max(20, n_learn // 2)),
+            (good & fresh & low, "lo_", n_learn),
             (good & fresh & ~low, "hi_", n_learn),
         ):
             samples, offset, scale, frame, p_at_, u_at_, t_at_ = (
