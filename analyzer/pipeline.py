@@ -511,9 +511,6 @@ class Analyzer:
                 last_seen[theirs & (last_seen >= start)] = -np.inf
                 last_seen[g[mine]] = np.maximum(last_seen[g[mine]], tab.t[last][mine])
                 self.last_seen[g[mine]] = np.maximum(self.last_seen[g[mine]], tab.t[last][mine])
-                job = tab.text.get("job_id")
-                new = tab.in_window() & np.isin(node[tab.ent], list(hosts))
-                self.jobs.add(tab.ent[new], tab.t[new], job[new] if job is not None else None)
             for k in ("bmc_sensor", "bmc_fan"):
                 held = self._held(k, start - self.context, end)
                 lc = self.late_ctx.get(k)
@@ -532,6 +529,9 @@ class Analyzer:
         w.late_hosts = frozenset(hosts)
         if m == "gpu":
             w.fan = fan
+            job = tab.text.get("job_id")
+            new = w.fresh()  # the late hosts' own rows
+            self.jobs.add(tab.ent[new], tab.t[new], job[new] if job is not None else None)
         rack_names = list(dict.fromkeys(r for r in self.reg.host_rack if r is not None))
         for det in self.detectors:
             if m not in det.tables:
