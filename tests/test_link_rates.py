@@ -175,3 +175,30 @@ def test_nvlink_rates_are_judged_against_the_links_of_the_gpus_own_model():
     assert ev["crc_threshold_per_s"] == 1.0  # the H200s' links: no background, the floor
     det = next(d for d in an.detectors if d.kind == "nvlink_degradation")
     assert det.fleet_crc_rate_ > 0.05 and sorted(det.model_crc_rate_.values())[0] == 0.0
+
+
+def test_a_link_erring_slowly_is_judged_over_its_whole_span_online_as_in_batch(tmp_path):
+    """A link taking a CRC error every 10 s (0.1/s: 45 within 15 min after 450 s, the slow-growth
+    bar) is paged when its 45th error lands, in batch and online at 30 s polls alike. The span (15
+    min) is longer than a window's context (5 min): before, an online table (a poll and its context)
+    held at most 33 of them and never paged it."""
+    from tests.arrival import lines_of, replay
+
+    onset = 100
+    lines = []
+    for ln in fleet(steps=240, fault=("nvlink_degradation", 1, 2, onset)).decode().splitlines():
+        m = re.search(r"crc_flit_errors_total=(\d+)i", ln)
+        if m and ln.startswith("gpu_nvlink,"):  # the fleet's faulty link grows by 5 a poll: 1 here
+            ln = ln.replace(m.group(0), f"crc_flit_errors_total={int(m.group(1)) // 5}i")
+        lines.append(ln)
+    data = ("\n".join(lines) + "\n").encode()
+    (tmp_path / "f.lp").write_bytes(data)
+    batch = analyse(data).incidents()
+    on = replay(lines_of(tmp_path / "f.lp"), lambda t, _h, _i: t + 1.0, poll=30.0)
+    on.an.finish()
+    online = [r for r in on.an.incidents() if r.kind == "nvlink_degradation"]
+    for incs in (batch, online):
+        got = [(r.kind, r.host, r.gpu, r.link) for r in incs]
+        assert got == [("nvlink_degradation", "node1", 2, 1)], incs
+        assert incs[0].evidence["first"]["crc_errors_in_span"] == 45
+        assert abs(incs[0].start - (T0 + (onset + 45) * STEP)) <= STEP

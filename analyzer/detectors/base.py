@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from gpufleet.analyzer.frame import Table, Window, nan_to_zero
-from gpufleet.analyzer.groupby import buckets, distinct_count, member
+from gpufleet.analyzer.groupby import buckets, distinct_count, lookup, member
 
 
 class Evidence(Sequence):
@@ -159,6 +159,40 @@ class Detector:
         raise NotImplementedError
 
     # helpers ---------------------------------------------------------------
+    def trailing_sum(self, window: Window, tab: Table, name: str, v: np.ndarray, seconds: float,
+                     rows: np.ndarray | None = None) -> np.ndarray:
+        """Per row of ``tab`` (at ``rows`` only, where given): the sum of ``v`` over the entity's
+        trailing ``seconds`` (inclusive), whatever the window's size and context. A span longer than
+        the context reaches rows analysed in earlier windows: each counts with the value it had
+        when it was new (its ``v`` then), kept here while a later row's span can reach it (only the
+        nonzero ones: a counter's increases, mostly 0). ``v`` is taken on the table's new rows; the
+        same ``name`` reads the same ``v`` within a window."""
+        past = window.once(self, ("trailing", name), lambda: self._trail(tab, name, v, seconds))
+        own = tab.rolling_sum(np.where(tab.in_window(), v, 0.0), seconds, rows)
+        if past is None:
+            return own
+        ent, t = (tab.ent, tab.t) if rows is None else (tab.ent[rows], tab.t[rows])
+        return own + past.sum(ent, t - seconds, t)
+
+    def _trail(self, tab: Table, name: str, v: np.ndarray, seconds: float) -> _Past | None:
+        """What earlier windows left of ``name`` (the past rows ``trailing_sum`` adds), then this
+        window's new nonzero rows kept for later windows, while a later row can reach them."""
+        trails = self.__dict__.setdefault("trails_", {})
+        ent, t, x, last = trails.get(name) or (np.zeros(0, np.int64), np.zeros(0), np.zeros(0), {})
+        past = _Past(ent, t, x) if len(ent) else None
+        new = tab.in_window()
+        add = new & np.isfinite(v) & (v != 0)
+        ent, t, x = (np.concatenate([a, b]) for a, b in ((ent, tab.ent[add]), (t, tab.t[add]), (x, v[add])))
+        if new.any():  # each entity's latest row analysed: a later row reaches back from after it
+            ue, inv = np.unique(tab.ent[new], return_inverse=True)
+            top = np.full(len(ue), -np.inf)
+            np.maximum.at(top, inv, tab.t[new])
+            for e, x_top in zip(ue.tolist(), top.tolist(), strict=True):
+                last[e] = max(last.get(e, -math.inf), x_top)
+        keep = t > lookup(last, ent, default=-np.inf) - seconds
+        trails[name] = (ent[keep], t[keep], x[keep], last)
+        return past
+
     def _hold(self, window: Window, tab: Table, hot: np.ndarray, judged: np.ndarray, scopes) -> Hits:
         """Keep an incident open while its fault cannot show. Some faults show only under load (a
         GPU with failed cooling runs a few degrees warm at 80 W; a throttling or slow GPU is neither
@@ -264,6 +298,30 @@ class Detector:
         if callable(score):  # the scores, computed only when a row hits
             score = score()
         return Hits(self.kind, hosts, gids, links, tab.t[idx], np.asarray(score, float)[idx], crit, ev)
+
+
+class _Past:
+    """Rows of earlier windows (entity, time, value), searchable by entity and time span."""
+
+    def __init__(self, ent: np.ndarray, t: np.ndarray, x: np.ndarray):
+        self.ents = np.unique(ent)
+        self.base = float(t.min())
+        self.width = float(t.max()) - self.base + 2.0  # each entity's times in a block of its own
+        key = self._key(ent, t)
+        order = np.argsort(key, kind="stable")
+        self.key = key[order]
+        self.csum = np.concatenate([[0.0], np.cumsum(x[order])])
+
+    def _key(self, ent: np.ndarray, t: np.ndarray) -> np.ndarray:
+        rank = np.searchsorted(self.ents, ent)
+        return rank * self.width + np.clip(t - self.base, -0.5, self.width - 1.5)
+
+    def sum(self, ent: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """Per query: the values of ``ent``'s rows with ``lo <= t <= hi``."""
+        known = np.isin(ent, self.ents)
+        a = np.searchsorted(self.key, self._key(ent, lo), side="left")
+        b = np.searchsorted(self.key, self._key(ent, hi), side="right")
+        return np.where(known, self.csum[b] - self.csum[a], 0.0)
 
 
 # a fleet's background rate (fit): exponentially weighted over time, this time constant (s); a

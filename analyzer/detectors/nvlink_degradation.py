@@ -206,20 +206,20 @@ class NvlinkDegradation(Detector):
         # enough (every row that can hit): taken there only (NaN elsewhere)
         rows = np.flatnonzero((crc > thr) | (dcrc > 0) | (rep > 0) | (rec > 0) | down | slow_long)
 
-        def span_sum(v):
+        def span_sum(name, v):  # (the span reaches rows of earlier windows: see trailing_sum)
             out = np.full(len(tab), np.nan)
-            out[rows] = tab.rolling_sum(v, self.crc_span_seconds, rows)
+            out[rows] = self.trailing_sum(window, tab, name, v, self.crc_span_seconds, rows)
             return out
 
-        count = span_sum(dcrc)
+        count = span_sum("crc", dcrc)
         fleet = self.crc_fleet_factor * self._rate(window) * self.crc_span_seconds
         growing = (count >= np.maximum(self.crc_count_min, fleet)) & (dcrc > 0)
-        replays = span_sum(rep)
+        replays = span_sum("replay", rep)
         replaying = (replays >= self.replay_count_min) & (rep > 0)
         # a link far below its busy siblings for slow_seconds that took an error within the span
         # (the counts are >= 0: an error of any kind within it makes one of the sums positive)
         new = tab.in_window()
-        erred = (count > 0) | (replays > 0) | (span_sum(rec) > 0)
+        erred = (count > 0) | (replays > 0) | (span_sum("recovery", rec) > 0)
         slow_hit = slow_long & erred
         hit = (crc > thr) | replaying | (rec > 0) | down | growing | slow_hit
         crit = down | (rec > 0)

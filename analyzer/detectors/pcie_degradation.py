@@ -128,9 +128,10 @@ class PcieDegradation(Detector):
         # error-free: the rate starts low, never high)
         per_min = 60.0 / self.link_error_span_seconds
         errs = sum(_slow_delta(tab, f) for f in LINK_ERROR_FIELDS)
-        err_rate = tab.rolling_sum(errs, self.link_error_span_seconds) * per_min
+        over = self.link_error_span_seconds  # (longer than a window's context: see trailing_sum)
+        err_rate = self.trailing_sum(window, tab, "link_errors", errs, over) * per_min
         l0 = _slow_delta(tab, "pcie_l0_to_recovery_total")
-        l0 = tab.rolling_sum(l0, self.link_error_span_seconds) * per_min
+        l0 = self.trailing_sum(window, tab, "l0_to_recovery", l0, over) * per_min
         erring = (err_rate >= self.link_errors_per_minute) | (l0 >= self.l0_recovery_per_minute)
         link_err = (err_rate, l0, erring)
         return rate, allowance, down_ok, gen, gmax, width, wmax, load & ~down & ~erring, link_err
