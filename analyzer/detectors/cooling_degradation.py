@@ -81,6 +81,7 @@ class CoolingDegradation(Detector):
         "inlet_rise_seconds": 2700.0,  # a rack's inlet excess pages while it still rises over this span
         "inlet_rise_celsius": 1.5,  # ... by this much, a third in each third of it
         "near_limit_celsius": 5.0,  # ... or while a GPU of the rack is this close to its slowdown
+        "slope_span_seconds": 300.0,  # a model's first slope: from the rows of such a span (on its grid)
         "slope_refine_seconds": 7200.0,  # a model's slope is refitted over its first this long
         "settle_seconds": 180.0,  # ... on rows this long after a power step of 40 W
         "slope_doubt": 0.15,  # the bar rises by this share of the °C a GPU rose above its baseline's power
@@ -221,7 +222,7 @@ class CoolingDegradation(Detector):
         rather than judged by another model's heatsinks)."""
         slopes = getattr(self, "slopes_", {})
         if len(slopes) <= 1 and (not len(window.gpu) or int(window.reg.model_ids().max(initial=0)) == 0):
-            return getattr(self, "slope_", DEFAULT_SLOPE)
+            return getattr(self, "slope_", np.nan)  # (none before the first span is fitted)
         return lookup(slopes, window.reg.model_ids()[window.gpu.ent])
 
     def _mem_rows(self, window: Window):
@@ -231,35 +232,59 @@ class CoolingDegradation(Detector):
             return getattr(self, "mem_", 0.0)
         return np.nan_to_num(lookup(mems, window.reg.model_ids()[window.gpu.ent]))
 
-    def _fit_slopes(self, window: Window, fresh: np.ndarray) -> None:
-        """The pooled slope (``slope_``) from the first window; per GPU model (``slopes_``), each
-        model from the first window with enough of its own rows; refined on the ``fresh`` rows."""
-        if not hasattr(self, "slope_"):
-            self.slope_, self.mem_ = self._fit_slope(window)
+    def _slope_span(self, window: Window) -> np.ndarray | None:
+        """The rows a first slope is fitted on in this window: those of the ``slope_span_seconds``
+        ending at the last multiple of it the window reaches (None where it reaches none). The same
+        rows whatever the window's size: a batch window ends there, an online one a poll long holds
+        the span in its context; so online and batch fit the same first slopes."""
+        span = self.slope_span_seconds
+        g = math.floor(window.end / span) * span
+        if g <= window.start:
+            return None
+        tab = window.gpu
+        return (tab.t >= g - span) & (tab.t < g)
+
+    def _fit_slopes(self, window: Window, fresh: np.ndarray) -> np.ndarray:
+        """The pooled slope (``slope_``) and one per GPU model (``slopes_``), each from the first
+        slope span (see ``_slope_span``) with enough of its own rows; refined on the rows learned from.
+        Returns the rows to learn from: ``fresh``, and the span of a model whose slope it just
+        learned (its rows were never learned from: a model without a slope is neither learned nor
+        judged)."""
         slopes = self.slopes_ = getattr(self, "slopes_", {})
         mems = self.mems_ = getattr(self, "mems_", {})
         tab = window.gpu
-        if not len(tab):
-            return
+        span = self._slope_span(window)
+        if not len(tab) or span is None or not span.any():
+            self._refine_slopes(window, fresh)
+            return fresh
+        if not hasattr(self, "slope_"):
+            self.slope_, self.mem_ = self._fit_slope(window, span)
         ids = window.reg.model_ids()
-        models = np.unique(ids[np.unique(tab.ent)]).tolist()
+        mrow = ids[tab.ent]
+        models = np.unique(mrow[span]).tolist()
         if len(models) == 1 and not slopes:
             slopes[models[0]] = self.slope_  # one model: the pooled slope is its own
             mems[models[0]] = self.mem_
-        mrow = ids[tab.ent]
-        late = bool(slopes)  # a model first seen after the fleet's first window
+            learned = models
+        else:
+            learned = []
+        late = bool(slopes) and not learned  # a model first seen after the fleet's first span
+        end = float(tab.t[span].max())
         for m in models:
             if m in slopes:
                 continue
-            got = self._fit_slope(window, mrow == m, default=None)
-            since = self.__dict__.setdefault("slope_wait_", {}).setdefault(m, window.start)
-            if got is None and window.end - since >= 3600:  # its power never moved: the physical default
+            got = self._fit_slope(window, span & (mrow == m), default=None)
+            since = self.__dict__.setdefault("slope_wait_", {}).setdefault(m, end)
+            if got is None and end - since >= 3600:  # its power never moved: the physical default
                 got = DEFAULT_SLOPE, 0.0
             if got is not None:
                 slopes[m], mems[m] = got
+                learned.append(m)
                 if late:
-                    self.model_learned_ = {**getattr(self, "model_learned_", {}), m: float(tab.t.max())}
-        self._refine_slopes(window, fresh)
+                    self.model_learned_ = {**getattr(self, "model_learned_", {}), m: end}
+        learn = fresh | (span & np.isin(mrow, learned)) if learned else fresh
+        self._refine_slopes(window, learn)
+        return learn
 
     def _reference(self, window: Window, power) -> tuple[np.ndarray, ...]:
         """Per row: the GPU's learned offset, the bar its excess must pass, the offset's frame (the
@@ -300,8 +325,7 @@ class CoolingDegradation(Detector):
         # each row is learned from once, whatever windows it falls in (a window's context rows are
         # the window before's; a late host's peers' rows were learned in time): what a baseline
         # learns does not depend on the window size, nor on a host's rows landing late
-        fresh = window.fresh()
-        self._fit_slopes(window, fresh)
+        fresh = self._fit_slopes(window, window.fresh())
         self.inlet_ref_ = getattr(self, "inlet_ref_", {})
         bmc = window.bmc
         if len(bmc) and "inlet" in bmc.cols:
