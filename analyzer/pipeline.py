@@ -163,6 +163,12 @@ class Analyzer:
         # (stream, host id) -> its earlier stretches (closed by a gap): see _analysed
         self.covered: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self.closed: dict[tuple[str, int], list[tuple[float, float]]] = {}
+        # per stream, per entity: its latest row analysed in time, and in a late window (s). A row
+        # inside a stretch its host analysed but newer than its own entity's rows there was never
+        # analysed: the rest of a poll whose rows came in two bodies, the second after the stretch
+        # was cut (an agent cut off mid-write, a spool drained slowly), is no copy
+        self.ent_last: dict[str, np.ndarray] = {}
+        self.late_last: dict[str, np.ndarray] = {}
         self.join = 3 * self.poll  # rows further apart than this leave a gap
         self.late_wm: dict[tuple[str, int], int] = {}  # (stream, host id) -> latest late row (ns)
         self._late_grew: set[tuple[str, int]] = set()  # late rows arrived since the last clock tick
@@ -316,7 +322,8 @@ class Analyzer:
             t = blk.t[idx]
             # inside what this host has analysed already (a copy, a reorder); a part of its backlog
             # older than what its late windows analysed (landing after it) is analysed still
-            drop = self._copies(m, h, t) | self._late_copies(m, h, t)
+            e = blk.ent[idx]
+            drop = self._copies(m, h, e, t) | self._late_copies(m, h, e, t)
             if drop.any():
                 name = self.reg.hosts[h]
                 self.late_points += int(drop.sum())
@@ -483,6 +490,7 @@ class Analyzer:
             # stream landing later inside a window cut early (its host idle a while) is analysed
             t = cur.t[of == h]
             self._late_span(m, h, int(t.min()) / 1e9, min(end, int(t.max()) / 1e9 + 1e-6))
+        self._mark(self.late_last, m, cur.ent, cur.t / 1e9)
         self.late_rows += len(cur.t)
         if m in ("bmc_sensor", "bmc_fan", "host"):
             # read through the gpu stream's late windows (cut after these): held as context for them
@@ -558,6 +566,7 @@ class Analyzer:
         lo, hi = np.full(n, np.inf), np.full(n, -np.inf)
         np.minimum.at(lo, hosts, t[first])
         np.maximum.at(hi, hosts, t[last])
+        self._mark(self.ent_last, m, ent[last], t[last])
         cov = self.covered.get(m)
         if cov is None or len(cov[0]) < n:
             a = np.full(n, np.inf)
@@ -590,8 +599,9 @@ class Analyzer:
                 merged.append([a, z])
         self.late_spans[(m, h)] = merged
 
-    def _late_copies(self, m: str, h: int, t: np.ndarray) -> np.ndarray:
-        """Which of host ``h``'s late rows (ns) lie inside a stretch its late windows analysed."""
+    def _late_copies(self, m: str, h: int, ent: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """Which of host ``h``'s late rows (entities, ns) lie inside a stretch its late windows
+        analysed, at or before their entity's own latest row analysed there."""
         spans = self.late_spans.get((m, h))
         out = np.zeros(len(t), bool)
         if not spans:
@@ -602,10 +612,29 @@ class Analyzer:
         i = np.searchsorted(lo, ts + 1e-6, side="right") - 1
         ok = i >= 0
         out[ok] = ts[ok] <= hi[i[ok]] + 1e-6
-        return out
+        return out & self._reached(self.late_last, m, ent, t)
 
-    def _copies(self, m: str, h: int, t: np.ndarray) -> np.ndarray:
-        """Which of host ``h``'s late rows (ns) lie inside a stretch already analysed."""
+    @staticmethod
+    def _mark(store: dict[str, np.ndarray], m: str, ent: np.ndarray, t: np.ndarray) -> None:
+        """Entities ``ent`` of stream ``m`` were analysed up to ``t`` (s): ``ent_last``, ``late_last``."""
+        last = store.get(m, np.zeros(0))
+        if len(ent) and int(ent.max()) >= len(last):
+            last = np.concatenate([last, np.full(int(ent.max()) + 1 - len(last), -np.inf)])
+        np.maximum.at(last, ent, t)
+        store[m] = last
+
+    @staticmethod
+    def _reached(store: dict[str, np.ndarray], m: str, ent: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """Which rows (entities, ns) are at or before their entity's latest row analysed."""
+        last = store.get(m, np.zeros(0))
+        seen = np.full(len(ent), -np.inf)
+        known = ent < len(last)
+        seen[known] = last[ent[known]]
+        return t / 1e9 <= seen + 1e-6
+
+    def _copies(self, m: str, h: int, ent: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """Which of host ``h``'s late rows (entities, ns) lie inside a stretch already analysed in
+        time, at or before their entity's own latest row analysed."""
         cov = self.covered.get(m)
         out = np.zeros(len(t), bool)
         if cov is None or h >= len(cov[0]):
@@ -616,7 +645,7 @@ class Analyzer:
         for a, z in stretches:
             if np.isfinite(a):
                 out |= (ts >= a - eps) & (ts <= z + eps)
-        return out
+        return out & self._reached(self.ent_last, m, ent, t)
 
     def _grow_last_seen(self) -> None:
         n_gpu = len(self.reg.gpu_host)

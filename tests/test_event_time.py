@@ -282,6 +282,45 @@ def test_a_backlog_landing_newest_part_first_is_analysed_whole():
     assert an.late_points == 0 and an.late_rows == 2 * 120 and an.dropped_rows == 0
 
 
+def test_a_backlog_whose_poll_is_split_across_two_bodies_is_analysed_whole():
+    """b's cut (100-220 s, a DBE at 150 s) drains in bodies that split one poll: its rows of
+    100-160 s land at 230 s but GPU 1's row of 160 s, the last line of that poll, lands with the
+    next body 10 s later, after the first was analysed in late windows (b idle meanwhile). That row
+    is the rest of the poll, not a copy of it: analysed, nothing counted late or dropped."""
+    def arrive(t, host, i):
+        s = t - T
+        if host == b"b" and 100 <= s <= 160 and not (s == 160 and i % 2 == 1):
+            return T + 230.5
+        if host == b"b" and 100 <= s < 220:
+            return T + 240.5
+        return t + 0.5
+
+    an = replay(_dbe_fleet(150), arrive, poll=1.0).an
+    got = [r for r in an.incidents() if r.kind == "memory_errors"]
+    assert [(r.host, r.gpu, r.start) for r in got] == [("b", 1, T + 150)], got
+    assert an.late_points == 0 and an.late_rows == 2 * 120 and an.dropped_rows == 0
+    assert not [r for r in an.incidents() if r.kind == "analysis_gap"]
+
+
+def test_a_node_cut_off_mid_write_has_the_rest_of_that_poll_analysed_with_its_backlog():
+    """b is cut off while it writes its poll of 100 s: GPU 0's row of it lands and is analysed on
+    time, GPU 1's lands with b's backlog (101-230 s) at 230 s, oldest first as its agent sends it.
+    That row is the rest of the poll, never analysed: not a copy of GPU 0's. (A writer that sends
+    its live rows before its backlog has GPU 1 analysed past 100 s already: the row is then taken
+    for its own row reordered, and said in an info record.)"""
+    def arrive(t, host, i):
+        s = t - T
+        if host == b"b" and (100 < s < 230 or (s == 100 and i % 2 == 1)):
+            return T + 230.5
+        return t + 0.5
+
+    an = replay(_dbe_fleet(150), arrive, poll=1.0).an
+    got = [r for r in an.incidents() if r.kind == "memory_errors"]
+    assert [(r.host, r.gpu, r.start) for r in got] == [("b", 1, T + 150)], got
+    assert an.late_points == 0 and an.late_rows > 2 * 119 and an.dropped_rows == 0
+    assert not [r for r in an.incidents() if r.kind == "analysis_gap"]
+
+
 def test_a_node_draining_its_backlog_slowly_is_one_stopped_reporting_record():
     """b is cut off for 5 minutes (100-400 s); from 410 s its spool drains slowly, oldest first,
     its live rows queued behind the backlog (a minute of rows every 30 s of wall time, caught up at
