@@ -26,6 +26,7 @@ import math
 import os
 import re
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -458,11 +459,12 @@ def _listen_path(tmp: Path, body, n_all: int, name: str, pin: bool = False):
 LATE_RACK = b"r001"
 
 
-def _replicated(base: list[tuple[int, bytes]], copies: int, late_s: float):
+def _replicated(base: list[tuple[int, bytes]], copies: int, late_s: float, landing: bool = False):
     """A large fleet from a small one, in gzip bodies of 5000 lines: ``copies`` copies of every
     host (``gpu0001`` -> ``gpu0001-c07``, its rack and GPU UUIDs renamed alike), in time order,
     except rack r001 of the first copy, whose rows land ``late_s`` after the others' rows of their
-    time (those past the end land at the end, as a spool drains)."""
+    time (those past the end land at the end, as a spool drains). ``landing``: (when the body's
+    last row lands, ns; body) pairs."""
     tags = re.compile(rb"((?:host|rack)=[^, ]+|uuid=GPU-[0-9a-f-]+)")
     rack = re.compile(rb",rack=([^, ]+)")
     renamed: dict[bytes, list[bytes]] = {}  # series key -> its key in each copy
@@ -485,14 +487,16 @@ def _replicated(base: list[tuple[int, bytes]], copies: int, late_s: float):
             entries.append((t, everyone, key, rest))
     entries.sort(key=lambda e: e[0])
     out: list[bytes] = []
-    for _t, which, key, rest in entries:
+    for t, which, key, rest in entries:
         keys = renamed[key]
         out.extend(keys[c] + rest for c in which)
         if len(out) >= 5000:
-            yield gzip.compress(b"".join(out[:5000]), 1)
+            body = gzip.compress(b"".join(out[:5000]), 1)
+            yield (t, body) if landing else body
             del out[:5000]
     while out:
-        yield gzip.compress(b"".join(out[:5000]), 1)
+        body = gzip.compress(b"".join(out[:5000]), 1)
+        yield (entries[-1][0], body) if landing else body
         del out[:5000]
 
 
@@ -530,6 +534,45 @@ def bench_memory(quick: bool, tmp: Path) -> list[dict]:
                     f"{got.get('gpufleet_analyzer_late_points_total', 0):.0f}; {refused} answered 429",
                 )
             )
+    return rows
+
+
+def bench_memory_live(quick: bool, tmp: Path) -> list[dict]:
+    """Peak RSS of the analyzer online at a live fleet's pace: the ``bench_memory`` fleet (stamped
+    from three hours ago) copied to 1,024 and 2,048 GPUs (10,048 with ``GPUFLEET_BENCH_10K`` set:
+    about 12 min of CPU), rack r001 of the first copy an hour late, fed to ``bench.live_clock``
+    body by body at each body's landing time on its own clock: 10 s polls, windows a poll long,
+    60 s of grace, as ``--listen`` runs on a live fleet (``bench_memory`` posts as fast as the
+    listener takes it: batch-size windows and a full queue)."""
+    fl = tmp / "fleet-live"
+    start = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 3 * 3600))
+    _agent_shaped(fl, 8, "90m", start=start)
+    base = []
+    for line in gzip.decompress((fl / "telemetry.lp.gz").read_bytes()).splitlines(keepends=True):
+        if line.strip():
+            base.append((_ts(line), line))
+    sizes = (4,) if quick else (16, 32, 157) if os.environ.get("GPUFLEET_BENCH_10K") else (16, 32)
+    rows = []
+    for copies in sizes:
+        p = subprocess.Popen([sys.executable, "-m", "bench.live_clock"], cwd=ROOT, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE)
+        assert p.stdin is not None and p.stdout is not None
+        for landing, body in _replicated(base, copies, 3600.0, landing=True):
+            p.stdin.write(struct.pack("<qq", landing, len(body)) + body)
+        p.stdin.close()
+        got = json.loads(p.stdout.read())
+        p.wait()
+        rows.append(
+            _row(
+                f"online peak RSS at a live pace, {64 * copies:,} GPUs, one rack (32 GPUs) 1 h late",
+                got["peak_rss_mib"],
+                "MiB",
+                "<= 2,048 at 10,000 GPUs",
+                f"{got['gpu_samples']:,} GPU rows of 90 min (10 s polls, NVLink every 30 s); rows analysed "
+                f"late {got['late_rows']:,}, dropped {got['dropped']}, late points {got['late_points']}; "
+                f"{got['windows']:,} windows, {got['cpu_s']:.0f} s CPU",
+            )
+        )
     return rows
 
 
@@ -675,7 +718,7 @@ def run(quick: bool) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         latency = bench_latency(quick, tmp) + bench_latency(quick, tmp, 4 if quick else 16)
-        return bench_paths(quick, tmp) + latency + bench_memory(quick, tmp)
+        return bench_paths(quick, tmp) + latency + bench_memory(quick, tmp) + bench_memory_live(quick, tmp)
 
 
 if __name__ == "__main__":  # pragma: no cover
