@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from gpufleet.analyzer.frame import Table, Window, nan_to_zero
-from gpufleet.analyzer.groupby import buckets, distinct_count, lookup, member
+from gpufleet.analyzer.groupby import buckets, distinct_count, member
 
 
 class Evidence(Sequence):
@@ -178,18 +178,17 @@ class Detector:
         """What earlier windows left of ``name`` (the past rows ``trailing_sum`` adds), then this
         window's new nonzero rows kept for later windows, while a later row can reach them."""
         trails = self.__dict__.setdefault("trails_", {})
-        ent, t, x, last = trails.get(name) or (np.zeros(0, np.int64), np.zeros(0), np.zeros(0), {})
+        ent, t, x, last = trails.get(name) or (np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.zeros(0))
         past = _Past(ent, t, x) if len(ent) else None
         new = tab.in_window()
         add = new & np.isfinite(v) & (v != 0)
         ent, t, x = (np.concatenate([a, b]) for a, b in ((ent, tab.ent[add]), (t, tab.t[add]), (x, v[add])))
         if new.any():  # each entity's latest row analysed: a later row reaches back from after it
-            ue, inv = np.unique(tab.ent[new], return_inverse=True)
-            top = np.full(len(ue), -np.inf)
-            np.maximum.at(top, inv, tab.t[new])
-            for e, x_top in zip(ue.tolist(), top.tolist(), strict=True):
-                last[e] = max(last.get(e, -math.inf), x_top)
-        keep = t > lookup(last, ent, default=-np.inf) - seconds
+            top = int(tab.ent[new].max()) + 1
+            if top > len(last):
+                last = np.concatenate([last, np.full(top - len(last), -np.inf)])
+            np.maximum.at(last, tab.ent[new], tab.t[new])
+        keep = t > last[ent] - seconds
         trails[name] = (ent[keep], t[keep], x[keep], last)
         return past
 
