@@ -142,3 +142,12 @@ def per_key_minute(keys: np.ndarray, t: np.ndarray, idx: np.ndarray, score: np.n
     first = np.ones(len(order), bool)
     first[1:] = grp[order][1:] != grp[order][:-1]
     return idx[order[first]]
+
+
+def raise_latest(last: np.ndarray, ent: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """``last`` (per entity id: its latest time, -inf where none) grown to hold every id of ``ent``
+    and raised to ``t`` there (a new array where it grew)."""
+    if len(ent) and int(ent.max()) >= len(last):
+        last = np.concatenate([last, np.full(int(ent.max()) + 1 - len(last), -np.inf)])
+    np.maximum.at(last, ent, t)
+    return last

@@ -43,6 +43,7 @@ from gpufleet.analyzer.detectors import REGISTRY, build
 from gpufleet.analyzer.detectors.base import Hits
 from gpufleet.analyzer.engine import Engine
 from gpufleet.analyzer.frame import Registry, Table, Window
+from gpufleet.analyzer.groupby import raise_latest
 from gpufleet.analyzer.jobs import JobLog
 from gpufleet.analyzer.parse import Parser, Rows
 
@@ -617,11 +618,7 @@ class Analyzer:
     @staticmethod
     def _mark(store: dict[str, np.ndarray], m: str, ent: np.ndarray, t: np.ndarray) -> None:
         """Entities ``ent`` of stream ``m`` were analysed up to ``t`` (s): ``ent_last``, ``late_last``."""
-        last = store.get(m, np.zeros(0))
-        if len(ent) and int(ent.max()) >= len(last):
-            last = np.concatenate([last, np.full(int(ent.max()) + 1 - len(last), -np.inf)])
-        np.maximum.at(last, ent, t)
-        store[m] = last
+        store[m] = raise_latest(store.get(m, np.zeros(0)), ent, t)
 
     @staticmethod
     def _reached(store: dict[str, np.ndarray], m: str, ent: np.ndarray, t: np.ndarray) -> np.ndarray:

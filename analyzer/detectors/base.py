@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from gpufleet.analyzer.frame import Table, Window, nan_to_zero
-from gpufleet.analyzer.groupby import buckets, distinct_count, member
+from gpufleet.analyzer.groupby import buckets, distinct_count, member, raise_latest
 
 
 class Evidence(Sequence):
@@ -183,11 +183,8 @@ class Detector:
         new = tab.in_window()
         add = new & np.isfinite(v) & (v != 0)
         ent, t, x = (np.concatenate([a, b]) for a, b in ((ent, tab.ent[add]), (t, tab.t[add]), (x, v[add])))
-        if new.any():  # each entity's latest row analysed: a later row reaches back from after it
-            top = int(tab.ent[new].max()) + 1
-            if top > len(last):
-                last = np.concatenate([last, np.full(top - len(last), -np.inf)])
-            np.maximum.at(last, tab.ent[new], tab.t[new])
+        # each entity's latest row analysed: a later row reaches back from after it
+        last = raise_latest(last, tab.ent[new], tab.t[new])
         keep = t > last[ent] - seconds
         trails[name] = (ent[keep], t[keep], x[keep], last)
         return past
