@@ -215,6 +215,9 @@ class Engine:
                 if e or not st.first_evidence:
                     st.first_evidence, st.first_time, st.first_critical = e, t, critical
                 st.began = began
+                # the run a host's progress ended (its late hits were still to come) goes on here
+                # when this hit follows it within the gap, as it did in time order
+                self._rejoin(st, t, gap)
             st.began = min(st.began, began)
             st.run_hits += 1
             self._extend(st, t, score, critical, e)

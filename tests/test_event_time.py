@@ -658,3 +658,33 @@ def test_listen_analyses_a_backlog_stamped_before_its_catch_up_ended(tmp_path):
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
+
+
+def test_a_run_its_host_s_progress_ended_goes_on_when_the_next_late_hits_follow_it():
+    """A GPU's run of hits (0-440 s; a 600 s dwell) is ended by its host's progress before the
+    host's next hits land (a late window of another stream took the host past it); hits from 450 s,
+    10 s after it, go on with it as in time order: one incident from 0 s, not one from 450 s."""
+    import numpy as np
+    from gpufleet.analyzer.detectors.base import Hits
+    from gpufleet.analyzer.engine import Engine
+    from gpufleet.analyzer.frame import Registry
+
+    reg = Registry()
+    g = reg.gpu({"host": "a", "gpu": "0"})
+    eng = Engine({"cooling_degradation": {"dwell_seconds": 600.0, "gap_seconds": 120.0,
+                                          "resolve_seconds": 3600.0}})
+
+    def hits(ts):
+        n = len(ts)
+        return Hits("cooling_degradation", np.zeros(n, np.int64), np.full(n, g), np.full(n, -1),
+                    np.asarray(ts, float), np.ones(n), np.zeros(n, bool))
+
+    eng.add(hits(range(0, 450, 10)), reg, [])
+    eng.advance(440.0)
+    eng.host_progress = np.array([700.0])
+    eng.advance(700.0)  # the host's progress is past the run's gap: the run ends, unpaged
+    assert eng.incidents() == []
+    eng.add(hits(range(450, 1100, 10)), reg, [], late=True)
+    eng.advance(1100.0)
+    got = [(r.kind, r.host, r.gpu, r.start) for r in eng.incidents()]
+    assert got == [("cooling_degradation", "a", 0, 0.0)]
