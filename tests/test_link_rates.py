@@ -177,6 +177,17 @@ def test_nvlink_rates_are_judged_against_the_links_of_the_gpus_own_model():
     assert det.fleet_crc_rate_ > 0.05 and sorted(det.model_crc_rate_.values())[0] == 0.0
 
 
+def _slow_link_lines(onset: int) -> list[str]:
+    """The fleet with link 1 of node1 GPU 2 taking a CRC error every 10 s poll from ``onset``."""
+    lines = []
+    for ln in fleet(steps=240, fault=("nvlink_degradation", 1, 2, onset)).decode().splitlines():
+        m = re.search(r"crc_flit_errors_total=(\d+)i", ln)
+        if m and ln.startswith("gpu_nvlink,"):  # the fleet's faulty link grows by 5 a poll: 1 here
+            ln = ln.replace(m.group(0), f"crc_flit_errors_total={int(m.group(1)) // 5}i")
+        lines.append(ln)
+    return lines
+
+
 def test_a_link_erring_slowly_is_judged_over_its_whole_span_online_as_in_batch(tmp_path):
     """A link taking a CRC error every 10 s (0.1/s: 45 within 15 min after 450 s, the slow-growth
     bar) is paged when its 45th error lands, in batch and online at 30 s polls alike. The span (15
@@ -185,13 +196,7 @@ def test_a_link_erring_slowly_is_judged_over_its_whole_span_online_as_in_batch(t
     from tests.arrival import lines_of, replay
 
     onset = 100
-    lines = []
-    for ln in fleet(steps=240, fault=("nvlink_degradation", 1, 2, onset)).decode().splitlines():
-        m = re.search(r"crc_flit_errors_total=(\d+)i", ln)
-        if m and ln.startswith("gpu_nvlink,"):  # the fleet's faulty link grows by 5 a poll: 1 here
-            ln = ln.replace(m.group(0), f"crc_flit_errors_total={int(m.group(1)) // 5}i")
-        lines.append(ln)
-    data = ("\n".join(lines) + "\n").encode()
+    data = ("\n".join(_slow_link_lines(onset)) + "\n").encode()
     (tmp_path / "f.lp").write_bytes(data)
     batch = analyse(data).incidents()
     on = replay(lines_of(tmp_path / "f.lp"), lambda t, _h, _i: t + 1.0, poll=30.0)
@@ -202,3 +207,25 @@ def test_a_link_erring_slowly_is_judged_over_its_whole_span_online_as_in_batch(t
         assert got == [("nvlink_degradation", "node1", 2, 1)], incs
         assert incs[0].evidence["first"]["crc_errors_in_span"] == 45
         assert abs(incs[0].start - (T0 + (onset + 45) * STEP)) <= STEP
+
+
+def test_a_link_erring_slowly_inside_its_host_s_cut_is_paged_from_the_backlog_with_its_true_start(tmp_path):
+    """The same link, its node cut off from 900 to 2000 s: the node's rows after the cut land on
+    time, its backlog 100 s later (a writer that sends its live rows first). The backlog's rows are
+    analysed after the newer live ones, and each late window still counts the link's errors of the
+    windows before it: paged with batch's start (the 45th error, 1,450 s in)."""
+    from tests.arrival import lines_of, replay
+
+    onset = 100
+    (tmp_path / "f.lp").write_text("\n".join(_slow_link_lines(onset)) + "\n")
+
+    def arrive(t, host, _i):
+        return T0 + 2100.5 if host == b"node1" and 900 <= t - T0 < 2000 else t + 1.0
+
+    on = replay(lines_of(tmp_path / "f.lp"), arrive, poll=30.0)
+    on.an.finish()
+    got = [(r.kind, r.host, r.gpu, r.link) for r in on.an.incidents() if r.kind == "nvlink_degradation"]
+    assert got == [("nvlink_degradation", "node1", 2, 1)], got
+    inc = [r for r in on.an.incidents() if r.kind == "nvlink_degradation"][0]
+    assert abs(inc.start - (T0 + (onset + 45) * STEP)) <= STEP, inc.start - T0
+    assert on.an.late_rows > 0 and on.an.dropped_rows == 0

@@ -161,32 +161,38 @@ class Detector:
     # helpers ---------------------------------------------------------------
     def trailing_sum(self, window: Window, tab: Table, name: str, v: np.ndarray, seconds: float,
                      rows: np.ndarray | None = None) -> np.ndarray:
-        """Per row of ``tab`` (at ``rows`` only, where given): the sum of ``v`` over the entity's
-        trailing ``seconds`` (inclusive), whatever the window's size and context. A span longer than
-        the context reaches rows analysed in earlier windows: each counts with the value it had
-        when it was new (its ``v`` then), kept here while a later row's span can reach it (only the
-        nonzero ones: a counter's increases, mostly 0). ``v`` is taken on the table's new rows; the
-        same ``name`` reads the same ``v`` within a window."""
+        """Per row of ``tab`` (at ``rows`` only, where given): the sum of ``v`` (>= 0: a counter's
+        increases) over the entity's trailing ``seconds`` (inclusive), whatever the window's size
+        and context. A span longer than the context reaches rows analysed in earlier windows: each
+        counts with the value it had when it was new, kept here (only the nonzero ones, mostly
+        none) while the entity's next rows in time can reach it. A host's backlog analysed after
+        its newer rows may find its older rows gone: never less than the table's own sum then (as
+        before this was kept). ``v`` is taken on the table's new rows; the same ``name`` reads the
+        same ``v`` within a window."""
         past = window.once(self, ("trailing", name), lambda: self._trail(tab, name, v, seconds))
-        own = tab.rolling_sum(np.where(tab.in_window(), v, 0.0), seconds, rows)
+        table = tab.rolling_sum(v, seconds, rows)
         if past is None:
-            return own
+            return table
         ent, t = (tab.ent, tab.t) if rows is None else (tab.ent[rows], tab.t[rows])
-        return own + past.sum(ent, t - seconds, t)
+        own = tab.rolling_sum(np.where(tab.in_window(), v, 0.0), seconds, rows)
+        return np.maximum(table, own + past.sum(ent, t - seconds, t))
 
     def _trail(self, tab: Table, name: str, v: np.ndarray, seconds: float) -> _Past | None:
         """What earlier windows left of ``name`` (the past rows ``trailing_sum`` adds), then this
-        window's new nonzero rows kept for later windows, while a later row can reach them."""
+        window's new nonzero rows kept; an entity's rows older than its newest new row here by more
+        than ``seconds`` are let go (its next rows in time cannot reach them)."""
         trails = self.__dict__.setdefault("trails_", {})
-        ent, t, x, last = trails.get(name) or (np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.zeros(0))
+        ent, t, x = trails.get(name) or (np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
         past = _Past(ent, t, x) if len(ent) else None
         new = tab.in_window()
         add = new & np.isfinite(v) & (v != 0)
         ent, t, x = (np.concatenate([a, b]) for a, b in ((ent, tab.ent[add]), (t, tab.t[add]), (x, v[add])))
-        # each entity's latest row analysed: a later row reaches back from after it
-        last = raise_latest(last, tab.ent[new], tab.t[new])
-        keep = t > last[ent] - seconds
-        trails[name] = (ent[keep], t[keep], x[keep], last)
+        newest = raise_latest(np.zeros(0), tab.ent[new], tab.t[new])
+        reach = np.full(len(ent), -np.inf)
+        seen = ent < len(newest)
+        reach[seen] = newest[ent[seen]] - seconds
+        keep = t > reach
+        trails[name] = (ent[keep], t[keep], x[keep])
         return past
 
     def _hold(self, window: Window, tab: Table, hot: np.ndarray, judged: np.ndarray, scopes) -> Hits:
