@@ -151,3 +151,11 @@ def raise_latest(last: np.ndarray, ent: np.ndarray, t: np.ndarray) -> np.ndarray
         last = np.concatenate([last, np.full(int(ent.max()) + 1 - len(last), -np.inf)])
     np.maximum.at(last, ent, t)
     return last
+
+
+def latest_at(last: np.ndarray, ent: np.ndarray) -> np.ndarray:
+    """Per id of ``ent``: its time in ``last`` (see ``raise_latest``), -inf beyond it."""
+    out = np.full(len(ent), -np.inf)
+    known = ent < len(last)
+    out[known] = last[ent[known]]
+    return out

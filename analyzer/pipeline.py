@@ -43,7 +43,7 @@ from gpufleet.analyzer.detectors import REGISTRY, build
 from gpufleet.analyzer.detectors.base import Hits
 from gpufleet.analyzer.engine import Engine
 from gpufleet.analyzer.frame import Registry, Table, Window
-from gpufleet.analyzer.groupby import raise_latest
+from gpufleet.analyzer.groupby import latest_at, raise_latest
 from gpufleet.analyzer.jobs import JobLog
 from gpufleet.analyzer.parse import Parser, Rows
 
@@ -623,11 +623,7 @@ class Analyzer:
     @staticmethod
     def _reached(store: dict[str, np.ndarray], m: str, ent: np.ndarray, t: np.ndarray) -> np.ndarray:
         """Which rows (entities, ns) are at or before their entity's latest row analysed."""
-        last = store.get(m, np.zeros(0))
-        seen = np.full(len(ent), -np.inf)
-        known = ent < len(last)
-        seen[known] = last[ent[known]]
-        return t / 1e9 <= seen + 1e-6
+        return t / 1e9 <= latest_at(store.get(m, np.zeros(0)), ent) + 1e-6
 
     def _copies(self, m: str, h: int, ent: np.ndarray, t: np.ndarray) -> np.ndarray:
         """Which of host ``h``'s late rows (entities, ns) lie inside a stretch already analysed in

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from gpufleet.analyzer.frame import Table, Window, nan_to_zero
-from gpufleet.analyzer.groupby import buckets, distinct_count, member, raise_latest
+from gpufleet.analyzer.groupby import buckets, distinct_count, latest_at, member, raise_latest
 
 
 class Evidence(Sequence):
@@ -187,11 +187,7 @@ class Detector:
         new = tab.in_window()
         add = new & np.isfinite(v) & (v != 0)
         ent, t, x = (np.concatenate([a, b]) for a, b in ((ent, tab.ent[add]), (t, tab.t[add]), (x, v[add])))
-        newest = raise_latest(np.zeros(0), tab.ent[new], tab.t[new])
-        reach = np.full(len(ent), -np.inf)
-        seen = ent < len(newest)
-        reach[seen] = newest[ent[seen]] - seconds
-        keep = t > reach
+        keep = t > latest_at(raise_latest(np.zeros(0), tab.ent[new], tab.t[new]), ent) - seconds
         trails[name] = (ent[keep], t[keep], x[keep])
         return past
 

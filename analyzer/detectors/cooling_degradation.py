@@ -325,7 +325,7 @@ class CoolingDegradation(Detector):
         # each row is learned from once, whatever windows it falls in (a window's context rows are
         # the window before's; a late host's peers' rows were learned in time): what a baseline
         # learns does not depend on the window size, nor on a host's rows landing late
-        fresh = self._fit_slopes(window, window.fresh())
+        learn = self._fit_slopes(window, window.fresh())  # (and a span just given its slope)
         self.inlet_ref_ = getattr(self, "inlet_ref_", {})
         bmc = window.bmc
         if len(bmc) and "inlet" in bmc.cols:
@@ -366,9 +366,9 @@ class CoolingDegradation(Detector):
                 self.poll_ = float(np.median(dt))
         n_learn = max(20, round(self.min_learn_samples * 10.0 / getattr(self, "poll_", 10.0)))
         for ok, band, need in (
-            (good & fresh, "", n_learn),
-            (good & fresh & low, "lo_", n_learn),
-            (good & fresh & ~low, "hi_", n_learn),
+            (good & learn, "", n_learn),
+            (good & learn & low, "lo_", n_learn),
+            (good & learn & ~low, "hi_", n_learn),
         ):
             samples, offset, scale, frame, p_at_, u_at_, t_at_ = (
                 getattr(self, f"{x}_{band}")
