@@ -371,6 +371,12 @@ def _ts(line: bytes) -> int:
     return int(line.rsplit(b" ", 1)[1])
 
 
+def _timed(fleet: Path) -> list[tuple[int, bytes]]:
+    """(timestamp ns, line) of each line of a simulated fleet's telemetry."""
+    lines = gzip.decompress((fleet / "telemetry.lp.gz").read_bytes()).splitlines(keepends=True)
+    return [(_ts(x), x) for x in lines if x.strip()]
+
+
 def _listen_path(tmp: Path, body, n_all: int, name: str, pin: bool = False):
     """POST ``body`` (lines, or an iterable of gzip bodies) to a fresh ``--listen`` as the agent
     posts (gzip, 5000 lines) and wait until every GPU sample is analysed: (samples, CPU s, wall s,
@@ -507,10 +513,7 @@ def bench_memory(quick: bool, tmp: Path) -> list[dict]:
     fl = tmp / "fleet-mem"
     ahead = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 60))
     man = _agent_shaped(fl, 8, "90m", start=ahead)
-    base = []
-    for line in gzip.decompress((fl / "telemetry.lp.gz").read_bytes()).splitlines(keepends=True):
-        if line.strip():
-            base.append((_ts(line), line))
+    base = _timed(fl)
     n_base = man["telemetry"]["lines"].get("gpu", 0)
     rows = []
     for copies in (4,) if quick else (16, 32):
@@ -547,10 +550,7 @@ def bench_memory_live(quick: bool, tmp: Path) -> list[dict]:
     fl = tmp / "fleet-live"
     start = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 3 * 3600))
     _agent_shaped(fl, 8, "90m", start=start)
-    base = []
-    for line in gzip.decompress((fl / "telemetry.lp.gz").read_bytes()).splitlines(keepends=True):
-        if line.strip():
-            base.append((_ts(line), line))
+    base = _timed(fl)
     sizes = (4,) if quick else (16, 32, 157) if os.environ.get("GPUFLEET_BENCH_10K") else (16, 32)
     rows = []
     for copies in sizes:

@@ -20,7 +20,6 @@ needs the links ``gpufleet/{agent,analyzer,dashboards}`` to its folders and the 
 
 from __future__ import annotations
 
-import gzip
 import os
 import sys
 import tempfile
@@ -47,8 +46,7 @@ def rate(nodes: int, dur: str, passes: int, trees: dict[str, str], tmp: Path) ->
     ahead = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 60))
     man = bo._agent_shaped(tmp / "fleet", nodes, dur, start=ahead)
     made = time.time()
-    lines = gzip.decompress((tmp / "fleet" / "telemetry.lp.gz").read_bytes()).splitlines(keepends=True)
-    base = [(bo._ts(x), x) for x in lines if x.strip()]
+    base = bo._timed(tmp / "fleet")
     n_all = man["telemetry"]["lines"].get("gpu", 0)
     print(f"{man['fleet']['gpus']} GPUs x {dur}: {n_all:,} GPU rows, {len(base):,} lines; "
           f"load {os.getloadavg()[0]:.2f}", flush=True)
@@ -68,8 +66,7 @@ def memory(runs: list[tuple[int, float]], trees: dict[str, str], tmp: Path) -> N
     ahead = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 60))
     man = bo._agent_shaped(tmp / "fleet-mem", 8, "90m", start=ahead)
     made = time.time()
-    lines = gzip.decompress((tmp / "fleet-mem" / "telemetry.lp.gz").read_bytes()).splitlines(keepends=True)
-    base = [(bo._ts(x), x) for x in lines if x.strip()]
+    base = bo._timed(tmp / "fleet-mem")
     n_base = man["telemetry"]["lines"].get("gpu", 0)
     for copies, late in runs:
         for name, root in trees.items():
