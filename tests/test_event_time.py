@@ -15,7 +15,7 @@ import time
 import pytest
 from gpufleet.analyzer.config import Config
 from gpufleet.analyzer.online import Checkpoint, Clock, Online
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from gpufleet.cli import main
@@ -140,6 +140,9 @@ def arrivals(draw):
 @settings(max_examples=3, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.generate],
           suppress_health_check=list(HealthCheck))
 @given(arrivals())
+# gpu0003 cut off 5 min in, for 38 min: its backlog was learned against the baselines its peers
+# froze meanwhile, not those they had then, and its degrading heatsink paged as throttling
+@example(order=({b"gpu0003": (310, 2315, 13)}, 0.012314647826344538, 1000, 46958))
 @pytest.mark.slow
 def test_online_equals_batch_whatever_the_arrival_order(fleet, order):
     """The same data gives the same incidents (kind, host, GPU, link, start within one poll)

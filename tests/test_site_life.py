@@ -277,3 +277,27 @@ def test_a_model_s_high_power_baseline_learned_after_its_first_one_is_in_the_sam
     models = json.loads((out / "manifest.json").read_text())["fleet"]["models"]
     assert {models[f"gpu00{n}"] for n in range(13, 17)} == {"NVIDIA H100 80GB HBM3"}
     _one_page_per_fault(records.read(out / "truth.jsonl"), records.read(inc), notes_once=False)
+
+
+@pytest.mark.slow
+def test_an_idle_baseline_is_learned_against_idle_peers_judged_by_their_own_idle_baselines(tmp_path):
+    """The chaos fleet of seed 103 (16 nodes x 6 h): H100s in a warm rack (r001), A100s (r004) and
+    H200s. An idle GPU judged against its all-load baseline, learned under load, reads its model's
+    idle level off the line its slope draws (an A100 idle 6 °C above it); the idle band's common
+    mode over a mix of such GPUs and GPUs with idle baselines moves with who is idle. gpu0012's idle
+    baselines were learned where the idle band was mostly the former, and it was paged at 02:12,
+    idle and 5.5 °C "hot", once the band was of the latter; so was gpu0004 at 02:42. With idle
+    baselines learned only against peers judged by theirs, gpu0013 (A100s gone idle for the first
+    time at 02:42, no idle baselines yet) read 6-8 °C "hot" until its model's gap between its idle
+    and load baselines was taken from the A100s holding both. Every fault is paged once and nothing
+    else (the chaos' own informational records aside)."""
+    out = tmp_path / "sim"
+    assert main(["sim", "--scenario", "chaos", "--nodes", "16", "--duration", "6h", "--step", "10s",
+                 "--seed", "103", "--compress-level", "1", "--out", str(out), "--no-progress"]) == 0
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["fleet"]["models"]["gpu0013"] == "NVIDIA A100-SXM4-80GB"
+    assert "gpu0012" not in man["fleet"]["models"]  # (the fleet's own model, the H200)
+    assert "r001" in man["nuisances"]["warm_racks"]
+    inc = tmp_path / "incidents.jsonl"
+    assert main(["analyze", "--input", str(out / "telemetry.lp.gz"), "--out", str(inc)]) == 0
+    _one_page_per_fault(records.read(out / "truth.jsonl"), records.read(inc), notes_once=False)

@@ -171,31 +171,48 @@ class CoolingDegradation(Detector):
         # fleet's frame (an A100 rack learned against the A100s' level is not 4 °C "hot" once the
         # fleet-wide median, mostly H200s, is its common mode), and each GPU is judged in its own.
         groups = {"band": buckets(tab.t, 60.0, band)}
-        own, _, frame, *_ = self._reference(window, power)
+        own, _, frame, p_at, _ = self._reference(window, power, as_of=True)
         frame = np.where(np.isfinite(frame), frame, 0.0)
         c = np.full(len(u), np.nan)
+        # what a baseline is learned against: its band's common mode over the GPUs judged against a
+        # baseline learned in that band. A GPU judged at idle against its all-load baseline, learned
+        # under load, deviates by its model's idle level below the line its slope draws (an H200 6 °C
+        # above its idle peers), and the judged common mode over a mix of the two moves with who is
+        # idle that minute: a low-power baseline learned where most idle GPUs had only their load
+        # baseline is 6 °C low once the idle band is of GPUs with idle baselines (an idle node paged)
+        learn_c = np.full(len(u), np.nan)
         if np.isfinite(own).any():
-            c = _common_mode(groups, tab.t, uc - own - frame, np.isfinite(u)) + frame
+            dev = uc - own - frame
+            c = _common_mode(groups, tab.t, dev, np.isfinite(u)) + frame
+            matched = band == nan_as_zero_ge(p_at, self.low_power_watts)
+            med, cnt = group_median(groups["band"][0], np.where(matched, dev, np.nan), groups["band"][1])
+            learn_c = np.where(cnt >= 8, med, np.nan)[groups["band"][0]] + frame
+        # where no GPU has a baseline of a row's band yet (as of the row), the band's chain starts
+        # from its raw level (below); where some have but too few are in its minute, nothing is
+        # learned from it
+        unchained = ~self._bands_learned(tab.t, band) & np.isfinite(u)
         # per row: the frame its value is in, which a baseline learned from it takes: the frame of
         # the baseline it is judged against (a GPU learning its high-power baseline while judged
         # against its all-load one, learned in the fleet's first minutes, is in that one's frame)
         level = frame.copy()
         few = np.isnan(c) & np.isfinite(u)
-        if few.any():  # minutes where too few GPUs have a baseline yet: their raw levels
-            level[few] = 0.0  # (the fleet's raw level: no frame)
-            idx = np.flatnonzero(_same_minute(tab.t, few))
+        raw_start = few | unchained
+        if raw_start.any():  # minutes where too few GPUs have a baseline yet: their raw levels
+            level[unchained] = 0.0  # (the fleet's raw level: no frame)
+            idx = np.flatnonzero(_same_minute(tab.t, raw_start))
             if np.isfinite(uc[idx]).any():  # (not so in a table's first minute: nothing steady yet)
                 part = {"band": buckets(tab.t[idx], 60.0, band[idx])}
-                raw = _common_mode(part, tab.t[idx], uc[idx], few[idx])
+                raw = _common_mode(part, tab.t[idx], uc[idx], raw_start[idx])
                 if len(getattr(self, "slopes_", {})) > 1:  # a mixed fleet: raw levels per model
                     mb = band[idx] + 2 * window.reg.model_ids()[tab.ent[idx]]
                     per_model = _common_mode({"band": buckets(tab.t[idx], 60.0, mb)}, tab.t[idx], uc[idx],
-                                             few[idx])
-                    level[idx] = np.where(few[idx] & np.isfinite(raw), per_model - raw, level[idx])
+                                             raw_start[idx])
+                    level[idx] = np.where(unchained[idx] & np.isfinite(raw), per_model - raw, level[idx])
                     raw = per_model
                 c[idx] = np.where(few[idx], raw, c[idx])
+                learn_c[idx] = np.where(unchained[idx], raw, learn_c[idx])
         level = np.where(np.isfinite(level), level, 0.0)
-        if few.any() and not self._mostly_modelled(window):
+        if unchained.any() and not self._mostly_modelled(window):
             # a minute's raw level stands for the fleet's only where the GPUs it is taken over (those
             # of models with a slope) are most of the fleet: where most have none yet it is a few
             # models' own, and a baseline learned from it would be in another frame than those
@@ -204,8 +221,41 @@ class CoolingDegradation(Detector):
             # judged in the fleet's: 6 °C "hot"). No frame (NaN): nothing is learned from those rows
             # (see fit). A minority model waiting for its slope holds nobody back: it learns later
             # in the frame the others' baselines keep.
-            level[few] = np.nan
-        return u - c, steady, throttled, temp, power, level
+            level[unchained] = np.nan
+        level[np.isnan(learn_c)] = np.nan
+        return u - c, steady, throttled, temp, power, level, u - learn_c
+
+    def _bands_learned(self, t: np.ndarray, band: np.ndarray) -> np.ndarray:
+        """Per row: whether some GPU had a baseline learned in the row's power band (idle, loaded)
+        by the row's time."""
+        whens = [getattr(self, f"when_{x}", {}) for x in ("lo_", "hi_", "")]
+        key = tuple(len(w) for w in whens)
+        if getattr(self, "_first", (None,))[0] != key:
+            first = [math.inf, math.inf]  # per band, when its first baseline was frozen
+            for x, w in zip(("lo_", "hi_", ""), whens, strict=True):
+                for e, when in w.items():
+                    b = int(x == "hi_" or (x == "" and self.p_at_[e] >= self.low_power_watts))
+                    first[b] = min(first[b], when)
+            self._first = (key, np.array(first))
+        return t >= self._first[1][band]
+
+    def _band_gaps(self, window: Window, as_of: float = math.inf) -> np.ndarray:
+        """Per GPU model: its GPUs' idle baselines above their load ones (median, each in the fleet's
+        frame; NaN for a model with no GPU holding both), of the baselines frozen by ``as_of``."""
+        lo, hi = getattr(self, "offset_lo_", {}), getattr(self, "offset_hi_", {})
+        w_lo, w_hi = getattr(self, "when_lo_", {}), getattr(self, "when_hi_", {})
+        both = [e for e in lo if e in hi and max(w_lo.get(e, -math.inf), w_hi.get(e, -math.inf)) <= as_of]
+        key = (tuple(both), len(window.reg.gpu_model))
+        if getattr(self, "_gaps", (None,))[0] != key:
+            models = window.reg.model_ids()
+            gaps = np.full(int(models.max()) + 1 if len(models) else 0, np.nan)
+            if both:
+                d = np.array([lo[e] + self.frame_lo_[e] - hi[e] - self.frame_hi_[e] for e in both])
+                m = models[np.array(both)]
+                med, _ = group_median(m, d, len(gaps))
+                gaps = med
+            self._gaps = (key, gaps)
+        return self._gaps[1]
 
     def _mostly_modelled(self, window: Window) -> bool:
         """Whether most of the table's GPUs are of a model whose slope is learned."""
@@ -286,17 +336,25 @@ class CoolingDegradation(Detector):
         self._refine_slopes(window, learn)
         return learn
 
-    def _reference(self, window: Window, power) -> tuple[np.ndarray, ...]:
+    def _reference(self, window: Window, power, as_of: bool = False) -> tuple[np.ndarray, ...]:
         """Per row: the GPU's learned offset, the bar its excess must pass, the offset's frame (the
         common mode it was learned against), and the power and temperature it was learned at. At
         low power the low-power baseline with the lower bar, at load the high-power one, where the
         GPU has them; otherwise the baseline over all steady load. As learned when asked: a window's
         features take the baselines from before its fit, its excess (what detect judges) from after
-        it (a baseline frozen in this window counts)."""
+        it (a baseline frozen in this window counts). ``as_of``: each row with the baselines frozen
+        by its own time only (what the features take: a late window's peers, analysed in their own
+        time before it, have baselines the fleet did not have then)."""
         tab = window.gpu
+        t = tab.t
 
-        def learned(name):
-            return lookup(getattr(self, name, {}), tab.ent)
+        def learned(name):  # name: "offset_", "scale_lo_", ... (a baseline's band ends it)
+            v = lookup(getattr(self, name, {}), tab.ent)
+            if as_of:
+                band = name[-3:] if name[-3:] in ("lo_", "hi_") else ""
+                # (a GPU's baseline not frozen yet is NaN already: NaN > t is False)
+                v = np.where(lookup(getattr(self, f"when_{band}", {}), tab.ent) > t, np.nan, v)
+            return v
 
         a = learned("offset_")
         low = nz(power) < self.low_power_watts
@@ -305,6 +363,17 @@ class CoolingDegradation(Detector):
         hi = ~low & np.isfinite(a_hi)
         # (np.select's choice, as nested np.where: the first condition that holds wins)
         base = np.where(lo, a_lo, np.where(hi, a_hi, a))
+        # a GPU judged in one band against its all-load baseline learned in the other is judged
+        # where its model's GPUs with a baseline in each band put it: a model's idle level sits off
+        # the line its slope draws through its load (an A100 idle 6 °C above it), and its idle peers
+        # are judged against their idle baselines
+        at_load = nan_as_zero_ge(learned("p_at_"), self.low_power_watts)
+        up = low & ~lo & at_load  # idle, against a baseline learned under load
+        down = ~low & ~hi & ~at_load & np.isfinite(a)  # loaded, against one learned idle
+        if (up | down).any():
+            gap = self._band_gaps(window, float(t.min()) if as_of else math.inf)
+            gap = np.nan_to_num(gap[window.reg.model_ids()[tab.ent]])
+            base = base + np.where(up, gap, np.where(down, -gap, 0.0))
         frame = np.where(lo, learned("frame_lo_"), np.where(hi, learned("frame_hi_"), learned("frame_")))
         thr = np.where(
             lo,
@@ -343,9 +412,9 @@ class CoolingDegradation(Detector):
             return self
         # (the window's features, which detect() reuses: its rows against the baselines learned
         # before it; cm: the frame of each row, see _features)
-        v, steady, *_, cm = self._features(window)
+        _, steady, *_, cm, v = self._features(window)
         for band in ("", "lo_", "hi_"):
-            for name in ("samples", "offset", "scale", "frame", "p_at", "u_at", "t_at"):
+            for name in ("samples", "offset", "scale", "frame", "p_at", "u_at", "t_at", "when"):
                 setattr(self, f"{name}_{band}", getattr(self, f"{name}_{band}", {}))
         # nothing is learned from a GPU (node) held as faulty: its broken state is not its normal
         good = (np.isfinite(v) & np.isfinite(cm) & steady & (thermal_bits(tab) == 0)
@@ -370,18 +439,18 @@ class CoolingDegradation(Detector):
             (good & learn & low, "lo_", n_learn),
             (good & learn & ~low, "hi_", n_learn),
         ):
-            samples, offset, scale, frame, p_at_, u_at_, t_at_ = (
+            samples, offset, scale, frame, p_at_, u_at_, t_at_, when_ = (
                 getattr(self, f"{x}_{band}")
-                for x in ("samples", "offset", "scale", "frame", "p_at", "u_at", "t_at")
+                for x in ("samples", "offset", "scale", "frame", "p_at", "u_at", "t_at", "when")
             )
             ok = ok & np.isnan(lookup(offset, tab.ent))  # GPUs without a frozen (finite) baseline
             if ok.any():
                 ents = tab.ent[ok]
                 order = np.argsort(ents, kind="stable")  # (the table is in time order per GPU)
                 # per sample (a row): its value, its frame, the power and memory utilisation it was
-                # taken at (for a refitted slope to move it by) and the temperature; per GPU a list
-                # of arrays, one per window, its first ``need`` samples in all
-                block = np.column_stack([v[ok], cm[ok], power[ok], umem[ok], temp[ok]])[order]
+                # taken at (for a refitted slope to move it by), the temperature and the time; per GPU
+                # a list of arrays, one per window, its first ``need`` samples in all
+                block = np.column_stack([v[ok], cm[ok], power[ok], umem[ok], temp[ok], tab.t[ok]])[order]
                 u, first = np.unique(ents[order], return_index=True)
                 bounds = first.tolist() + [len(ents)]
                 for e, lo, hi in zip(u.tolist(), bounds[:-1], bounds[1:], strict=True):
@@ -401,11 +470,13 @@ class CoolingDegradation(Detector):
                 # span the fleet's first minutes (raw levels per model, a frame) and the minutes after
                 # (each GPU's deviation, no frame) learns one level, not the median of two
                 vals = got[:, 0] + got[:, 1]
+                done = np.maximum.reduceat(got[:, 5], np.cumsum([0] + [len(a) for a in arrs[:-1]]))
                 med = group_median(g, vals, len(ready))[0]
                 mad = group_median(g, np.abs(vals - med[g]), len(ready))[0]
-                for e, m, d, f, pw, um, tc in zip(ready, (med - cmed).tolist(), mad.tolist(), cmed.tolist(),
-                                                  p_at.tolist(), u_at.tolist(), t_at.tolist(), strict=True):
+                per_gpu = (med - cmed, mad, cmed, p_at, u_at, t_at, done)
+                for e, m, d, f, pw, um, tc, w in zip(ready, *(a.tolist() for a in per_gpu), strict=True):
                     offset[e] = m
+                    when_[e] = w  # (its last sample's time: the baseline is the GPU's from then on)
                     scale[e] = max(1.4826 * d, 0.25)
                     frame[e] = f
                     p_at_[e], u_at_[e], t_at_[e] = pw, um, tc  # the load it was learned at
@@ -503,7 +574,7 @@ class CoolingDegradation(Detector):
 
     def _excess_uncached(self, window: Window) -> Excess:
         tab = window.gpu
-        v, steady, throttled, temp, power, _ = self._features(window)
+        v, steady, throttled, temp, power, *_ = self._features(window)
         base, thr, _, p_at, t_at = self._reference(window, power)
         # a baseline judged above the power it was learned at is extrapolated by its model's slope,
         # and a GPU's own heatsink differs from its model's by a few percent (a node's airflow, a
