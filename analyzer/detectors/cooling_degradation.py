@@ -371,7 +371,7 @@ class CoolingDegradation(Detector):
         up = low & ~lo & at_load  # idle, against a baseline learned under load
         down = ~low & ~hi & ~at_load & np.isfinite(a)  # loaded, against one learned idle
         if (up | down).any():
-            gap = self._band_gaps(window, float(t.min()) if as_of else math.inf)
+            gap = self._band_gaps(window, window.start if as_of else math.inf)  # (as of its own rows)
             gap = np.nan_to_num(gap[window.reg.model_ids()[tab.ent]])
             base = base + np.where(up, gap, np.where(down, -gap, 0.0))
         frame = np.where(lo, learned("frame_lo_"), np.where(hi, learned("frame_hi_"), learned("frame_")))
