@@ -346,15 +346,15 @@ class CoolingDegradation(Detector):
         by its own time only (what the features take: a late window's peers, analysed in their own
         time before it, have baselines the fleet did not have then)."""
         tab = window.gpu
-        t = tab.t
+        # as_of: per band, the rows whose GPU's baseline was frozen after them (a GPU's baseline not
+        # frozen yet is NaN already: NaN > t is False)
+        later = {b: lookup(getattr(self, f"when_{b}", {}), tab.ent) > tab.t for b in ("", "lo_", "hi_")
+                 } if as_of else {}
 
         def learned(name):  # name: "offset_", "scale_lo_", ... (a baseline's band ends it)
             v = lookup(getattr(self, name, {}), tab.ent)
-            if as_of:
-                band = name[-3:] if name[-3:] in ("lo_", "hi_") else ""
-                # (a GPU's baseline not frozen yet is NaN already: NaN > t is False)
-                v = np.where(lookup(getattr(self, f"when_{band}", {}), tab.ent) > t, np.nan, v)
-            return v
+            band = name[-3:] if name[-3:] in ("lo_", "hi_") else ""
+            return np.where(later[band], np.nan, v) if as_of else v
 
         a = learned("offset_")
         low = nz(power) < self.low_power_watts
@@ -444,6 +444,7 @@ class CoolingDegradation(Detector):
                 for x in ("samples", "offset", "scale", "frame", "p_at", "u_at", "t_at", "when")
             )
             ok = ok & np.isnan(lookup(offset, tab.ent))  # GPUs without a frozen (finite) baseline
+            ready = []  # the GPUs whose samples this window brought to ``need``
             if ok.any():
                 ents = tab.ent[ok]
                 order = np.argsort(ents, kind="stable")  # (the table is in time order per GPU)
@@ -457,8 +458,9 @@ class CoolingDegradation(Detector):
                     chunks = samples.setdefault(e, [])
                     room = need - sum(len(c) for c in chunks)
                     chunks.append(block[lo:min(hi, lo + room)].copy())  # (a copy: not the block)
+                    if hi - lo >= room:
+                        ready.append(e)
             # freeze a GPU's baseline once it has seen enough steady samples: median and MAD
-            ready = [e for e, s in samples.items() if sum(len(c) for c in s) >= need]
             if ready:
                 arrs = [np.concatenate(samples.pop(e)) for e in ready]
                 g = np.repeat(np.arange(len(ready)), [len(a) for a in arrs])
