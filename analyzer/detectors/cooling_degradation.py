@@ -46,7 +46,7 @@ from gpufleet.analyzer.detectors.base import (
 from gpufleet.analyzer.detectors.rack_inlet import RackInletRule, racks_with_inlet
 from gpufleet.analyzer.detectors.thermal_throttle import thermal_bits
 from gpufleet.analyzer.frame import Window
-from gpufleet.analyzer.groupby import buckets, distinct_count, group_median, lookup
+from gpufleet.analyzer.groupby import buckets, distinct_count, group_median, lookup, raise_latest
 
 DEFAULT_SLOPE = 0.04  # °C per W, from the real H200 trace (39 -> 61 °C for 80 -> 690 W)
 
@@ -251,9 +251,7 @@ class CoolingDegradation(Detector):
             gaps = np.full(int(models.max()) + 1 if len(models) else 0, np.nan)
             if both:
                 d = np.array([lo[e] + self.frame_lo_[e] - hi[e] - self.frame_hi_[e] for e in both])
-                m = models[np.array(both)]
-                med, _ = group_median(m, d, len(gaps))
-                gaps = med
+                gaps = group_median(models[np.array(both)], d, len(gaps))[0]
             self._gaps = (key, gaps)
         return self._gaps[1]
 
@@ -472,7 +470,7 @@ class CoolingDegradation(Detector):
                 # span the fleet's first minutes (raw levels per model, a frame) and the minutes after
                 # (each GPU's deviation, no frame) learns one level, not the median of two
                 vals = got[:, 0] + got[:, 1]
-                done = np.maximum.reduceat(got[:, 5], np.cumsum([0] + [len(a) for a in arrs[:-1]]))
+                done = raise_latest(np.full(len(ready), -np.inf), g, got[:, 5])  # its last sample's time
                 med = group_median(g, vals, len(ready))[0]
                 mad = group_median(g, np.abs(vals - med[g]), len(ready))[0]
                 per_gpu = (med - cmed, mad, cmed, p_at, u_at, t_at, done)
