@@ -234,10 +234,11 @@ def test_nodes_cut_off_for_2_and_5_minutes_lose_nothing_and_page_their_faults_wi
             for h in sorted(CUTS, key=lambda h: CUTS[h]["cut"]):  # the short cut ends while the long lasts
                 mend(h)
             time.sleep(3 * POLL)
-            # the agents stop (their spools delivered); the listener then has analysed every GPU row
-            # they wrote, once: none dropped, none twice. A batch a cut broke off in flight may
-            # have reached InfluxDB and been sent again from the spool: the subscription forwards
-            # both copies, and the second is counted in late_points_total, not analysed.
+            # the agents stop (their spools delivered); the listener then has taken in every GPU row
+            # they wrote: none dropped. A batch a cut broke off in flight may have reached InfluxDB
+            # and been sent again from the spool: the subscription forwards both copies, the second
+            # lands behind what its host analysed and is a copy (late_points_total), not analysed.
+            # gpu_samples_total counts rows received, copies included (docs/analyzer.md).
             for p in agents:
                 stop_agent(p, 20)
             gpu_rows = sum(1 for h in HOSTS for pt in read_lp_dir(tmp_path / f"lp-{h}")
@@ -247,12 +248,14 @@ def test_nodes_cut_off_for_2_and_5_minutes_lose_nothing_and_page_their_faults_wi
                 text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
                 return {k: float(v) for k, v in re.findall(r"^gpufleet_analyzer_(\w+) (\S+)$", text, re.M)}
 
-            wait_for(lambda: gauges()["gpu_samples_total"] == gpu_rows, 30, step=0.5)
+            # (the listener may still be working through the long cut's backlog on a loaded machine)
+            wait_for(lambda: gauges()["gpu_samples_total"] >= gpu_rows, 90, step=0.5)
             g = gauges()
             print(f"listener ({gpu_rows} GPU rows written):", {k: g.get(k) for k in (
                 "gap_rows_dropped_total", "late_points_total", "late_rows_analysed_total",
                 "gpu_samples_total")})
-            assert g["gpu_samples_total"] == gpu_rows and g["gap_rows_dropped_total"] == 0, g
+            assert gpu_rows <= g["gpu_samples_total"] <= gpu_rows + g["late_points_total"], g
+            assert g["gap_rows_dropped_total"] == 0, g
             # both cut nodes' backlogs were analysed, late: at least the long cut's GPU rows
             assert g["late_rows_analysed_total"] >= 4 * (CUTS["gpu0004"]["cut"] - 10), g
         finally:
