@@ -552,6 +552,9 @@ class Window:
     # a late host's window (event time): the hosts whose late rows it analyses; the others' rows in
     # it are peers' rows, analysed in time already (None: a window of the stream's own)
     late_hosts: frozenset[int] | None = None
+    # the batch window (``window_seconds``): what a row's features take of learned state is what a
+    # batch run had learned by the start of the row's batch window (see as_of), however it arrives
+    grid: float = 300.0
     # per-window features: (detector, name) -> value (see once)
     features: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -562,6 +565,12 @@ class Window:
         if self.late_hosts is not None:
             new = new & np.isin(self.node_of[self.gpu.ent], list(self.late_hosts))
         return new
+
+    def as_of(self, t: np.ndarray) -> np.ndarray:
+        """Per row time ``t`` (s): the start of its batch window. A batch run learns from a window
+        after judging it, so state learned by then, and only that, is what a row's features take in
+        batch; online (windows a poll long, a late host's windows later) takes the same."""
+        return np.floor(t / self.grid) * self.grid
 
     def once(self, detector: object, name: object, compute: Callable[[], Any]) -> Any:
         """``compute()`` the first time ``detector`` asks for feature ``name`` of this window, the

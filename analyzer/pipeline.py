@@ -534,8 +534,8 @@ class Analyzer:
                     fan = t
         node_of, rack_of = self.reg.arrays()
         w = Window(start, end, self.reg, tables["gpu"], tables["gpu_nvlink"], tables["gpu_event"],
-                   tables["gpu_canary"], tables["host"], tables["bmc_sensor"], node_of, rack_of, last_seen)
-        w.late_hosts = frozenset(hosts)
+                   tables["gpu_canary"], tables["host"], tables["bmc_sensor"], node_of, rack_of, last_seen,
+                   late_hosts=frozenset(hosts), grid=self.config.analyzer["window_seconds"])
         if m == "gpu":
             w.fan = fan
             job = tab.text.get("job_id")
@@ -980,6 +980,7 @@ class Analyzer:
             node_of,
             rack_of,
             self.last_seen.copy(),
+            grid=self.config.analyzer["window_seconds"],
         )
         if m == "gpu":
             w.fan = fan

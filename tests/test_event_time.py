@@ -15,6 +15,7 @@ import time
 import pytest
 from gpufleet.analyzer.config import Config
 from gpufleet.analyzer.online import Checkpoint, Clock, Online
+from gpufleet.analyzer.pipeline import Analyzer
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
@@ -691,3 +692,32 @@ def test_a_run_its_host_s_progress_ended_goes_on_when_the_next_late_hits_follow_
     eng.advance(1100.0)
     got = [(r.kind, r.host, r.gpu, r.start) for r in eng.incidents()]
     assert got == [("cooling_degradation", "a", 0, 0.0)]
+
+
+@pytest.mark.slow
+def test_online_learns_the_cooling_baselines_batch_learns(fleet):
+    """Windows a poll long learn each GPU's cooling baselines and each model's slope as batch's
+    five-minute windows do: the same rows, against the same whole-minute common mode, with the
+    state as of the same batch window (the hosts batch itself counted copies of are left out)."""
+    lines, *_ = fleet
+    an = Analyzer()
+    an.feed_bytes(b"\n".join(line for _t, _h, line in lines) + b"\n")
+    an.finish()
+    online = replay(lines, lambda t, _h, _i: t + 1.0, poll=POLL)
+    online.an.finish()
+
+    def learned(a):
+        det = next(d for d in a.detectors if d.kind == "cooling_degradation")
+        reg = a.reg
+        names = {m: reg.model_name(m) for m in det.slopes_}
+        out = {("slope", names[m]): v for m, v in det.slopes_.items()}
+        for band in ("", "lo_", "hi_"):
+            for e, v in getattr(det, f"offset_{band}").items():
+                if reg.gpu_host[e] not in an.late_per_host:
+                    out[(band, reg.gpu_host[e], int(reg.gpu_index[e]))] = v
+        return out
+
+    want, got = learned(an), learned(online.an)
+    assert len(want) > 3 * 16 and set(got) == set(want)
+    assert all(abs(got[k] - want[k]) < 1e-6 for k in want), sorted(
+        (k, want[k], got[k]) for k in want if abs(got[k] - want[k]) >= 1e-6)[:5]

@@ -49,6 +49,7 @@ from gpufleet.analyzer.frame import Window
 from gpufleet.analyzer.groupby import buckets, distinct_count, group_median, lookup, raise_latest
 
 DEFAULT_SLOPE = 0.04  # °C per W, from the real H200 trace (39 -> 61 °C for 80 -> 690 W)
+MINUTE = 60.0  # the common mode's bucket (s): a minute's GPUs of one power band
 
 
 class CoolingDegradation(Detector):
@@ -120,6 +121,15 @@ class CoolingDegradation(Detector):
         out[ok] = v[j[ok]]
         return out
 
+    def _no_prev(self, tab, prev: np.ndarray) -> np.ndarray:
+        """Rows with no previous reading (``prev`` NaN: a GPU's first, or after a missing one),
+        which count as a step (nothing before them to settle from); not at the table's start, where
+        the readings before are outside the table, not missing. (Online, a window a poll long
+        learns its model's first slope span from its context, which begins a poll before the span:
+        those rows are settled in batch, whose table reaches further back.)"""
+        edge = (tab.t.min() if len(tab) else 0.0) + 2 * getattr(self, "poll_", 10.0)
+        return np.isnan(prev) & (tab.t > edge)
+
     def _features(self, window: Window):
         return window.once(self, "features", lambda: self._features_uncached(window))
 
@@ -131,7 +141,7 @@ class CoolingDegradation(Detector):
         # steady: no power drop above 40 W in the last minute (temperature lags power by tens of
         # seconds: after a drop the GPU is still warmer than its new power predicts). After a rise it
         # is cooler than predicted, so those rows stay: a GPU that overheats as its job starts shows.
-        jump = (pprev - power >= 40.0) | np.isnan(pprev)
+        jump = (pprev - power >= 40.0) | self._no_prev(tab, pprev)
         settled = tab.rolling_count(jump, 60.0) == 0
         valid = (power >= self.min_power_watts) & (temp > 0) & (temp < 150)
         steady = valid & settled
@@ -141,8 +151,8 @@ class CoolingDegradation(Detector):
         # the inlet enters as its deviation from the host's usual inlet, so a host whose inlet
         # readings come and go (late, missing, a BMC that answers sometimes) does not jump by 25 °C
         node = window.node_of[tab.ent] if len(tab) else np.zeros(0, np.int64)
-        refs = getattr(self, "inlet_ref_", {})
-        ref = lookup(refs, node)
+        ref = lookup(getattr(self, "inlet_ref_", {}), node)
+        ref[lookup(getattr(self, "inlet_when_", {}), node) >= window.as_of(tab.t)] = np.nan  # (as of)
         dev = np.where(np.isfinite(inlet) & np.isfinite(ref), inlet - ref, 0.0)
         # within a minute of a power drop the model takes the minute's highest power: a lower bound
         # of the excess (a GPU whose power fell as it got hotter, e.g. throttling, still shows)
@@ -170,7 +180,7 @@ class CoolingDegradation(Detector):
         # the fleet's then, is learned with it and taken out here, so every GPU's deviation is in the
         # fleet's frame (an A100 rack learned against the A100s' level is not 4 °C "hot" once the
         # fleet-wide median, mostly H200s, is its common mode), and each GPU is judged in its own.
-        groups = {"band": buckets(tab.t, 60.0, band)}
+        groups = {"band": buckets(tab.t, MINUTE, band)}
         own, _, frame, p_at, _ = self._reference(window, power, as_of=True)
         frame = np.where(np.isfinite(frame), frame, 0.0)
         c = np.full(len(u), np.nan)
@@ -190,7 +200,7 @@ class CoolingDegradation(Detector):
         # where no GPU has a baseline of a row's band yet (as of the row), the band's chain starts
         # from its raw level (below); where some have but too few are in its minute, nothing is
         # learned from it
-        unchained = ~self._bands_learned(tab.t, band) & np.isfinite(u)
+        unchained = ~self._bands_learned(window.as_of(tab.t), band) & np.isfinite(u)
         # per row: the frame its value is in, which a baseline learned from it takes: the frame of
         # the baseline it is judged against (a GPU learning its high-power baseline while judged
         # against its all-load one, learned in the fleet's first minutes, is in that one's frame)
@@ -201,11 +211,11 @@ class CoolingDegradation(Detector):
             level[unchained] = 0.0  # (the fleet's raw level: no frame)
             idx = np.flatnonzero(_same_minute(tab.t, raw_start))
             if np.isfinite(uc[idx]).any():  # (not so in a table's first minute: nothing steady yet)
-                part = {"band": buckets(tab.t[idx], 60.0, band[idx])}
+                part = {"band": buckets(tab.t[idx], MINUTE, band[idx])}
                 raw = _common_mode(part, tab.t[idx], uc[idx], raw_start[idx])
                 if len(getattr(self, "slopes_", {})) > 1:  # a mixed fleet: raw levels per model
                     mb = band[idx] + 2 * window.reg.model_ids()[tab.ent[idx]]
-                    per_model = _common_mode({"band": buckets(tab.t[idx], 60.0, mb)}, tab.t[idx], uc[idx],
+                    per_model = _common_mode({"band": buckets(tab.t[idx], MINUTE, mb)}, tab.t[idx], uc[idx],
                                              raw_start[idx])
                     level[idx] = np.where(unchained[idx] & np.isfinite(raw), per_model - raw, level[idx])
                     raw = per_model
@@ -225,9 +235,9 @@ class CoolingDegradation(Detector):
         level[np.isnan(learn_c)] = np.nan
         return u - c, steady, throttled, temp, power, level, u - learn_c
 
-    def _bands_learned(self, t: np.ndarray, band: np.ndarray) -> np.ndarray:
+    def _bands_learned(self, as_of: np.ndarray, band: np.ndarray) -> np.ndarray:
         """Per row: whether some GPU had a baseline learned in the row's power band (idle, loaded)
-        by the row's time."""
+        before ``as_of`` (the row's, see Window.as_of)."""
         whens = [getattr(self, f"when_{x}", {}) for x in ("lo_", "hi_", "")]
         key = tuple(len(w) for w in whens)
         if getattr(self, "_first", (None,))[0] != key:
@@ -237,14 +247,14 @@ class CoolingDegradation(Detector):
                     b = int(x == "hi_" or (x == "" and self.p_at_[e] >= self.low_power_watts))
                     first[b] = min(first[b], when)
             self._first = (key, np.array(first))
-        return t >= self._first[1][band]
+        return as_of > self._first[1][band]
 
     def _band_gaps(self, window: Window, as_of: float = math.inf) -> np.ndarray:
         """Per GPU model: its GPUs' idle baselines above their load ones (median, each in the fleet's
-        frame; NaN for a model with no GPU holding both), of the baselines frozen by ``as_of``."""
+        frame; NaN for a model with no GPU holding both), of the baselines frozen before ``as_of``."""
         lo, hi = getattr(self, "offset_lo_", {}), getattr(self, "offset_hi_", {})
         w_lo, w_hi = getattr(self, "when_lo_", {}), getattr(self, "when_hi_", {})
-        both = [e for e in lo if e in hi and max(w_lo.get(e, -math.inf), w_hi.get(e, -math.inf)) <= as_of]
+        both = [e for e in lo if e in hi and max(w_lo.get(e, -math.inf), w_hi.get(e, -math.inf)) < as_of]
         key = (tuple(both), len(window.reg.gpu_model))
         if getattr(self, "_gaps", (None,))[0] != key:
             models = window.reg.model_ids()
@@ -292,9 +302,22 @@ class CoolingDegradation(Detector):
         tab = window.gpu
         return (tab.t >= g - span) & (tab.t < g)
 
+    @staticmethod
+    def _due(window: Window) -> np.ndarray:
+        """The rows a window learns from: the minutes (the common mode's buckets) of its fresh rows
+        that end in it. A minute that windows a poll long split is learned whole in the window that
+        completes it, against its whole minute's common mode, as a batch window (whole minutes)
+        learns it; each row once."""
+        tab = window.gpu
+        end = (np.floor(tab.t / MINUTE) + 1) * MINUTE
+        due = (end > window.start) & (end <= window.end)
+        if window.late_hosts is not None:  # a late window: its late hosts' rows only
+            due &= np.isin(window.node_of[tab.ent], list(window.late_hosts))
+        return due
+
     def _fit_slopes(self, window: Window, fresh: np.ndarray) -> np.ndarray:
         """The pooled slope (``slope_``) and one per GPU model (``slopes_``), each from the first
-        slope span (see ``_slope_span``) with enough of its own rows; refined on the rows learned from.
+        slope span (see ``_slope_span``) with enough of its own rows (refined after: _refine_slopes).
         Returns the rows to learn from: ``fresh``, and the span of a model whose slope it just
         learned (its rows were never learned from: a model without a slope is neither learned nor
         judged)."""
@@ -303,7 +326,6 @@ class CoolingDegradation(Detector):
         tab = window.gpu
         span = self._slope_span(window)
         if not len(tab) or span is None or not span.any():
-            self._refine_slopes(window, fresh)
             return fresh
         if not hasattr(self, "slope_"):
             self.slope_, self.mem_ = self._fit_slope(window, span)
@@ -330,9 +352,7 @@ class CoolingDegradation(Detector):
                 learned.append(m)
                 if late:
                     self.model_learned_ = {**getattr(self, "model_learned_", {}), m: end}
-        learn = fresh | (span & np.isin(mrow, learned)) if learned else fresh
-        self._refine_slopes(window, learn)
-        return learn
+        return fresh | (span & np.isin(mrow, learned)) if learned else fresh
 
     def _reference(self, window: Window, power, as_of: bool = False) -> tuple[np.ndarray, ...]:
         """Per row: the GPU's learned offset, the bar its excess must pass, the offset's frame (the
@@ -341,12 +361,14 @@ class CoolingDegradation(Detector):
         GPU has them; otherwise the baseline over all steady load. As learned when asked: a window's
         features take the baselines from before its fit, its excess (what detect judges) from after
         it (a baseline frozen in this window counts). ``as_of``: each row with the baselines frozen
-        by its own time only (what the features take: a late window's peers, analysed in their own
-        time before it, have baselines the fleet did not have then)."""
+        before its batch window only (``Window.as_of``: what the features take, as a batch run has
+        them, however the row arrives: online a poll's window, a late window's peers analysed in
+        their own time before it, have baselines a batch run does not have yet)."""
         tab = window.gpu
-        # as_of: per band, the rows whose GPU's baseline was frozen after them (a GPU's baseline not
-        # frozen yet is NaN already: NaN > t is False)
-        later = {b: lookup(getattr(self, f"when_{b}", {}), tab.ent) > tab.t for b in ("", "lo_", "hi_")
+        t0 = window.as_of(tab.t) if as_of else None
+        # as_of: per band, the rows whose GPU's baseline was frozen since their batch window began
+        # (a GPU's baseline not frozen yet is NaN already: NaN >= t is False)
+        later = {b: lookup(getattr(self, f"when_{b}", {}), tab.ent) >= t0 for b in ("", "lo_", "hi_")
                  } if as_of else {}
 
         def learned(name):  # name: "offset_", "scale_lo_", ... (a baseline's band ends it)
@@ -369,8 +391,11 @@ class CoolingDegradation(Detector):
         up = low & ~lo & at_load  # idle, against a baseline learned under load
         down = ~low & ~hi & ~at_load & np.isfinite(a)  # loaded, against one learned idle
         if (up | down).any():
-            gap = self._band_gaps(window, window.start if as_of else math.inf)  # (as of its own rows)
-            gap = np.nan_to_num(gap[window.reg.model_ids()[tab.ent]])
+            models = window.reg.model_ids()[tab.ent]
+            gap = np.zeros(len(tab))
+            for g in np.unique(t0[up | down]).tolist() if as_of else [math.inf]:  # (as of each row)
+                rows = t0 == g if as_of else slice(None)
+                gap[rows] = np.nan_to_num(self._band_gaps(window, g)[models[rows]])
             base = base + np.where(up, gap, np.where(down, -gap, 0.0))
         frame = np.where(lo, learned("frame_lo_"), np.where(hi, learned("frame_hi_"), learned("frame_")))
         thr = np.where(
@@ -392,22 +417,44 @@ class CoolingDegradation(Detector):
         # each row is learned from once, whatever windows it falls in (a window's context rows are
         # the window before's; a late host's peers' rows were learned in time): what a baseline
         # learns does not depend on the window size, nor on a host's rows landing late
-        learn = self._fit_slopes(window, window.fresh())  # (and a span just given its slope)
-        self.inlet_ref_ = getattr(self, "inlet_ref_", {})
-        bmc = window.bmc
-        if len(bmc) and "inlet" in bmc.cols:
-            v = bmc.cols["inlet"]
-            # the hosts (the table is in host order: each one's first row)
-            for h in bmc.ent[bmc.first_of_entity()].tolist():
-                if h not in self.inlet_ref_:
-                    x = v[(bmc.ent == h) & np.isfinite(v)]
-                    if len(x) >= 10:
-                        self.inlet_ref_[h] = float(np.median(x))
+        learn = self._fit_slopes(window, self._due(window))  # (and a span just given its slope)
         self.samples_ = getattr(self, "samples_", {})
         self.offset_ = getattr(self, "offset_", {})
         self.scale_ = getattr(self, "scale_", {})
-        if not len(tab):
-            return self
+        if len(tab):
+            self._learn_baselines(window, learn)
+        # what the window's rows teach that its features do not take (as a batch window learns
+        # after it is judged, and a row's features take what was learned before its batch window)
+        self._refine_slopes(window, learn)
+        self._learn_inlet(window)
+        return self
+
+    def _learn_inlet(self, window: Window) -> None:
+        """Each host's usual inlet: the median of its first ten BMC inlet readings, each reading
+        taken once (a late window's: its late hosts'), and when the tenth was (``inlet_when_``)."""
+        refs = self.inlet_ref_ = getattr(self, "inlet_ref_", {})
+        when = self.__dict__.setdefault("inlet_when_", {})
+        seen = self.__dict__.setdefault("inlet_seen_", {})
+        bmc = window.bmc
+        if not len(bmc) or "inlet" not in bmc.cols:
+            return
+        v = bmc.cols["inlet"]
+        ok = bmc.in_window() & np.isfinite(v)
+        if window.late_hosts is not None:
+            ok &= np.isin(bmc.ent, list(window.late_hosts))
+        for h in np.unique(bmc.ent[ok]).tolist():
+            if h in refs:
+                continue
+            got = seen.setdefault(h, [])
+            rows = np.flatnonzero(ok & (bmc.ent == h))[: 10 - len(got)]
+            got.extend(zip(bmc.t[rows].tolist(), v[rows].tolist(), strict=True))
+            if len(got) >= 10:
+                refs[h] = float(np.median([x for _t, x in got]))
+                when[h] = got[-1][0]
+                del seen[h]
+
+    def _learn_baselines(self, window: Window, learn: np.ndarray) -> None:
+        tab = window.gpu
         # (the window's features, which detect() reuses: its rows against the baselines learned
         # before it; cm: the frame of each row, see _features)
         _, steady, *_, cm, v = self._features(window)
@@ -480,7 +527,6 @@ class CoolingDegradation(Detector):
                     scale[e] = max(1.4826 * d, 0.25)
                     frame[e] = f
                     p_at_[e], u_at_[e], t_at_[e] = pw, um, tc  # the load it was learned at
-        return self
 
     def _slope_rows_of(self, window: Window, rows: np.ndarray | None = None):
         """What a slope is fitted on: (ok, temperature, power, memory utilisation) of the window's
@@ -509,23 +555,27 @@ class CoolingDegradation(Detector):
         of 40 W within ``settle_seconds``: the temperature has caught up with the power), the sums
         kept per GPU; where the refit moves it by more than a tenth the slope changes, and the
         baselines already learned move with it (by the slope's change times the power they were
-        learned at), so what they judge stays the same physics."""
+        learned at), so what they judge stays the same physics. The sums take each window's learned
+        rows; the refit is made as a batch window ends (a window reaching the batch grid), after the
+        window is judged, so a row's features take the slope as of its batch window, online as in
+        batch."""
         tab = window.gpu
         slopes = self.slopes_
         if not len(tab) or not slopes:
             return
         ids = window.reg.model_ids()
         since = self.__dict__.setdefault("refine_since_", {})
-        if all(m in since and window.end - since[m] > self.slope_refine_seconds
+        end = math.ceil(window.end / window.grid) * window.grid  # (its batch window's end)
+        if all(m in since and end - since[m] > self.slope_refine_seconds
                for m in np.unique(ids[tab.ent]).tolist()):
             return  # every model here is past its refit: no per-window work once a fleet has settled
         ok, t, p, um = self._slope_rows_of(window)
         pprev = tab.prev(p)
-        step = ~(np.abs(p - pprev) < 40.0)  # (a GPU's first row counts as a step: nothing before it)
+        step = (np.abs(p - pprev) >= 40.0) | self._no_prev(tab, pprev)
         ok &= fresh & (tab.rolling_count(step, self.settle_seconds) == 0) & ~self._held_rows(window)
         for m in np.unique(ids[tab.ent[ok]]).tolist():
-            since.setdefault(m, window.start)
-        going = {m for m, t0 in since.items() if m in slopes and window.end - t0 <= self.slope_refine_seconds}
+            since.setdefault(m, end - window.grid)
+        going = {m for m, t0 in since.items() if m in slopes and end - t0 <= self.slope_refine_seconds}
         if not going:
             return
         ok &= np.isin(ids[tab.ent], list(going))
@@ -536,6 +586,8 @@ class CoolingDegradation(Detector):
             grown = np.zeros((size, 9))
             grown[: len(sums[i])] = sums[i]
             sums[i] = grown + got
+        if math.floor(window.end / window.grid) * window.grid <= window.start:
+            return  # (the refit where a batch window ends: this window reaches none)
         for m in sorted(going):
             got = _slope_of(sums[0][ids == m], sums[1][ids == m])
             if got is not None and abs(got[0] - slopes[m]) > 0.1 * slopes[m]:
@@ -956,7 +1008,7 @@ def _time_to_throttle(tab, power: np.ndarray, seconds: float, rows: np.ndarray, 
 
 def _same_minute(t: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """Rows whose minute (``floor(t / 60)``) holds a row with ``mask`` set."""
-    minute = np.floor(t / 60.0)
+    minute = np.floor(t / MINUTE)
     if not mask.any():
         return np.zeros(len(t), bool)
     lo, hi = minute.min(), minute.max()
@@ -978,7 +1030,7 @@ def _common_mode(groups: dict, t: np.ndarray, x: np.ndarray, need: np.ndarray) -
     few = np.isnan(out) & need
     if few.any() and np.isfinite(x[_same_minute(t, few)]).any():
         if "all" not in groups:
-            groups["all"] = buckets(t, 60.0)
+            groups["all"] = buckets(t, MINUTE)
         inv_all, ng_all = groups["all"]
         med_all, cnt_all = group_median(inv_all, x, ng_all)
         out[few] = np.where(cnt_all[inv_all] >= 4, med_all[inv_all], np.nan)[few]
