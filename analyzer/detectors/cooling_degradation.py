@@ -365,16 +365,15 @@ class CoolingDegradation(Detector):
         them, however the row arrives: online a poll's window, a late window's peers analysed in
         their own time before it, have baselines a batch run does not have yet)."""
         tab = window.gpu
-        t0 = window.as_of(tab.t) if as_of else None
-        # as_of: per band, the rows whose GPU's baseline was frozen since their batch window began
-        # (a GPU's baseline not frozen yet is NaN already: NaN >= t is False)
-        later = {b: lookup(getattr(self, f"when_{b}", {}), tab.ent) >= t0 for b in ("", "lo_", "hi_")
-                 } if as_of else {}
+        t0 = window.as_of(tab.t) if as_of else np.full(len(tab), np.inf)
+        # per band, the rows whose GPU's baseline was frozen since their batch window began (a
+        # GPU's baseline not frozen yet is NaN already: NaN >= t is False)
+        later = {b: lookup(getattr(self, f"when_{b}", {}), tab.ent) >= t0 for b in ("", "lo_", "hi_")}
 
         def learned(name):  # name: "offset_", "scale_lo_", ... (a baseline's band ends it)
             v = lookup(getattr(self, name, {}), tab.ent)
             band = name[-3:] if name[-3:] in ("lo_", "hi_") else ""
-            return np.where(later[band], np.nan, v) if as_of else v
+            return np.where(later[band], np.nan, v)
 
         a = learned("offset_")
         low = nz(power) < self.low_power_watts
@@ -393,8 +392,8 @@ class CoolingDegradation(Detector):
         if (up | down).any():
             models = window.reg.model_ids()[tab.ent]
             gap = np.zeros(len(tab))
-            for g in np.unique(t0[up | down]).tolist() if as_of else [math.inf]:  # (as of each row)
-                rows = t0 == g if as_of else slice(None)
+            for g in np.unique(t0[up | down]).tolist():  # (as of each row)
+                rows = t0 == g
                 gap[rows] = np.nan_to_num(self._band_gaps(window, g)[models[rows]])
             base = base + np.where(up, gap, np.where(down, -gap, 0.0))
         frame = np.where(lo, learned("frame_lo_"), np.where(hi, learned("frame_hi_"), learned("frame_")))
