@@ -33,8 +33,13 @@ limits"). One thread waits on every connection at once (``selectors``: epoll) an
 heads; only a complete head reaches one of ``workers`` threads. So an idle or trickling
 connection costs a descriptor and a few hundred bytes, never a thread:
 
-- a request head must arrive whole within ``read_timeout`` of the connection (or of the previous
-  answer on a kept-alive one), else the connection is closed (counted in ``timeouts``);
+- a request head must arrive whole within ``read_timeout`` of the connection, or of its first
+  byte on a kept-alive one, else the connection is closed (counted in ``timeouts``); a kept-alive
+  connection with no byte of a next request is closed after ``KEEP_ALIVE`` seconds. A writer that
+  keeps its connections (an InfluxDB subscription, the agent) never waits so long between writes
+  as a rule, and one that starts a request as the server closes the connection loses it (a POST is
+  not retried; a subscription drops the write): so a connection whose next request has arrived
+  when its time is up is read, not closed;
 - a body read waits at most ``read_timeout`` for each piece and ``read_timeout`` plus one second
   per 64 KiB in all;
 - at most ``max_connections`` connections (default: 10,000, and always ``RESERVE`` descriptors
@@ -94,6 +99,7 @@ MAX_HEAD = 64 << 10  # a request line and headers larger than this: 431
 MAX_MEMBERS = 10_000  # gzip members in one body (clients send one; a flood of empty ones is refused)
 RESERVE = 64  # descriptors left below RLIMIT_NOFILE for everything but connections
 LINGER = 2.0  # seconds a refused upload is drained (discarded) so its client reads the answer
+KEEP_ALIVE = 75.0  # seconds a kept-alive connection may wait for its next request (nginx's default)
 MIN_RATE = 64 << 10  # bytes/second a body must keep up, beyond read_timeout
 M_ARENA_MAX = -8  # glibc's mallopt parameter: how many heaps (arenas) its malloc keeps
 
@@ -362,6 +368,7 @@ class _Server:
         self.sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         self.waiting: OrderedDict[_Conn, None] = OrderedDict()  # heads being read, oldest deadline first
         self.lingering: OrderedDict[_Conn, None] = OrderedDict()  # refused uploads being drained
+        self.idle: OrderedDict[_Conn, None] = OrderedDict()  # kept alive, no byte of a request yet
         self.busy: set[_Conn] = set()  # in a worker
         self.back: deque = deque()  # connections the workers hand back (kept alive or lingering)
         self.work: queue.SimpleQueue = queue.SimpleQueue()
@@ -374,7 +381,7 @@ class _Server:
     @property
     def open_connections(self) -> int:
         with self.guard:
-            return len(self.waiting) + len(self.lingering) + len(self.busy) + len(self.back)
+            return len(self.waiting) + len(self.lingering) + len(self.idle) + len(self.busy) + len(self.back)
 
     def start_workers(self) -> None:
         for i in range(self.n_workers):
@@ -405,7 +412,7 @@ class _Server:
             while not self.stopping:
                 now = time.monotonic()
                 timeout = 0.5
-                for pool in (self.waiting, self.lingering):
+                for pool in (self.waiting, self.lingering, self.idle):
                     if pool:
                         timeout = min(timeout, max(0.0, next(iter(pool)).deadline - now))
                 if self.accept_paused_until and now >= self.accept_paused_until:
@@ -430,7 +437,7 @@ class _Server:
             self.close()
 
     def close(self) -> None:
-        for c in [*self.waiting, *self.lingering]:
+        for c in [*self.waiting, *self.lingering, *self.idle]:
             self._close(c)
         with self.guard:
             while self.back:  # handed back by a worker after the last round
@@ -464,9 +471,9 @@ class _Server:
             self.sel.register(sock, selectors.EVENT_READ, c)
 
     def _evict(self) -> bool:
-        """Close a refused upload being drained, else the connection that has waited longest
-        for its head; False when none waits."""
-        pool = self.lingering or self.waiting
+        """Close a refused upload being drained, else the connection that has waited longest for
+        its head, else the kept-alive connection idle longest; False when none waits."""
+        pool = self.lingering or self.waiting or self.idle
         if not pool:
             return False
         c = next(iter(pool))
@@ -475,6 +482,15 @@ class _Server:
         return True
 
     def _expire(self, now: float) -> None:
+        while self.idle:
+            c = next(iter(self.idle))
+            if c.deadline > now:
+                break
+            if _pending(c.sock):  # its next request came as its time ran out: read, not closed
+                self._start_head(c, now)
+                self._readable(c)
+            else:
+                self._close(c)
         for pool in (self.waiting, self.lingering):
             while pool:
                 c = next(iter(pool))
@@ -484,8 +500,17 @@ class _Server:
                     self.ls.count("timeouts")
                 self._close(c)
 
+    def _start_head(self, c: _Conn, now: float) -> None:
+        """A kept-alive connection's next request begins: ``read_timeout`` for its head from now."""
+        del self.idle[c]
+        c.deadline = now + self.ls.read_timeout
+        self.waiting[c] = None
+
+    def _pool(self, c: _Conn) -> OrderedDict:
+        return self.lingering if c.linger else self.idle if c in self.idle else self.waiting
+
     def _close(self, c: _Conn) -> None:
-        (self.lingering if c.linger else self.waiting).pop(c, None)
+        self._pool(c).pop(c, None)
         try:
             self.sel.unregister(c.sock)
         except (KeyError, ValueError):
@@ -502,6 +527,8 @@ class _Server:
         if not data:
             self._close(c)
             return
+        if c in self.idle:
+            self._start_head(c, time.monotonic())
         if c.linger:  # the rest of a refused upload: read and dropped, within LINGER and max_body
             c.discarded += len(data)
             if c.discarded > self.ls.max_body:
@@ -546,8 +573,13 @@ class _Server:
                 continue
             c.sock.setblocking(False)
             c.buf, c.scan = bytearray(c.buf), 0
-            c.deadline = time.monotonic() + (LINGER if c.linger else self.ls.read_timeout)
-            (self.lingering if c.linger else self.waiting)[c] = None
+            if c.linger:
+                c.deadline, pool = time.monotonic() + LINGER, self.lingering
+            elif c.buf:  # a pipelined request already read: its head is under way
+                c.deadline, pool = time.monotonic() + self.ls.read_timeout, self.waiting
+            else:
+                c.deadline, pool = time.monotonic() + KEEP_ALIVE, self.idle
+            pool[c] = None
             self.sel.register(c.sock, selectors.EVENT_READ, c)
             if not c.linger and c.buf:
                 self._dispatch_if_complete(c)  # a pipelined request already read
@@ -579,6 +611,16 @@ class _Server:
                 self._wake()
             else:
                 c.sock.close()
+
+
+def _pending(sock: socket.socket) -> bool:
+    """Whether bytes wait to be read on ``sock`` (non-blocking; a closed peer's socket: False)."""
+    try:
+        return bool(sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        return False
 
 
 def _shutdown(sock: socket.socket) -> None:

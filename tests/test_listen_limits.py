@@ -16,6 +16,7 @@ import time
 
 import pytest
 import requests
+from gpufleet.analyzer import listen
 from gpufleet.analyzer.listen import MAX_MEMBERS, Listener, connection_cap
 from gpufleet.analyzer.parse import Parser
 from gpufleet.analyzer.pipeline import FIELDS, MEASUREMENTS
@@ -386,3 +387,32 @@ def test_keep_alive_pipelining_chunked_and_head_requests(listener):
     assert answer_of(sock).startswith(b"HTTP/1.1 400 ")
     sock.close()
     assert ls.counters["accepted_points"] == 6
+
+
+def test_a_kept_alive_connection_waits_for_its_next_request_past_the_head_timeout(listener, monkeypatch):
+    """A writer that keeps its connection (an InfluxDB subscription) is not closed on between
+    writes a few head timeouts apart: a POST it starts as the server closes would be lost. It is
+    closed once idle for KEEP_ALIVE."""
+    monkeypatch.setattr(listen, "KEEP_ALIVE", 3.0)
+    request = (b"POST /write HTTP/1.1\r\nHost: x\r\nAuthorization: Token %s\r\nContent-Length: %d\r\n\r\n%s"
+               % (TOKEN.encode(), len(LINE), LINE))
+    s = connect(listener.address[1])
+
+    def answered() -> bytes:
+        got = b""
+        while not got.endswith(b"\r\n\r\n"):  # (a 204: a head, no body)
+            more = s.recv(4096)
+            assert more, f"closed by the server, after {got!r}"
+            got += more
+        return got
+
+    try:
+        for _ in range(2):
+            s.sendall(request)
+            assert answered().startswith(b"HTTP/1.1 204")
+            time.sleep(2.0)  # twice the head timeout (1 s), idle: still open
+        s.sendall(request)
+        assert answered().startswith(b"HTTP/1.1 204")
+        assert closed_by_server(s, 5.0)  # idle past KEEP_ALIVE (3 s)
+    finally:
+        s.close()
