@@ -617,9 +617,7 @@ def _pending(sock: socket.socket) -> bool:
     """Whether bytes wait to be read on ``sock`` (non-blocking; a closed peer's socket: False)."""
     try:
         return bool(sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
-    except (BlockingIOError, InterruptedError):
-        return False
-    except OSError:
+    except OSError:  # (BlockingIOError: nothing yet)
         return False
 
 
