@@ -561,10 +561,14 @@ class Window:
     def fresh(self) -> np.ndarray:
         """The gpu table's rows analysed here for the first time: the window's own (not context),
         and in a late window the late hosts' only. What learns from each row once learns from these."""
-        new = self.gpu.in_window()
-        if self.late_hosts is not None:
-            new = new & np.isin(self.node_of[self.gpu.ent], list(self.late_hosts))
-        return new
+        return self.gpu.in_window() & self.analyses(self.node_of[self.gpu.ent])
+
+    def analyses(self, hosts: np.ndarray) -> np.ndarray:
+        """Per row, by its host id: whether this window analyses that host's rows (a late window:
+        its late hosts' only; the others' rows are peers', analysed in time already)."""
+        if self.late_hosts is None:
+            return np.ones(len(hosts), bool)
+        return np.isin(hosts, list(self.late_hosts))
 
     def as_of(self, t: np.ndarray) -> np.ndarray:
         """Per row time ``t`` (s): the start of its batch window. A batch run learns from a window

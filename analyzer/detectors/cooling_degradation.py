@@ -310,10 +310,7 @@ class CoolingDegradation(Detector):
         learns it; each row once."""
         tab = window.gpu
         end = (np.floor(tab.t / MINUTE) + 1) * MINUTE
-        due = (end > window.start) & (end <= window.end)
-        if window.late_hosts is not None:  # a late window: its late hosts' rows only
-            due &= np.isin(window.node_of[tab.ent], list(window.late_hosts))
-        return due
+        return (end > window.start) & (end <= window.end) & window.analyses(window.node_of[tab.ent])
 
     def _fit_slopes(self, window: Window, fresh: np.ndarray) -> np.ndarray:
         """The pooled slope (``slope_``) and one per GPU model (``slopes_``), each from the first
@@ -438,9 +435,7 @@ class CoolingDegradation(Detector):
         if not len(bmc) or "inlet" not in bmc.cols:
             return
         v = bmc.cols["inlet"]
-        ok = bmc.in_window() & np.isfinite(v)
-        if window.late_hosts is not None:
-            ok &= np.isin(bmc.ent, list(window.late_hosts))
+        ok = bmc.in_window() & np.isfinite(v) & window.analyses(bmc.ent)
         for h in np.unique(bmc.ent[ok]).tolist():
             if h in refs:
                 continue
