@@ -60,6 +60,9 @@ ANALYZER_OPTIONS = (
     # 0 in batch runs, whose input is in time order (online: see gpufleet.analyzer.online)
     _sec("peers_hold_seconds", 0.0, "processed rows held for the late rows of a host that comes back",
          0.0, DAY),
+    # ... and older ones, up to the late bound, while all the rows held fit in this much memory
+    Option("peers_hold_bytes", "size", 0, "memory for processed rows held longer than peers_hold, up to "
+           "the late bound (about: their arrays' size)", 0, 2**40),
 )
 ANALYZER = options.defaults(ANALYZER_OPTIONS)
 # [influx]: the store --follow and batch runs read when no --influx-url is given
@@ -169,7 +172,7 @@ class Config:
                 raise ConfigError(f"{src}: [{sec}] must be a table")
         by_name = {o.name: o for o in ANALYZER_OPTIONS}
         for k, v in (doc.get("analyzer") or {}).items():
-            key = k if k.endswith("_seconds") else f"{k}_seconds"
+            key = k if k in by_name or k.endswith("_seconds") else f"{k}_seconds"
             if key not in by_name:
                 raise ConfigError(f"{src}: [analyzer] unknown key {k!r}")
             self.analyzer[key] = options.check(f"{src}: analyzer.{k}", by_name[key], v)

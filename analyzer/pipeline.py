@@ -108,6 +108,11 @@ class _Block:
     def tmax(self) -> int:
         return int(self.t.max()) if len(self.t) else -1
 
+    @functools.cached_property
+    def nbytes(self) -> int:
+        arrays = (self.ent, self.t, *self.cols.values(), *self.text.values())
+        return sum(a.nbytes for a in arrays)
+
 
 def shard_of(host: str, n: int) -> int:
     """Stable shard of a host: crc32 of its name modulo the shard count."""
@@ -128,6 +133,7 @@ class Analyzer:
         self.max_future = a["max_future_seconds"]
         self.bound = a.get("late_bound_seconds", 86400.0)
         self.hold = a.get("peers_hold_seconds", 0.0)
+        self.hold_bytes = a.get("peers_hold_bytes", 0)
         self.shard = shard
         self.fields = fields()  # what the parser converts, derived from the registry when built
         self.parser = Parser(set(MEASUREMENTS), self.fields)
@@ -156,7 +162,11 @@ class Analyzer:
         # event time per host (see the module docstring)
         self.late: dict[str, list[_Block]] = {m: [] for m in MEASUREMENTS}  # rows behind the cursor
         self.late_ctx: dict[str, _Block | None] = {m: None for m in MEASUREMENTS}
-        self.hist: dict[str, list[_Block]] = {m: [] for m in MEASUREMENTS}  # analysed rows, peers_hold long
+        # analysed rows held as peers for late rows (see _keep_held): analysed in time, and in late
+        # windows (a host's own are never its peers: its own late rows are its context, late_ctx)
+        self.hist: dict[str, list[_Block]] = {m: [] for m in MEASUREMENTS}
+        self.hist_late: dict[str, list[_Block]] = {m: [] for m in MEASUREMENTS}
+        self.held_bytes = 0
         # (stream, host id) -> the stretches of its rows analysed in late windows, [from, to] (s), in
         # order, rows no more than a few polls apart one stretch: a row landing inside one is a copy
         self.late_spans: dict[tuple[str, int], list[list[float]]] = {}
@@ -433,21 +443,26 @@ class Analyzer:
                     self.late_wm.pop((m, h), None)
             self.late[m] = [rest] if rest is not None and len(rest.t) else []
 
-    def _held(self, m: str, lo: float, hi: float) -> _Block | None:
-        """Analysed rows of stream ``m`` still held with ``lo <= t < hi``."""
+    def _held(self, m: str, lo: float, hi: float, hosts: set[int]) -> _Block | None:
+        """Analysed rows of stream ``m`` still held with ``lo <= t < hi``, but those the late
+        windows of ``hosts`` analysed (their own context, ``late_ctx``, holds those)."""
         lo_ns, hi_ns = int(lo * 1e9), int(hi * 1e9)
         parts = []
-        for b in self.hist[m]:
-            if b.tmax < lo_ns or b.tmin >= hi_ns:
-                continue
-            parts.append(_sub(b, (b.t >= lo_ns) & (b.t < hi_ns)))
+        for late, held in ((False, self.hist[m]), (True, self.hist_late[m])):
+            for b in held:
+                if b.tmax < lo_ns or b.tmin >= hi_ns:
+                    continue
+                take = (b.t >= lo_ns) & (b.t < hi_ns)
+                if late:
+                    take &= ~np.isin(self.host_of(m, b.ent), list(hosts))
+                parts.append(_sub(b, take))
         return _concat(parts)
 
     def _late_table(self, m: str, start: float, end: float, cur: _Block | None, hosts: set[int]):
         """A late window's table: held rows of ``[start - context, end)``, the late hosts' own
         context and their rows; the late hosts' own earlier held rows are context only. The peers'
         rows only where a detector of the stream reads them (``peer_rows``); (table, peers held)."""
-        held = self._held(m, start - self.context, end)
+        held = self._held(m, start - self.context, end, hosts)
         ctx = self.late_ctx.get(m)
         if ctx is not None:
             ctx = _sub(ctx, (ctx.t >= int((start - self.context) * 1e9)) & (ctx.t < int(start * 1e9)))
@@ -500,6 +515,7 @@ class Analyzer:
                 keep = end - self.context - self.config.analyzer["window_seconds"] - self.lateness
                 old = _sub(old, old.t >= int(keep * 1e9))
             self.late_ctx[m] = _concat([old, cur])
+            self._keep_held(m, [cur], late=True)
             return
         tab, peers = self._late_table(m, start, end, cur, hosts)
         empty = Table.empty()
@@ -521,7 +537,7 @@ class Analyzer:
                 last_seen[g[mine]] = np.maximum(last_seen[g[mine]], tab.t[last][mine])
                 self.last_seen[g[mine]] = np.maximum(self.last_seen[g[mine]], tab.t[last][mine])
             for k in ("bmc_sensor", "bmc_fan"):
-                held = self._held(k, start - self.context, end)
+                held = self._held(k, start - self.context, end, hosts)
                 lc = self.late_ctx.get(k)
                 if lc is not None:
                     lc = _sub(lc, (lc.t >= int((start - self.context) * 1e9)) & (lc.t < int(end * 1e9)))
@@ -550,6 +566,7 @@ class Analyzer:
                 continue
             self.engine.add(_only_hosts(hits, hosts), self.reg, rack_names, late=True,
                             no_peers=not peers and getattr(det, "peers", False))
+        self._keep_held(m, [cur], late=True)
         self.windows += 1
 
     def _analysed(self, m: str, tab: Table) -> None:
@@ -645,16 +662,43 @@ class Analyzer:
         if len(self.last_seen) < n_gpu:
             self.last_seen = np.concatenate([self.last_seen, np.full(n_gpu - len(self.last_seen), -np.inf)])
 
-    def _keep_held(self, m: str, cur: list[_Block], end: float) -> None:
-        """Hold a window's analysed rows ``peers_hold_seconds`` (for late rows of other hosts). Not
-        the ``host`` stream's: a late window reads the peers' gpu, link and BMC rows only."""
+    def _keep_held(self, m: str, cur: list[_Block], front: float | None = None, late: bool = False) -> None:
+        """Hold a window's analysed rows for the late rows of other hosts (their peers): each
+        stream's for ``peers_hold_seconds`` behind its cursor, and older ones (never more than the
+        late bound behind) while every stream's held rows fit in ``peers_hold_bytes``, the oldest
+        let go first. ``late``: a late window's rows, held as well (a host cut off over the same
+        hours as another is its peer there, as in batch). Not the ``host`` stream's: a late window
+        reads the peers' gpu, link and BMC rows only. ``front``: the stream's new cursor."""
         if self.hold <= 0 or m == "host":
             return
-        hist = self.hist[m]
-        hist.extend(b for b in cur if len(b.t))
-        lo = int((end - self.hold) * 1e9)
-        if hist and hist[0].tmax < lo:
-            self.hist[m] = [b for b in hist if b.tmax >= lo]
+        got = [b for b in cur if len(b.t)]
+        (self.hist_late if late else self.hist)[m].extend(got)
+        self.held_bytes += sum(b.nbytes for b in got)
+        floor, oldest = {}, {}
+        reach = max(self.hold, self.bound)
+        for k, at in {**self.window_start, **({m: front} if front is not None else {})}.items():
+            if at is not None:
+                floor[k] = int((at - self.hold) * 1e9)
+                oldest[k] = int((at - reach) * 1e9) if math.isfinite(reach) else -(2**62)
+        stores = ((False, self.hist), (True, self.hist_late))
+        if self.held_bytes <= self.hold_bytes and all(
+            b.tmax >= oldest[k] for k in oldest for b in (self.hist[k][:1] + self.hist_late[k])
+        ):  # (rows analysed in time are held in time order: the first is the oldest)
+            return
+        lapsed = sorted((b.tmax, late_, k, i) for late_, store in stores for k in floor
+                        for i, b in enumerate(store[k]) if b.tmax < floor[k])
+        over = self.held_bytes - self.hold_bytes
+        drop: dict[tuple[bool, str], set[int]] = {}
+        for tmax, late_, k, i in lapsed:  # the oldest first
+            if over <= 0 and tmax >= oldest[k]:
+                continue
+            nb = (self.hist_late if late_ else self.hist)[k][i].nbytes
+            over -= nb
+            self.held_bytes -= nb
+            drop.setdefault((late_, k), set()).add(i)
+        for (late_, k), idx in drop.items():
+            store = self.hist_late if late_ else self.hist
+            store[k] = [b for i, b in enumerate(store[k]) if i not in idx]
 
     def _per_series(self, sids: np.ndarray, fn, dtype) -> np.ndarray:
         """Per row: ``fn`` of its series' extra labels (``_sid_extra``), called once per series."""

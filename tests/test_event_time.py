@@ -144,6 +144,13 @@ def arrivals(draw):
 # gpu0003 cut off 5 min in, for 38 min: its backlog was learned against the baselines its peers
 # froze meanwhile, not those they had then, and its degrading heatsink paged as throttling
 @example(order=({b"gpu0003": (310, 2315, 13)}, 0.012314647826344538, 1000, 46958))
+# cut off 27 min to the fleet's end, its backlog landing after everything else: judged with its
+# peers only where their rows are held longer than peers_hold_seconds (its heatsink 50 s late)
+@example(order=({b"gpu0003": (1603, 1685, 58)}, 0.002216490134849363, 1000, 5847))
+# gpu0001 cut off 40 min, gpu0002 for 16 min of the same time: each the other's peer there, only
+# where rows analysed in a late window are held as peers too (gpu0001's heatsink 100 s late)
+@example(order=({b"gpu0001": (444, 2399, 104), b"gpu0002": (1600, 980, 83)}, 0.0066749185980842654, 200,
+                48578))
 @pytest.mark.slow
 def test_online_equals_batch_whatever_the_arrival_order(fleet, order):
     """The same data gives the same incidents (kind, host, GPU, link, start within one poll)
@@ -721,3 +728,33 @@ def test_online_learns_the_cooling_baselines_batch_learns(fleet):
     assert len(want) > 3 * 16 and set(got) == set(want)
     assert all(abs(got[k] - want[k]) < 1e-6 for k in want), sorted(
         (k, want[k], got[k]) for k in want if abs(got[k] - want[k]) >= 1e-6)[:5]
+
+
+def _held_after(budget: int) -> Analyzer:
+    """Two hosts 20 min in time order through the batch path, 1-minute windows, rows held 60 s
+    and, past that, while they fit in ``budget`` bytes."""
+    cfg = Config()
+    cfg.analyzer.update(window_seconds=60.0, lateness_seconds=10.0, peers_hold_seconds=60.0,
+                        peers_hold_bytes=budget)
+    an = Analyzer(cfg)
+    for s in range(0, 1200, 10):
+        an.feed_bytes(_rows("a", T + s) + _rows("b", T + s))
+    return an
+
+
+def test_analysed_rows_are_held_past_peers_hold_only_while_they_fit_the_budget():
+    """``peers_hold_seconds`` is a floor; older rows stay, the oldest let go first, while all the
+    rows held fit in ``peers_hold_bytes`` (so a host cut off longer is judged with its peers)."""
+    def held(an):
+        blocks = [b for m in an.hist for b in an.hist[m] + an.hist_late[m]]
+        assert an.held_bytes == sum(b.nbytes for b in blocks)  # the count kept is what is held
+        gpu = [b for b in an.hist["gpu"]]
+        return min(b.tmin for b in gpu) / 1e9 - T, max(b.tmax for b in gpu) / 1e9 - T, an.held_bytes
+
+    cursor = _held_after(0).window_start["gpu"] - T
+    first, last, none = held(_held_after(0))
+    assert cursor - 60 <= first < cursor and last == cursor - 10  # the floor only
+    first, last, everything = held(_held_after(1 << 30))
+    assert first == 0 and last == cursor - 10  # all of it
+    first, last, some = held(_held_after(everything // 2))
+    assert none < some <= everything // 2 and 60 < first < cursor - 60 and last == cursor - 10
