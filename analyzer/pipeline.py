@@ -98,6 +98,7 @@ class _Block:
     t: np.ndarray  # ns
     cols: dict
     text: dict
+    late: bool = False  # held as peers: rows a late window analysed (see Analyzer._keep_held)
 
     # earliest and latest t, found when first asked (a window's joined rows never are)
     @functools.cached_property
@@ -162,10 +163,7 @@ class Analyzer:
         # event time per host (see the module docstring)
         self.late: dict[str, list[_Block]] = {m: [] for m in MEASUREMENTS}  # rows behind the cursor
         self.late_ctx: dict[str, _Block | None] = {m: None for m in MEASUREMENTS}
-        # analysed rows held as peers for late rows (see _keep_held): analysed in time, and in late
-        # windows (a host's own are never its peers: its own late rows are its context, late_ctx)
-        self.hist: dict[str, list[_Block]] = {m: [] for m in MEASUREMENTS}
-        self.hist_late: dict[str, list[_Block]] = {m: [] for m in MEASUREMENTS}
+        self.hist: dict[str, list[_Block]] = {m: [] for m in MEASUREMENTS}  # analysed rows held as peers
         self.held_bytes = 0
         # (stream, host id) -> the stretches of its rows analysed in late windows, [from, to] (s), in
         # order, rows no more than a few polls apart one stretch: a row landing inside one is a copy
@@ -448,14 +446,13 @@ class Analyzer:
         windows of ``hosts`` analysed (their own context, ``late_ctx``, holds those)."""
         lo_ns, hi_ns = int(lo * 1e9), int(hi * 1e9)
         parts = []
-        for late, held in ((False, self.hist[m]), (True, self.hist_late[m])):
-            for b in held:
-                if b.tmax < lo_ns or b.tmin >= hi_ns:
-                    continue
-                take = (b.t >= lo_ns) & (b.t < hi_ns)
-                if late:
-                    take &= ~np.isin(self.host_of(m, b.ent), list(hosts))
-                parts.append(_sub(b, take))
+        for b in self.hist[m]:
+            if b.tmax < lo_ns or b.tmin >= hi_ns:
+                continue
+            take = (b.t >= lo_ns) & (b.t < hi_ns)
+            if b.late:
+                take &= ~np.isin(self.host_of(m, b.ent), list(hosts))
+            parts.append(_sub(b, take))
         return _concat(parts)
 
     def _late_table(self, m: str, start: float, end: float, cur: _Block | None, hosts: set[int]):
@@ -671,34 +668,28 @@ class Analyzer:
         reads the peers' gpu, link and BMC rows only. ``front``: the stream's new cursor."""
         if self.hold <= 0 or m == "host":
             return
-        got = [b for b in cur if len(b.t)]
-        (self.hist_late if late else self.hist)[m].extend(got)
-        self.held_bytes += sum(b.nbytes for b in got)
-        floor, oldest = {}, {}
+        for b in cur:
+            if len(b.t):
+                b = _Block(b.ent, b.t, b.cols, b.text, late=True) if late else b
+                self.hist[m].append(b)
+                self.held_bytes += b.nbytes
+        fronts = {**self.window_start, **({m: front} if front is not None else {})}
         reach = max(self.hold, self.bound)
-        for k, at in {**self.window_start, **({m: front} if front is not None else {})}.items():
-            if at is not None:
-                floor[k] = int((at - self.hold) * 1e9)
-                oldest[k] = int((at - reach) * 1e9) if math.isfinite(reach) else -(2**62)
-        stores = ((False, self.hist), (True, self.hist_late))
-        if self.held_bytes <= self.hold_bytes and all(
-            b.tmax >= oldest[k] for k in oldest for b in (self.hist[k][:1] + self.hist_late[k])
-        ):  # (rows analysed in time are held in time order: the first is the oldest)
-            return
-        lapsed = sorted((b.tmax, late_, k, i) for late_, store in stores for k in floor
-                        for i, b in enumerate(store[k]) if b.tmax < floor[k])
+        floor = {k: int((at - self.hold) * 1e9) for k, at in fronts.items() if at is not None}
+        oldest = {k: int((fronts[k] - reach) * 1e9) if math.isfinite(reach) else -(2**62) for k in floor}
         over = self.held_bytes - self.hold_bytes
-        drop: dict[tuple[bool, str], set[int]] = {}
-        for tmax, late_, k, i in lapsed:  # the oldest first
-            if over <= 0 and tmax >= oldest[k]:
-                continue
-            nb = (self.hist_late if late_ else self.hist)[k][i].nbytes
-            over -= nb
-            self.held_bytes -= nb
-            drop.setdefault((late_, k), set()).add(i)
-        for (late_, k), idx in drop.items():
-            store = self.hist_late if late_ else self.hist
-            store[k] = [b for i, b in enumerate(store[k]) if i not in idx]
+        gone = set()
+        lapsed = [(b.tmax, k, b) for k in floor for b in self.hist[k] if b.tmax < floor[k]]
+        if over <= 0 and all(tmax >= oldest[k] for tmax, k, _b in lapsed):
+            return
+        for tmax, k, b in sorted(lapsed, key=lambda x: x[0]):  # the oldest first
+            if over > 0 or tmax < oldest[k]:
+                gone.add(id(b))
+                over -= b.nbytes
+                self.held_bytes -= b.nbytes
+        if gone:
+            for k in floor:
+                self.hist[k] = [b for b in self.hist[k] if id(b) not in gone]
 
     def _per_series(self, sids: np.ndarray, fn, dtype) -> np.ndarray:
         """Per row: ``fn`` of its series' extra labels (``_sid_extra``), called once per series."""

@@ -746,7 +746,7 @@ def test_analysed_rows_are_held_past_peers_hold_only_while_they_fit_the_budget()
     """``peers_hold_seconds`` is a floor; older rows stay, the oldest let go first, while all the
     rows held fit in ``peers_hold_bytes`` (so a host cut off longer is judged with its peers)."""
     def held(an):
-        blocks = [b for m in an.hist for b in an.hist[m] + an.hist_late[m]]
+        blocks = [b for m in an.hist for b in an.hist[m]]
         assert an.held_bytes == sum(b.nbytes for b in blocks)  # the count kept is what is held
         gpu = [b for b in an.hist["gpu"]]
         return min(b.tmin for b in gpu) / 1e9 - T, max(b.tmax for b in gpu) / 1e9 - T, an.held_bytes
