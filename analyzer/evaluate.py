@@ -16,7 +16,10 @@ cooling_degradation truths with an ``impact_at`` whose incident started before i
 incidents per 1000 GPU-days need the fleet's GPU-days: ``--gpu-days``, else counted from the
 telemetry (GPU rows present: each GPU's time between consecutive rows, gaps over 5 min not
 counted), else the simulator's manifest. Informational records (severity ``info``: a setting or
-the room worth telling someone, never paged) are not scored: counted per kind in ``notes``.
+the room worth telling someone, never paged) are not scored: counted per kind in ``notes``. Nor
+are the analysis's own records (``analysis_gap``, ``node_stopped_reporting``: rows it could not
+analyse, a node whose data stopped; no fault of a GPU claimed) where the truth has none of their
+kind: counted per kind in ``analysis``.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from gpufleet.errors import GpufleetError
-from gpufleet.records import KINDS, Record, to_rfc3339
+from gpufleet.records import ANALYSIS_KINDS, KINDS, Record, to_rfc3339
 
 BEFORE = 60.0
 AFTER = 300.0
@@ -125,6 +128,9 @@ def evaluate(
     # informational records (severity info) are not pages: counted apart, never true or false
     notes = [r for r in incidents if r.severity == "info"]
     incidents = [r for r in incidents if r.severity != "info"]
+    # the analysis's own records claim no fault: scored only against a truth that has their kind
+    own = [r for r in incidents if r.kind in ANALYSIS_KINDS and not any(t.kind == r.kind for t in truth)]
+    incidents = [r for r in incidents if not any(r is o for o in own)]
     taken, first, dup_of = assign(truth, incidents, lenient)
     per_kind = {}
     kinds = [k for k in KINDS if any(r.kind == k for r in truth) or any(r.kind == k for r in incidents)]
@@ -167,6 +173,7 @@ def evaluate(
         "false_incidents": n_false,
         "false_per_1000_gpu_days": round(n_false / gpu_days * 1000, 4) if gpu_days else None,
         "notes": {k: sum(r.kind == k for r in notes) for k in sorted({r.kind for r in notes})},
+        "analysis": {k: sum(r.kind == k for r in own) for k in sorted({r.kind for r in own})},
     }
     return out
 
@@ -328,4 +335,7 @@ def table(result: dict) -> str:
     if result.get("notes"):
         lines.append("informational records, not scored: "
                      + ", ".join(f"{k} {n}" for k, n in result["notes"].items()))
+    if result.get("analysis"):
+        lines.append("the analysis's own records (no GPU fault claimed), not scored: "
+                     + ", ".join(f"{k} {n}" for k, n in result["analysis"].items()))
     return "\n".join(lines)

@@ -176,3 +176,23 @@ def test_informational_records_are_not_scored_as_pages(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "(0 false, GPU-days: 10.0)" in out
     assert "informational records, not scored: inlet_above_room 1, power_limit_below_peers 1" in out
+
+
+def test_the_analysis_s_own_records_are_not_scored_unless_the_truth_has_their_kind(tmp_path, capsys):
+    """A node that stopped reporting (its network cut) and rows left unanalysed claim no GPU fault:
+    counted apart, neither true nor false; against a truth of that kind they are scored."""
+    truth = [rec(kind="straggler", gpu=5, start=T)]
+    quiet = rec(kind="node_stopped_reporting", host="h2", gpu=None, start=T + 60)
+    gap = rec(kind="analysis_gap", host="h2", gpu=None, start=T + 60)
+    incs = [rec(kind="straggler", gpu=5, start=T + 30), quiet, gap]
+    r = evaluate(truth, incs)
+    assert (r["precision"], r["recall"], r["false_incidents"]) == (1.0, 1.0, 0)
+    assert r["analysis"] == {"analysis_gap": 1, "node_stopped_reporting": 1}
+    t, i = tmp_path / "truth.jsonl", tmp_path / "inc.jsonl"
+    write(t, truth)
+    write(i, incs)
+    assert main(["eval", "--truth", str(t), "--incidents", str(i)]) == 0
+    assert "not scored: analysis_gap 1, node_stopped_reporting 1" in capsys.readouterr().out
+    scored = evaluate([*truth, rec(kind="node_stopped_reporting", host="h3", gpu=None, start=T)], incs)
+    assert scored["recall"] == 0.5 and scored["false_incidents"] == 1
+    assert scored["analysis"] == {"analysis_gap": 1}
