@@ -413,6 +413,11 @@ class Analyzer:
                     ready[i] = min(cursor, self.late_wm[(m, h)] / 1e9)
                 else:
                     ready[i] = min(cursor, self.late_wm[(m, h)] / 1e9 - self.lateness)
+                if MEASUREMENTS[m] != "host" and not final:
+                    # nor past the host's late BMC rows landed so far (the inlet of its GPUs' time)
+                    for k in ("bmc_sensor", "bmc_fan"):
+                        if (k, h) in self.late_wm:
+                            ready[i] = min(ready[i], self.late_wm[(k, h)] / 1e9)
             r = ready[np.searchsorted(uh, hosts)]
             win = np.floor(blk.t / 1e9 / w)
             due = (win + 1) * w <= r
@@ -507,11 +512,8 @@ class Analyzer:
         self.late_rows += len(cur.t)
         if m in ("bmc_sensor", "bmc_fan", "host"):
             # read through the gpu stream's late windows (cut after these): held as context for them
-            old = self.late_ctx.get(m)
-            if old is not None:
-                keep = end - self.context - self.config.analyzer["window_seconds"] - self.lateness
-                old = _sub(old, old.t >= int(keep * 1e9))
-            self.late_ctx[m] = _concat([old, cur])
+            self.late_ctx[m] = _concat([self.late_ctx.get(m), cur])
+            self._trim_host_ctx(m)
             self._keep_held(m, [cur], late=True)
             return
         tab, peers = self._late_table(m, start, end, cur, hosts)
@@ -533,12 +535,19 @@ class Analyzer:
                 last_seen[theirs & (last_seen >= start)] = -np.inf
                 last_seen[g[mine]] = np.maximum(last_seen[g[mine]], tab.t[last][mine])
                 self.last_seen[g[mine]] = np.maximum(self.last_seen[g[mine]], tab.t[last][mine])
+            lo_ns, hi_ns = int((start - self.context) * 1e9), int(end * 1e9)
             for k in ("bmc_sensor", "bmc_fan"):
                 held = self._held(k, start - self.context, end, hosts)
                 lc = self.late_ctx.get(k)
                 if lc is not None:
-                    lc = _sub(lc, (lc.t >= int((start - self.context) * 1e9)) & (lc.t < int(end * 1e9)))
-                blk = _concat([held, lc])
+                    lc = _sub(lc, (lc.t >= lo_ns) & (lc.t < hi_ns))
+                # and the late hosts' BMC rows of the window their own stream has not cut yet (its
+                # late windows wait on their own readiness): the inlet of the GPUs' own time
+                pending = [
+                    _sub(b, (b.t >= lo_ns) & (b.t < hi_ns) & np.isin(self.host_of(k, b.ent), list(hosts)))
+                    for b in self.late[k]
+                ]
+                blk = _concat([held, lc, *pending])
                 t = Table.empty() if blk is None else Table.build(blk.ent, blk.t, blk.cols, blk.text)
                 t.new = t.t >= start
                 if k == "bmc_sensor":
@@ -564,7 +573,30 @@ class Analyzer:
             self.engine.add(_only_hosts(hits, hosts), self.reg, rack_names, late=True,
                             no_peers=not peers and getattr(det, "peers", False))
         self._keep_held(m, [cur], late=True)
+        if m == "gpu":
+            for k in ("bmc_sensor", "bmc_fan"):
+                self._trim_host_ctx(k, hosts, end)
         self.windows += 1
+
+    def _trim_host_ctx(self, m: str, hosts: set[int] = frozenset(), end: float = math.inf) -> None:
+        """A late host's host-level rows (BMC) are the context of its gpu late windows, which are
+        cut after them: a backlog's BMC windows all run before its first gpu window. Each host's
+        are kept until the gpu stream's analysis of that host has passed them (its oldest gpu row
+        still late, else the gpu stream's cursor; ``hosts``: up to ``end``, their gpu late window
+        just analysed), less the context, a window and the grace."""
+        old = self.late_ctx.get(m)
+        if old is None or not len(old.t):
+            return
+        cursor = self.window_start.get("gpu")
+        upto = np.full(len(self.reg.hosts), -np.inf if cursor is None else cursor)
+        for b in self.late["gpu"]:
+            np.minimum.at(upto, self.host_of("gpu", b.ent), b.t / 1e9)
+        at = list(hosts)
+        upto[at] = np.minimum(upto[at], end)
+        margin = self.context + self.config.analyzer["window_seconds"] + self.lateness
+        keep = old.t / 1e9 >= upto[self.host_of(m, old.ent)] - margin
+        if not keep.all():
+            self.late_ctx[m] = _sub(old, keep)
 
     def _analysed(self, m: str, tab: Table) -> None:
         """Per host, the stretches of stream ``m`` analysed in time (``covered``): rows no more than

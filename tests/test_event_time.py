@@ -12,6 +12,7 @@ import random
 import re
 import time
 
+import numpy as np
 import pytest
 from gpufleet.analyzer.config import Config
 from gpufleet.analyzer.online import Checkpoint, Clock, Online
@@ -758,3 +759,36 @@ def test_analysed_rows_are_held_past_peers_hold_only_while_they_fit_the_budget()
     assert first == 0 and last == cursor - 10  # all of it
     first, last, some = held(_held_after(everything // 2))
     assert none < some <= everything // 2 and 60 < first < cursor - 60 and last == cursor - 10
+
+
+def test_a_long_backlog_s_gpu_windows_see_its_own_bmc_rows(fleet, monkeypatch):
+    """A backlog's gpu late windows see the host's own inlet readings of their time (the cooling
+    model takes the inlet out), however the BMC stream's own late windows stand: all of them cut
+    before the first gpu window (a backlog's host-level streams go first), or not cut yet, or its
+    rows landing behind. Only the first window, cut before any of the host's late BMC rows has
+    landed (they come a body later here), cannot wait for them: nothing says they will come."""
+    from gpufleet.analyzer import pipeline
+
+    lines, _want, t0, _residual = fleet
+    seen = []
+    made = pipeline.Window
+
+    def spy(*a, **k):
+        w = made(*a, **k)
+        if w.late_hosts and len(w.gpu):
+            b, g = w.bmc, w.gpu
+            mine = np.isin(b.ent, list(w.late_hosts)) & (b.t >= w.start) & (b.t < w.end)
+            own = np.isin(w.node_of[g.ent], list(w.late_hosts)) & (g.t >= w.start) & (g.t < w.end)
+            # the polls of the window with gpu rows of the late host, and those with its inlet
+            seen.append((w.start, set(np.round(g.t[own]).tolist()), set(np.round(b.t[mine]).tolist())))
+        return w
+
+    monkeypatch.setattr(pipeline, "Window", spy)
+
+    def arrive(t, host, _i):  # gpu0003 cut off 30 minutes, its spool drained as it is back
+        return t0 + 2430.0 if host == b"gpu0003" and t0 + 600 <= t < t0 + 2400 else t + 1.0
+
+    online = replay(lines, arrive, poll=POLL, burst=1000)
+    assert online.an.dropped_rows == 0 and len(seen) > 3
+    missing = [(round(s - t0), len(g - b)) for s, g, b in seen[1:] if g - b]
+    assert not missing, missing
