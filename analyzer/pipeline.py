@@ -165,6 +165,7 @@ class Analyzer:
         self.late_ctx: dict[str, _Block | None] = {m: None for m in MEASUREMENTS}
         self.hist: dict[str, list[_Block]] = {m: [] for m in MEASUREMENTS}  # analysed rows held as peers
         self.held_bytes = 0
+        self.held_oldest = 2**62  # the latest row of the oldest block held (ns)
         # (stream, host id) -> the stretches of its rows analysed in late windows, [from, to] (s), in
         # order, rows no more than a few polls apart one stretch: a row landing inside one is a copy
         self.late_spans: dict[tuple[str, int], list[list[float]]] = {}
@@ -705,23 +706,25 @@ class Analyzer:
                 b = _Block(b.ent, b.t, b.cols, b.text, late=True) if late else b
                 self.hist[m].append(b)
                 self.held_bytes += b.nbytes
+                self.held_oldest = min(self.held_oldest, b.tmax)
         fronts = {**self.window_start, **({m: front} if front is not None else {})}
         reach = max(self.hold, self.bound)
         floor = {k: int((at - self.hold) * 1e9) for k, at in fronts.items() if at is not None}
         oldest = {k: int((fronts[k] - reach) * 1e9) if math.isfinite(reach) else -(2**62) for k in floor}
-        over = self.held_bytes - self.hold_bytes
+        if not floor or (self.held_bytes <= self.hold_bytes and self.held_oldest >= min(oldest.values())):
+            return
+        # let go down to 7/8 of the budget: a held window's worth over it is not a pass over all
+        over = self.held_bytes - self.hold_bytes * 7 // 8
         gone = set()
         lapsed = [(b.tmax, k, b) for k in floor for b in self.hist[k] if b.tmax < floor[k]]
-        if over <= 0 and all(tmax >= oldest[k] for tmax, k, _b in lapsed):
-            return
         for tmax, k, b in sorted(lapsed, key=lambda x: x[0]):  # the oldest first
             if over > 0 or tmax < oldest[k]:
                 gone.add(id(b))
                 over -= b.nbytes
                 self.held_bytes -= b.nbytes
-        if gone:
-            for k in floor:
-                self.hist[k] = [b for b in self.hist[k] if id(b) not in gone]
+        for k in floor:
+            self.hist[k] = [b for b in self.hist[k] if id(b) not in gone]
+        self.held_oldest = min((b.tmax for k in self.hist for b in self.hist[k]), default=2**62)
 
     def _per_series(self, sids: np.ndarray, fn, dtype) -> np.ndarray:
         """Per row: ``fn`` of its series' extra labels (``_sid_extra``), called once per series."""
