@@ -129,8 +129,9 @@ def evaluate(
     notes = [r for r in incidents if r.severity == "info"]
     incidents = [r for r in incidents if r.severity != "info"]
     # the analysis's own records claim no fault: scored only against a truth that has their kind
-    own = [r for r in incidents if r.kind in ANALYSIS_KINDS and not any(t.kind == r.kind for t in truth)]
-    incidents = [r for r in incidents if not any(r is o for o in own)]
+    unscored = set(ANALYSIS_KINDS) - {t.kind for t in truth}
+    own = [r for r in incidents if r.kind in unscored]
+    incidents = [r for r in incidents if r.kind not in unscored]
     taken, first, dup_of = assign(truth, incidents, lenient)
     per_kind = {}
     kinds = [k for k in KINDS if any(r.kind == k for r in truth) or any(r.kind == k for r in incidents)]
@@ -172,10 +173,15 @@ def evaluate(
         "gpu_days": _r(gpu_days),
         "false_incidents": n_false,
         "false_per_1000_gpu_days": round(n_false / gpu_days * 1000, 4) if gpu_days else None,
-        "notes": {k: sum(r.kind == k for r in notes) for k in sorted({r.kind for r in notes})},
-        "analysis": {k: sum(r.kind == k for r in own) for k in sorted({r.kind for r in own})},
+        "notes": _per_kind(notes),
+        "analysis": _per_kind(own),
     }
     return out
+
+
+def _per_kind(recs: list[Record]) -> dict[str, int]:
+    """How many records of each kind, by kind's name."""
+    return {k: sum(r.kind == k for r in recs) for k in sorted({r.kind for r in recs})}
 
 
 def _where(r: Record) -> str:
