@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections.abc import Iterable, Iterator, Mapping
 from typing import NamedTuple
 
@@ -249,20 +250,37 @@ def _split_head(raw: bytes, esc: bool, size: int) -> tuple[str, dict[str, str]]:
     tags = {}
     seen = set()
     for pair in pairs:
-        k, _, v = pair.partition(b"=")
-        if not k or not v or b"=" in v[1:]:
-            raise ParseError(f"bad tag {pair!r}")
+        got = _PAIRS.get(pair)
+        if got is None:
+            got = _tag_pair(pair)
+            if len(_PAIRS) >= _PAIRS_MAX:
+                _PAIRS.clear()
+            _PAIRS[pair] = got
+        k, key, value = got
         if k in seen:
             raise ParseError("duplicate tags")
         seen.add(k)
-        if esc:
-            k, v = k.translate(_UNPLACE), v.translate(_UNPLACE)
-        if k == b"time":
-            raise ParseError('invalid tag key "time"')
-        tags[k.decode("utf-8", "replace")] = v.decode("utf-8", "replace")
+        tags[key] = value
     if size > _MAX_KEY:
         raise ParseError(f"max key length exceeded: {size} > {_MAX_KEY}")
     return measurement, tags
+
+
+# a fleet's series heads share most of their tag pairs (a GPU's host, rack, model and UUID in each
+# of its links' heads): each pair as written (escapes as placeholders) is read once
+_PAIRS: dict[bytes, tuple[bytes, str, str]] = {}
+_PAIRS_MAX = 1 << 16
+
+
+def _tag_pair(pair: bytes) -> tuple[bytes, str, str]:
+    """One ``key=value`` of a head split by ``parse_head``: (the key's bytes, key, value)."""
+    k, _, v = pair.partition(b"=")
+    if not k or not v or b"=" in v[1:]:
+        raise ParseError(f"bad tag {pair!r}")
+    k, v = k.translate(_UNPLACE), v.translate(_UNPLACE)  # (no placeholder: unchanged)
+    if k == b"time":
+        raise ParseError('invalid tag key "time"')
+    return k, sys.intern(k.decode("utf-8", "replace")), sys.intern(v.decode("utf-8", "replace"))
 
 
 def _head_parts(b: bytes, end: int, starts: list[int]) -> tuple[str, dict[str, str]]:

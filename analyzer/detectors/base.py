@@ -146,7 +146,9 @@ class Detector:
 
     def warm(self) -> None:
         """Load what the detector imports lazily (online modes call it at start, so the first
-        window that needs it is not delayed); nothing by default."""
+        window that needs it is not delayed); by default what numpy loads on a first quantile or
+        median (``numpy.ma``), which most detectors take."""
+        import numpy.ma  # noqa: F401
 
     def fit(self, window: Window) -> Detector:
         self.n_windows_ = getattr(self, "n_windows_", 0) + 1
@@ -174,8 +176,13 @@ class Detector:
         if past is None:
             return table
         ent, t = (tab.ent, tab.t) if rows is None else (tab.ent[rows], tab.t[rows])
-        own = tab.rolling_sum(np.where(tab.in_window(), v, 0.0), seconds, rows)
-        return np.maximum(table, own + past.sum(ent, t - seconds, t))
+        add = past.sum(ent, t - seconds, t)
+        at = np.flatnonzero(add)  # (the rows whose span reaches a kept past row: mostly none)
+        if not len(at):
+            return table
+        own = tab.rolling_sum(np.where(tab.in_window(), v, 0.0), seconds, at if rows is None else rows[at])
+        table[at] = np.maximum(table[at], own + add[at])
+        return table
 
     def _trail(self, tab: Table, name: str, v: np.ndarray, seconds: float) -> _Past | None:
         """What earlier windows left of ``name`` (the past rows ``trailing_sum`` adds), then this
@@ -187,7 +194,8 @@ class Detector:
         new = tab.in_window()
         add = new & np.isfinite(v) & (v != 0)
         ent, t, x = (np.concatenate([a, b]) for a, b in ((ent, tab.ent[add]), (t, tab.t[add]), (x, v[add])))
-        keep = t > latest_at(raise_latest(np.zeros(0), tab.ent[new], tab.t[new]), ent) - seconds
+        latest = tab.cached(("latest new",), lambda: raise_latest(np.zeros(0), tab.ent[new], tab.t[new]))
+        keep = t > latest_at(latest, ent) - seconds
         trails[name] = (ent[keep], t[keep], x[keep])
         return past
 

@@ -136,6 +136,10 @@ class Straggler(Detector):
         valid &= n >= self.min_peers + 1
         return X, valid
 
+    def warm(self) -> None:
+        super().warm()
+        import numpy.random  # noqa: F401 - its fit samples rows
+
     def fit(self, window: Window) -> Straggler:
         if hasattr(self, "location_") or hasattr(self, "fit_sample_"):
             return self
