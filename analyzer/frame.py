@@ -214,6 +214,14 @@ class Table:
     def __len__(self):
         return len(self.t)
 
+    def subset(self, keep: np.ndarray) -> Table:
+        """The rows ``keep`` in their order (a mask that keeps or drops each entity's rows whole:
+        every per-entity feature is the same on them)."""
+        tab = Table(self.ent[keep], self.t[keep], {k: v[keep] for k, v in self.cols.items()},
+                    {k: v[keep] for k, v in self.text.items()})
+        tab.new = None if self.new is None else self.new[keep]
+        return tab
+
     def in_window(self) -> np.ndarray:
         """Rows inside the window proper (``new``); every row where the table has no context."""
         return self.new if self.new is not None else np.ones(len(self), bool)

@@ -30,6 +30,7 @@ next data. A stray point at timestamp 1 costs a few windows, never the 56 years 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -88,6 +89,9 @@ MEASUREMENTS = {
 # node reports keeps its last row as context, for up to late_bound_seconds, so the step over its gap
 # is seen when it returns
 ANCHORED = ("gpu", "gpu_nvlink")
+# the Window attribute that holds each stream's table
+WINDOW_TABLE = {"gpu": "gpu", "gpu_nvlink": "nvlink", "gpu_event": "event", "gpu_canary": "canary",
+                "host": "host", "bmc_sensor": "bmc"}
 NEW = "\x00new"  # a late window's own column: 1 where a row is the window's to analyse, not context
 EMPTY_WALK_SECONDS = 3600.0  # empty windows walked after a stream's last data before skipping to the next
 
@@ -564,11 +568,18 @@ class Analyzer:
             job = tab.text.get("job_id")
             new = w.fresh()  # the late hosts' own rows
             self.jobs.add(tab.ent[new], tab.t[new], job[new] if job is not None else None)
+        # a detector that judges a GPU by its own rows (peer_rows False) is given the late hosts'
+        # rows alone: the peers' rows, analysed in time already, would cost it a fleet's window
+        # and pass through its state (latches, trailing sums) a second time
+        alone = w
+        if peers and any(not d.peer_rows for d in self.detectors if m in d.tables):
+            mine = np.isin(self.host_of(m, tab.ent), list(hosts))
+            alone = dataclasses.replace(w, **{WINDOW_TABLE[m]: tab.subset(mine)})
         rack_names = list(dict.fromkeys(r for r in self.reg.host_rack if r is not None))
         for det in self.detectors:
             if m not in det.tables:
                 continue
-            hits = self._hits(det, w, fit=getattr(det, "fit_late", False))
+            hits = self._hits(det, w if det.peer_rows else alone, fit=getattr(det, "fit_late", False))
             if hits is None:
                 continue
             self.engine.add(_only_hosts(hits, hosts), self.reg, rack_names, late=True,

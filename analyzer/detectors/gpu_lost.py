@@ -20,6 +20,7 @@ from gpufleet.analyzer.frame import Window
 
 class GpuLost(Detector):
     kind = "gpu_lost"
+    peer_rows = False  # a GPU's own health and events; its silence is read off last_seen
     tables = ("gpu", "gpu_event")
     params = {
         "xids": [79],

@@ -20,6 +20,7 @@ CRITICAL_XIDS = {48, 64, 95}
 
 class MemoryErrors(Detector):
     kind = "memory_errors"
+    peer_rows = False  # a GPU's own counters against the fleet rate fit() learned
     tables = ("gpu", "gpu_event", "gpu_canary")
     params = {
         "xids": [48, 63, 64, 92, 94, 95],

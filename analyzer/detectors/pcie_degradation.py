@@ -40,6 +40,7 @@ LINK_ERROR_FIELDS = (
 
 class PcieDegradation(Detector):
     kind = "pcie_degradation"
+    peer_rows = False  # a GPU's own link against the best it trained to (fit)
     params = {
         "replay_allowance_per_s": 8 / 60,  # at gen 5 x16, scaled by gen x lanes: DCGM's 8 replays/min
         "load_utilization": 0.2,

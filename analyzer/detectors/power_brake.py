@@ -30,6 +30,7 @@ HW_POWER_BRAKE = 0x80
 
 class PowerBrake(Detector):
     kind = "power_brake"
+    peer_rows = False  # a GPU's own brake counters (a node's GPUs together: its own host's)
     params = {
         "min_share": 0.05,
         "dwell_seconds": 0.0,

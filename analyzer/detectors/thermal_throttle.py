@@ -37,6 +37,7 @@ def _thermal_bits(tab) -> np.ndarray:
 
 class ThermalThrottle(Detector):
     kind = "thermal_throttle"
+    peer_rows = False  # a GPU's own throttle counters and clocks
     params = {
         "min_share": 0.05,
         "dwell_seconds": 0.0,
