@@ -566,10 +566,15 @@ class Window:
     # per-window features: (detector, name) -> value (see once)
     features: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
-    def fresh(self) -> np.ndarray:
-        """The gpu table's rows analysed here for the first time: the window's own (not context),
-        and in a late window the late hosts' only. What learns from each row once learns from these."""
-        return self.gpu.in_window() & self.analyses(self.node_of[self.gpu.ent])
+    def fresh(self, tab: Table | None = None) -> np.ndarray:
+        """The rows of ``tab`` (the gpu table by default; a table of GPUs or of links) analysed here
+        for the first time: the window's own (not context), and in a late window the late hosts'
+        only. What learns from each row once, or keeps state from it, takes these."""
+        tab = self.gpu if tab is None else tab
+        if self.late_hosts is None:
+            return tab.in_window()
+        gpu = self.reg.link_arrays()[0][tab.ent] if tab is self.nvlink else tab.ent
+        return tab.in_window() & self.analyses(self.node_of[gpu])
 
     def analyses(self, hosts: np.ndarray) -> np.ndarray:
         """Per row, by its host id: whether this window analyses that host's rows (a late window:

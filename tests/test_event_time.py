@@ -792,3 +792,34 @@ def test_a_long_backlog_s_gpu_windows_see_its_own_bmc_rows(fleet, monkeypatch):
     assert online.an.dropped_rows == 0 and len(seen) > 3
     missing = [(round(s - t0), len(g - b)) for s, g, b in seen[1:] if g - b]
     assert not missing, missing
+
+
+def _pcie_fleet(minutes: int = 40, per_poll: int = 12) -> list:
+    """Hosts a and b, 2 GPUs each, a row every 10 s from T, loaded at PCIe gen 5 x16; a's GPU 0
+    takes ``per_poll`` receiver errors every poll: 72 a minute, below the 120 that page."""
+    lines = []
+    for s in range(0, minutes * 60, 10):
+        for h in ("a", "b"):
+            for g in range(2):
+                n = (s // 10) * per_poll if (h, g) == ("a", 0) else 0
+                lines.append(((T + s) * 10**9, h.encode(), (
+                    f"gpu,host={h},gpu={g} up=1i,power_watts=300,utilization_gpu_ratio=0.9,"
+                    f"pcie_link_gen=5i,pcie_link_gen_max=5i,pcie_link_width=16i,pcie_link_width_max=16i,"
+                    f"pcie_receiver_errors_total={n}i {(T + s) * 10**9}").encode()))
+    return lines
+
+
+@pytest.mark.parametrize("late", [False, True])
+def test_a_late_host_s_window_does_not_count_its_peers_rows_twice(late):
+    """a's GPU 0 takes PCIe errors at 72 a minute, steadily, under the bar of 120 over 10 min:
+    never a page, on time or while b's rows of minutes 10-19 land 9 minutes late (b's late
+    windows hold a's rows of that time as peers; a's errors there are not counted a second time)."""
+    def arrive(t, host, _i):
+        if late and host == b"b" and 600 <= t - T < 1140:
+            return T + 1150.0
+        return t + 1.0
+
+    an = replay(_pcie_fleet(), arrive, poll=10.0).an
+    an.finish()
+    assert (an.late_rows > 100) == late and an.dropped_rows == 0
+    assert [(r.kind, r.host, r.gpu) for r in an.incidents() if r.kind == "pcie_degradation"] == []

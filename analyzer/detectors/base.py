@@ -171,7 +171,7 @@ class Detector:
         its newer rows may find its older rows gone: never less than the table's own sum then (as
         before this was kept). ``v`` is taken on the table's new rows; the same ``name`` reads the
         same ``v`` within a window."""
-        past = window.once(self, ("trailing", name), lambda: self._trail(tab, name, v, seconds))
+        past = window.once(self, ("trailing", name), lambda: self._trail(window, tab, name, v, seconds))
         table = tab.rolling_sum(v, seconds, rows)
         if past is None:
             return table
@@ -184,14 +184,14 @@ class Detector:
         table[at] = np.maximum(table[at], own + add[at])
         return table
 
-    def _trail(self, tab: Table, name: str, v: np.ndarray, seconds: float) -> _Past | None:
+    def _trail(self, window: Window, tab: Table, name: str, v: np.ndarray, seconds: float) -> _Past | None:
         """What earlier windows left of ``name`` (the past rows ``trailing_sum`` adds), then this
         window's new nonzero rows kept; an entity's rows older than its newest new row here by more
         than ``seconds`` are let go (its next rows in time cannot reach them)."""
         trails = self.__dict__.setdefault("trails_", {})
         ent, t, x = trails.get(name) or (np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
         past = _Past(ent, t, x) if len(ent) else None
-        new = tab.in_window()
+        new = window.fresh(tab)  # (a late window's peers' rows: kept when they were analysed)
         add = new & np.isfinite(v) & (v != 0)
         ent, t, x = (np.concatenate([a, b]) for a, b in ((ent, tab.ent[add]), (t, tab.t[add]), (x, v[add])))
         latest = tab.cached(("latest new",), lambda: raise_latest(np.zeros(0), tab.ent[new], tab.t[new]))
@@ -212,7 +212,7 @@ class Detector:
         hit at that scope) with scope "gpu" (key: the GPU), "node" (key: the row's node) or "link"
         (a link table; key: the link).
         """
-        new = tab.in_window()
+        new = window.fresh(tab)  # (a late window's peers' rows: their latches moved in time)
         parts = []
         for scope, keys, rows in scopes:
             latch = self.__dict__.setdefault(f"latch_{scope}_", {})  # key -> start of its quiet run
