@@ -823,3 +823,24 @@ def test_a_late_host_s_window_does_not_count_its_peers_rows_twice(late):
     an.finish()
     assert (an.late_rows > 100) == late and an.dropped_rows == 0
     assert [(r.kind, r.host, r.gpu) for r in an.incidents() if r.kind == "pcie_degradation"] == []
+
+
+@pytest.mark.slow
+def test_which_minutes_a_warm_rack_s_gpus_near_their_limits_does_not_depend_on_the_window(tmp_path):
+    """The chaos fleet of seed 23 has a rack whose inlet runs 8 °C above the room, steadily, while
+    its GPUs come near their slowdown temperature in some minutes: the note says so the same
+    way in batch (five-minute windows) and online (windows a poll long), since the minutes near
+    the limits are judged per minute, not per window."""
+    out = tmp_path / "sim"
+    assert main(["sim", "--nodes", "8", "--duration", "2h", "--seed", "23", "--scenario", "chaos",
+                 "--out", str(out), "--no-progress"]) == 0
+    path = out / "telemetry.lp.gz"
+
+    def notes(recs):
+        return [(r.kind, r.evidence["first"]["setting"]) for r in recs if r.kind == "inlet_above_room"]
+
+    online = replay(lines_of(path), lambda t, _h, _i: t + 1.0, poll=POLL)
+    online.an.finish()
+    want = notes(batch(path))
+    assert want == [("inlet_above_room", "rack r002 inlet 8 °C above the room")]
+    assert notes(online.an.incidents()) == want

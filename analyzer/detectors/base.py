@@ -423,19 +423,6 @@ def node_together(window, tab, hot: np.ndarray, seen: np.ndarray, min_share: flo
     return together[inv] & hot, hot_g[inv]
 
 
-def racks_with_nodes(window, rows: np.ndarray, min_nodes: int) -> np.ndarray:
-    """Rack ids where the GPU ``rows`` (a mask over ``window.gpu``) fall on at least ``min_nodes``
-    nodes (every node of the rack seen in this window, in a smaller one)."""
-    tab = window.gpu
-    if not rows.any():
-        return np.zeros(0, np.int64)
-    racks, nodes = window.rack_of[tab.ent], window.node_of[tab.ent]
-    ur = np.unique(racks)
-    per_rack = np.bincount(np.searchsorted(ur, np.unique(racks * 10**7 + nodes) // 10**7))  # nodes seen
-    r, n = np.unique(np.unique(racks[rows] * 10**7 + nodes[rows]) // 10**7, return_counts=True)
-    return r[n >= np.minimum(min_nodes, per_rack[np.searchsorted(ur, r)])]
-
-
 def node_scope_hits(hits: Hits, window, min_share: float, min_gpus: int) -> Hits:
     """Hits of at least ``min_share`` of a node's GPUs (and ``min_gpus``) in the same minute become the
     node's (gpu = -1): a fault of the node (every GPU falling off the bus at once is its PCIe

@@ -128,7 +128,7 @@ class InletAboveRoom(Detector):
         if not warm.any():
             return Hits.none(self.kind)
         near = racks_near_limits(window, self.near_limit_celsius, self.near_nodes, throttled=False)
-        warm &= ~rising & ~np.isin(g_rack, near)
+        warm &= ~rising & ~np.isin(minute * 10**7 + g_rack, near)
         sel = np.flatnonzero(warm)
         if not len(sel):
             return Hits.none(self.kind)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from gpufleet.analyzer.detectors.base import Hits, nz, racks_with_nodes, rounded
+from gpufleet.analyzer.detectors.base import Hits, nz, rounded
 from gpufleet.analyzer.detectors.thermal_throttle import thermal_bits
 from gpufleet.analyzer.frame import Window
 from gpufleet.analyzer.groupby import buckets, distinct_count, group_median, lookup
@@ -42,10 +42,12 @@ def racks_with_inlet(window: Window) -> np.ndarray:
 
 def racks_near_limits(window: Window, near_celsius: float, min_nodes: int, throttled: bool,
                       own: np.ndarray | None = None) -> np.ndarray:
-    """Racks where GPUs of ``min_nodes`` nodes (every node, in a smaller rack) came within
-    ``near_celsius`` of their slowdown temperature in this window (or, with ``throttled``,
-    throttled for heat): the room's heat reaching the GPUs, not one GPU's own fault (``own``: rows
-    whose heat is their GPU's own, left out)."""
+    """(minute, rack) keys, ``minute * 10**7 + rack``, of the minutes where GPUs of ``min_nodes``
+    nodes of the rack (every node seen that minute, in a smaller rack) came within
+    ``near_celsius`` of their slowdown temperature (or, with ``throttled``, throttled for heat):
+    the room's heat reaching the GPUs, not one GPU's own fault (``own``: rows whose heat is their
+    GPU's own, left out). Judged per minute over every row the table holds of it (its context
+    too), so neither a five-minute window nor a poll-long one changes which minutes they are."""
     tab = window.gpu
     if not len(tab):
         return np.zeros(0, np.int64)
@@ -56,7 +58,16 @@ def racks_near_limits(window: Window, near_celsius: float, min_nodes: int, throt
         near |= thermal_bits(tab) > 0
     if own is not None:
         near &= ~own
-    return racks_with_nodes(window, tab.in_window() & near, min_nodes)
+    if not near.any():
+        return np.zeros(0, np.int64)
+    key = np.floor(tab.t / 60.0).astype(np.int64) * 10**7 + window.rack_of[tab.ent]
+    uk, kinv = np.unique(key, return_inverse=True)
+    node = window.node_of[tab.ent]
+    nn = int(node.max()) + 1
+    pair = kinv * nn + node  # per (rack, minute): the nodes seen, and those with a GPU near its limit
+    seen = np.bincount(np.unique(pair) // nn, minlength=len(uk))
+    hot = np.bincount(np.unique(pair[near]) // nn, minlength=len(uk))
+    return uk[(hot > 0) & (hot >= np.minimum(min_nodes, seen))]
 
 
 def leave_one_out_median(group: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -171,7 +182,7 @@ class RackInletRule:
                 self.since.pop(r, None)
         if flag.any():
             near = racks_near_limits(window, self.near_limit_celsius, self.min_nodes, throttled=True, own=own)
-            flag &= rising | np.isin(g_rack, near)
+            flag &= rising | np.isin(g_min * 10**7 + g_rack, near)
         sel = np.flatnonzero(flag)
         if not len(sel):
             return Hits.none(kind)
