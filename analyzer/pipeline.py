@@ -524,7 +524,7 @@ class Analyzer:
         tab, peers = self._late_table(m, start, end, cur, hosts)
         empty = Table.empty()
         empty.new = np.zeros(0, bool)
-        tables = {k: empty for k in ("gpu", "gpu_nvlink", "gpu_event", "gpu_canary", "host", "bmc_sensor")}
+        tables = {k: empty for k in WINDOW_TABLE}
         tables[m] = tab
         self._grow_last_seen()
         last_seen = self.last_seen.copy()
@@ -572,7 +572,8 @@ class Analyzer:
         # rows alone: the peers' rows, analysed in time already, would cost it a fleet's window
         # and pass through its state (latches, trailing sums) a second time
         alone = w
-        if peers and any(not d.peer_rows for d in self.detectors if m in d.tables):
+        reads = {d.peer_rows for d in self.detectors if m in d.tables}
+        if peers and reads == {True, False}:  # (with no reader of them the table has no peers' rows)
             mine = np.isin(self.host_of(m, tab.ent), list(hosts))
             alone = dataclasses.replace(w, **{WINDOW_TABLE[m]: tab.subset(mine)})
         rack_names = list(dict.fromkeys(r for r in self.reg.host_rack if r is not None))
@@ -1033,7 +1034,7 @@ class Analyzer:
         self._analysed(m, tab)
         empty = Table.empty()
         empty.new = np.zeros(0, bool)
-        tables = {k: empty for k in ("gpu", "gpu_nvlink", "gpu_event", "gpu_canary", "host", "bmc_sensor")}
+        tables = {k: empty for k in WINDOW_TABLE}
         tables[m] = tab
         self._grow_last_seen()
         if m == "gpu":
