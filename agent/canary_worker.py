@@ -37,6 +37,11 @@ import sys
 import time
 
 _T_START = time.perf_counter()
+# A float32 GEMM on the CPU splits its sums by BLAS thread, and the thread count follows the CPUs the
+# process may use: the agent's check on every CPU and a Slurm epilog's in a one-CPU job step got
+# different bits of the same product, a corruption that was not. One thread: the same bits wherever
+# the check runs (set before numpy is imported, which reads them once).
+BLAS_THREADS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")
 _PATTERNS = (0x55555555, 0xAAAAAAAA)
 
 
@@ -50,7 +55,8 @@ class NumpyEngine:
         import numpy as np
 
         self.np = np
-        self.version = f"numpy-{np.__version__}"
+        # (one BLAS thread, see BLAS_THREADS: answers of an earlier, threaded worker are not this one's)
+        self.version = f"numpy-{np.__version__}-1thread"
 
     def model(self) -> str:
         return platform.processor() or platform.machine()
@@ -329,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({"ok": False, "reason": "usage", "error": "bad arguments"}), flush=True)
         return int(exc.code or 0)
     gpu = a.engine != "numpy"
+    for name in BLAS_THREADS:
+        os.environ[name] = "1"
     size = a.size or (4096 if gpu else 256)
     mem = a.memory_bytes if a.memory_bytes >= 0 else ((256 << 20) if gpu else (8 << 20))
     try:

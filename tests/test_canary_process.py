@@ -314,3 +314,24 @@ def test_cli_on_a_gpu_without_a_cuda_engine_is_not_checked_exit_3(tmp_path):
     r = subprocess.run([sys.executable, "-m", "gpufleet", "canary", "--python", str(tmp_path / "nope")],
                        capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "canary.python" in r.stderr
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to run a check on one of them")
+def test_the_cpu_check_gets_the_same_bits_on_one_cpu_as_on_all(tmp_path):
+    """The numpy engine's first answer, stored by a check on every CPU, is what a check confined to
+    one CPU (a Slurm job step's cgroup) computes: no corruption where there is none."""
+    worker = ROOT / "agent" / "canary_worker.py"
+    args = [sys.executable, "-P", str(worker), "--engine", "numpy", "--state-dir", str(tmp_path),
+            "--label", "cpu", "--memory-bytes", "0"]
+
+    def run(cpus=None):
+        env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
+        r = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env,
+                           preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    first = run()
+    assert first["first"] == "created" and first["mismatches"] == 0
+    one = run({min(os.sched_getaffinity(0))})
+    assert (one["first"], one["mismatches"], one["digest"]) == ("compared", 0, first["digest"])
