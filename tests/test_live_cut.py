@@ -26,6 +26,7 @@ import time
 import pytest
 import requests
 from gpufleet.analyzer.config import Config
+from gpufleet.analyzer.pipeline import COPIES
 
 from gpufleet import records
 from tests.agent_support import compare, read_lp_dir, start_agent, stop_agent, wait_for
@@ -298,7 +299,11 @@ def test_nodes_cut_off_for_2_and_5_minutes_lose_nothing_and_page_their_faults_wi
                 assert cut_at < t < mended[h], (h, k, t, cut_at, mended[h])
     for n in procs:
         out = (tmp_path / f"{n}.out").read_text()
-        assert "analysis gap" not in out, out[-3000:]
+        # no row unanalysed; the only gap said may be the copies of a batch the cut broke off in
+        # flight (InfluxDB took it, the agent sent it again from its spool, the subscription
+        # forwarded both): rows at or behind what their GPU had analysed, an info record
+        gaps = [ln for ln in out.splitlines() if "analysis gap" in ln]
+        assert all(COPIES in ln for ln in gaps), gaps
         incs = records.read(tmp_path / f"{n}.jsonl")
         for host, gpu, kind in want:
             got = [r for r in incs if r.kind == kind and r.host == host and r.gpu == int(gpu)]
