@@ -74,6 +74,7 @@ TAG_WORD = {"bmc_sensor": (("sensor", "sensor_type"), ("inlet", "fan"))}
 # bmc_fan: the bmc_sensor rows of fan sensors, a stream of their own (a host's inlet and fan rows
 # share a timestamp, and a table keeps one row per host and time)
 STREAMS = ("gpu", "gpu_nvlink", "gpu_event", "gpu_canary", "host", "bmc_sensor", "bmc_fan")
+BMC_STREAMS = ("bmc_sensor", "bmc_fan")  # what a GPU window reads of its hosts' BMC (inlet, fans)
 MEASUREMENTS = {
     "gpu": "gpu",
     "gpu_nvlink": "link",
@@ -420,7 +421,7 @@ class Analyzer:
                     ready[i] = min(cursor, self.late_wm[(m, h)] / 1e9 - self.lateness)
                 if MEASUREMENTS[m] != "host" and not final:
                     # nor past the host's late BMC rows landed so far (the inlet of its GPUs' time)
-                    for k in ("bmc_sensor", "bmc_fan"):
+                    for k in BMC_STREAMS:
                         if (k, h) in self.late_wm:
                             ready[i] = min(ready[i], self.late_wm[(k, h)] / 1e9)
             r = ready[np.searchsorted(uh, hosts)]
@@ -541,16 +542,19 @@ class Analyzer:
                 last_seen[g[mine]] = np.maximum(last_seen[g[mine]], tab.t[last][mine])
                 self.last_seen[g[mine]] = np.maximum(self.last_seen[g[mine]], tab.t[last][mine])
             lo_ns, hi_ns = int((start - self.context) * 1e9), int(end * 1e9)
-            for k in ("bmc_sensor", "bmc_fan"):
+            for k in BMC_STREAMS:
                 held = self._held(k, start - self.context, end, hosts)
                 lc = self.late_ctx.get(k)
                 if lc is not None:
                     lc = _sub(lc, (lc.t >= lo_ns) & (lc.t < hi_ns))
-                # and the late hosts' BMC rows of the window their own stream has not cut yet (its
-                # late windows wait on their own readiness): the inlet of the GPUs' own time
+                # and the late hosts' BMC rows of the window their own stream has not cut yet, late
+                # (its late windows wait on their own readiness) or in time (the BMC stream's cursor
+                # behind the GPU stream's: a host's BMC rows written after its GPU rows), and its
+                # context there: the inlet of the GPUs' own time (a table keeps one row per time)
                 pending = [
                     _sub(b, (b.t >= lo_ns) & (b.t < hi_ns) & np.isin(self.host_of(k, b.ent), list(hosts)))
-                    for b in self.late[k]
+                    for b in (*self.late[k], *self.buffer[k], self.ctx.get(k))
+                    if b is not None and b.tmax >= lo_ns and b.tmin < hi_ns
                 ]
                 blk = _concat([held, lc, *pending])
                 t = Table.empty() if blk is None else Table.build(blk.ent, blk.t, blk.cols, blk.text)
@@ -587,7 +591,7 @@ class Analyzer:
                             no_peers=not peers and getattr(det, "peers", False))
         self._keep_held(m, [cur], late=True)
         if m == "gpu":
-            for k in ("bmc_sensor", "bmc_fan"):
+            for k in BMC_STREAMS:
                 self._trim_host_ctx(k, hosts, end)
         self.windows += 1
 

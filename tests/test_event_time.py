@@ -844,3 +844,53 @@ def test_which_minutes_a_warm_rack_s_gpus_near_their_limits_does_not_depend_on_t
     want = notes(batch(path))
     assert want == [("inlet_above_room", "rack r002 inlet 8 °C above the room")]
     assert notes(online.an.incidents()) == want
+
+
+def test_a_late_host_s_gpus_are_judged_with_its_inlet_landed_in_time(monkeypatch):
+    """Host b's GPU rows of minute 10 land after a's of minute 25 (behind the GPU cursor: late),
+    its BMC inlet rows of that minute in time, with a's (the BMC stream's cursor behind the GPU
+    stream's, as a node's BMC rows written after its GPU rows). b's late window reads that inlet,
+    still in the BMC stream's buffer: the cooling model takes the room's air out of its GPUs'
+    temperature (no inlet read as NaN)."""
+    from gpufleet.analyzer.detectors.cooling_degradation import CoolingDegradation
+
+    def rows(host, kind, lo, hi):
+        out = []
+        for s in range(lo, hi, 10):
+            ns = (T + s) * 10**9
+            if kind == "gpu":
+                out += [f"gpu,host={host},gpu={g} up=1i,power_watts=300,temperature_gpu_celsius=50i {ns}"
+                        for g in range(2)]
+            else:
+                out.append(f"bmc_sensor,host={host},sensor=Inlet\\ Temp,sensor_type=Temperature,unit=C "
+                           f"value=24.0,state_code=0i {ns}")
+        return out
+
+    def in_time(*parts):
+        return sorted((x for p in parts for x in p), key=lambda x: int(x.rsplit(" ", 1)[1]))
+
+    order = [in_time(*(rows(h, k, 0, 600) for h in "ab" for k in ("gpu", "bmc"))),
+             rows("a", "gpu", 600, 1560), rows("a", "bmc", 600, 700), rows("b", "bmc", 600, 700),
+             rows("b", "gpu", 600, 800),  # (b's window of minute 10 is due: its rows passed its end)
+             in_time(rows("a", "bmc", 700, 1560), rows("b", "bmc", 700, 1560), rows("b", "gpu", 800, 1560))]
+    seen = []
+    inlet = CoolingDegradation._inlet
+
+    def spy(self, window):
+        got = inlet(self, window)
+        tab = window.gpu
+        mine = (np.isin(window.node_of[tab.ent], list(window.late_hosts or ())) & tab.in_window()
+                & (tab.t >= T + 600) & (tab.t < T + 700))
+        seen.append(got[mine])
+        return got
+
+    monkeypatch.setattr(CoolingDegradation, "_inlet", spy)
+    cfg = Config()
+    cfg.analyzer.update(lateness_seconds=30.0)
+    an = Analyzer(cfg)
+    for part in order:
+        an.feed_bytes(("\n".join(part) + "\n").encode())
+    an.finish()
+    got = np.concatenate(seen)
+    assert len(got) == 20, "b's rows of minute 10 were not analysed late, each once"
+    assert (got == 24.0).all(), got
