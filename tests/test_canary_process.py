@@ -317,21 +317,24 @@ def test_cli_on_a_gpu_without_a_cuda_engine_is_not_checked_exit_3(tmp_path):
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to run a check on one of them")
-def test_the_cpu_check_gets_the_same_bits_on_one_cpu_as_on_all(tmp_path):
+def test_the_cpu_check_gets_the_same_bits_wherever_it_runs(tmp_path):
     """The numpy engine's first answer, stored by a check on every CPU, is what a check confined to
-    one CPU (a Slurm job step's cgroup) computes: no corruption where there is none."""
+    one CPU computes, and one in a bare environment (a Slurm job step's: no OPENBLAS_CORETYPE, so
+    the BLAS picks its own kernel): no corruption where there is none."""
     worker = ROOT / "agent" / "canary_worker.py"
     args = [sys.executable, "-P", str(worker), "--engine", "numpy", "--state-dir", str(tmp_path),
             "--label", "cpu", "--memory-bytes", "0"]
+    bare = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
 
-    def run(cpus=None):
-        env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
+    def run(env, cpus=None):
         r = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env,
                            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
         assert r.returncode == 0, r.stderr
         return json.loads(r.stdout)
 
-    first = run()
+    first = run({**bare, "OPENBLAS_CORETYPE": "Haswell"})
     assert first["first"] == "created" and first["mismatches"] == 0
-    one = run({min(os.sched_getaffinity(0))})
-    assert (one["first"], one["mismatches"], one["digest"]) == ("compared", 0, first["digest"])
+    for env, cpus in ((bare, None), (bare, {min(os.sched_getaffinity(0))}), ({**os.environ}, None)):
+        got = run(env, cpus)
+        want = ("compared", 0, first["digest"])
+        assert (got["first"], got["mismatches"], got["digest"]) == want, (env, cpus)
