@@ -894,33 +894,3 @@ def test_a_late_host_s_gpus_are_judged_with_its_inlet_landed_in_time(monkeypatch
     got = np.concatenate(seen)
     assert len(got) == 20, "b's rows of minute 10 were not analysed late, each once"
     assert (got == 24.0).all(), got
-
-
-def test_a_file_s_host_written_behind_the_others_is_judged_with_its_peers_in_batch(monkeypatch):
-    """A file need not be in time order: host b's rows of minutes 10-19 written after a's of minute
-    40 (a node whose spool drained late) are analysed in b's own time, and the detectors that
-    judge a GPU against its peers see a's rows of those minutes beside b's, in batch as online."""
-    from gpufleet.analyzer.detectors.cooling_degradation import CoolingDegradation
-
-    def rows(host, lo, hi):
-        return [f"gpu,host={host},gpu={g} up=1i,power_watts=300,temperature_gpu_celsius=50i "
-                f"{(T + s) * 10**9}" for s in range(lo, hi, 10) for g in range(2)]
-
-    seen = []
-    fit = CoolingDegradation.fit
-
-    def spy(self, window):
-        if window.late_hosts:
-            tab = window.gpu
-            hosts = {window.reg.hosts[h] for h in window.node_of[tab.ent[tab.in_window()]].tolist()}
-            seen.append((sorted(window.reg.hosts[h] for h in window.late_hosts), sorted(hosts)))
-        return fit(self, window)
-
-    monkeypatch.setattr(CoolingDegradation, "fit", spy)
-    an = Analyzer(Config())
-    for part in (rows("a", 0, 600) + rows("b", 0, 600), rows("a", 600, 2400), rows("b", 600, 1200),
-                 rows("b", 1200, 2400)):
-        an.feed_bytes(("\n".join(sorted(part, key=lambda x: int(x.rsplit(" ", 1)[1]))) + "\n").encode())
-    an.finish()
-    assert an.late_rows >= 120 and an.dropped_rows == 0
-    assert seen and all(late == ["b"] and hosts == ["a", "b"] for late, hosts in seen), seen
