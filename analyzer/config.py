@@ -56,14 +56,13 @@ ANALYZER_OPTIONS = (
     _sec("late_bound_seconds", 86400.0, "how far behind the analysis a host's rows may arrive and still "
          "be analysed; older ones are re-read from the store or dropped with an analysis_gap record",
          0.0, 30 * DAY),
-    # processed rows held for the late rows of a host that comes back (its peers, its own context),
-    # online and in batch alike: a file need not be in time order (a node whose spool drained
-    # writes its rows minutes behind the others'), and its late host is judged with its peers
-    _sec("peers_hold_seconds", 600.0, "processed rows held for the late rows of a host that comes back",
+    # processed rows held for the late rows of a host that comes back (its peers, its own context);
+    # 0 in batch runs, whose input is in time order (online: see gpufleet.analyzer.online)
+    _sec("peers_hold_seconds", 0.0, "processed rows held for the late rows of a host that comes back",
          0.0, DAY),
     # ... and older ones, up to the late bound, while all the rows held fit in this much memory
-    Option("peers_hold_bytes", "size", 256 << 20, "memory for processed rows held longer than peers_hold, "
-           "up to the late bound (about: their arrays' size)", 0, 2**40),
+    Option("peers_hold_bytes", "size", 0, "memory for processed rows held longer than peers_hold, up to "
+           "the late bound (about: their arrays' size)", 0, 2**40),
 )
 ANALYZER = options.defaults(ANALYZER_OPTIONS)
 # [influx]: the store --follow and batch runs read when no --influx-url is given

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-from gpufleet.analyzer.config import ANALYZER
 from gpufleet.analyzer.engine import summary_line
 from gpufleet.analyzer.pipeline import Analyzer
 
@@ -39,9 +38,11 @@ from gpufleet.errors import GpufleetError
 from gpufleet.logs import escape
 
 MAX_REWIND = 86400.0  # the longest stretch a restart re-reads to find still-firing incidents again
+PEERS_HOLD = 600.0  # online default: analysed rows held as peers and context for a host that comes back
+PEERS_HOLD_BYTES = 256 << 20  # ... and older ones, up to the late bound, while they fit in this much
 # --follow: how far behind its cursor a poll looks for rows written late (as far as late rows find
-# their peers held by default, peers_hold_seconds), in buckets of how long, at most how often (s)
-LATE_LOOKBACK = ANALYZER["peers_hold_seconds"]
+# their peers held, PEERS_HOLD), in buckets of how long, at most how often (s)
+LATE_LOOKBACK = PEERS_HOLD
 LATE_BUCKET = 60
 LATE_CHECK_EVERY = 60.0
 # a read-back (a host's gap, rows beyond the late bound) goes in reads of at most READ_BACK_STEP
@@ -129,6 +130,8 @@ class Online:
         cfg.analyzer["lateness_seconds"] = grace
         if lateness is not None:
             cfg.analyzer["late_bound_seconds"] = lateness
+        cfg.analyzer["peers_hold_seconds"] = cfg.analyzer.get("peers_hold_seconds") or PEERS_HOLD
+        cfg.analyzer["peers_hold_bytes"] = cfg.analyzer.get("peers_hold_bytes") or PEERS_HOLD_BYTES
         self.clock = clock or Clock()
         self.an = Analyzer(cfg, shard)
         self.an.window = self.online_window  # batch-size windows only while catching up
