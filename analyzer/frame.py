@@ -594,8 +594,11 @@ class Window:
         same value after: a detector's fit, score and detect of one window share what they derive
         from its rows. It lives as long as the window (the pipeline builds one per analysis step);
         what it read of the detector's learned state is that state as it stood when first asked
-        (a detector that learns in ``fit`` scores the window against what it knew before it)."""
-        key = (id(detector), name)
+        (a detector that learns in ``fit`` scores the window against what it knew before it).
+        Keyed by the detector itself, not its ``id``: a window that outlives a detector (a test's
+        windows replayed through one new detector after another) never hands a later one, given
+        the dead one's id, what the dead one derived."""
+        key = (detector, name)
         if key not in self.features:
             self.features[key] = compute()
         return self.features[key]

@@ -116,6 +116,30 @@ def test_contract(kind, healthy_windows):
     assert top_loud > top_quiet, (kind, top_loud, top_quiet)
 
 
+def test_a_window_s_features_are_never_another_detector_s():
+    """What a window derived for one detector (``Window.once``) is that detector's alone: the
+    window holds it, so a detector made after it is gone cannot get its id and its features (the
+    contract test replays one fleet's windows through a new detector per kind: PCIe was once
+    handed what a detector of another kind had cached under the same id)."""
+    import gc
+    import weakref
+
+    from gpufleet.analyzer.frame import Registry, Table, Window
+
+    empty = Table.empty()
+    empty.new = np.zeros(0, bool)
+    reg = Registry()
+    w = Window(T0, T0 + 300, reg, empty, empty, empty, empty, empty, empty, *reg.arrays(), np.zeros(0))
+    first = REGISTRY["pcie_degradation"](**Config().detectors["pcie_degradation"])
+    assert w.once(first, "parts", lambda: "first's") == "first's"
+    gone = weakref.ref(first)
+    del first
+    gc.collect()
+    assert gone() is not None  # still the window's: its id is not free for another detector
+    later = REGISTRY["pcie_degradation"](**Config().detectors["pcie_degradation"])
+    assert w.once(later, "parts", lambda: "later's") == "later's"
+
+
 @pytest.mark.parametrize("fault", FAULTS, ids=[f[0] for f in FAULTS])
 @pytest.mark.slow
 def test_each_fault_found_once_and_nothing_else(fault):
