@@ -130,6 +130,9 @@ class Engine:
         # whose data is late keeps them open), unless it is more than host_bound behind
         self.host_progress: np.ndarray | None = None
         self.host_bound = np.inf
+        # online: per host id, the stretches (s) it sent no rows ([from, to], to = inf while it
+        # lasts: node_stopped_reporting); no quiet time of its incidents, which then say nothing
+        self.host_gaps: dict[int, list[list[float]]] = {}
         self._late: dict[tuple, bool] = {}  # keys that got hits from late data -> judged without peers
 
     # ------------------------------------------------------------------ input
@@ -201,7 +204,7 @@ class Engine:
                     st.incident.start = t
                 self._extend(st, t, score, critical, e)
                 continue
-            if st.incident is not None and t - st.last_hit > resolve:
+            if st.incident is not None and self._quiet(st, t) > resolve:
                 self._close(st)
             if st.incident is not None:
                 self._extend(st, t, score, critical, e)
@@ -411,6 +414,15 @@ class Engine:
                 other.run_hits = 0
         rec.id = incident_id(rec)
 
+    def _quiet(self, st: _State, t: float) -> float:
+        """How long an incident has been quiet at ``t``: since its last hit, less the stretches its
+        host sent no rows (a node cut off whose live rows land before its backlog: its silence is
+        no sign the fault has gone, and batch, which has those rows, keeps one incident)."""
+        q = t - st.last_hit
+        for a, b in self.host_gaps.get(st.key[1], ()) if q > 0 else ():
+            q -= max(0.0, min(b, t) - max(a, st.last_hit))
+        return q
+
     def _close(self, st: _State) -> None:
         self._sync(st)
         inc = st.incident
@@ -445,7 +457,7 @@ class Engine:
                 wm = min(wm, max(hp[h], wm - self.host_bound))
             if st.incident is not None:
                 resolve = float(self.params.get(st.kind, {}).get("resolve_seconds", 900.0))
-                if wm - st.last_hit > resolve:
+                if self._quiet(st, wm) > resolve:
                     self._close(st)
             elif st.run_hits and wm - st.last_hit > float(
                 self.params.get(st.kind, {}).get("gap_seconds", 60.0)

@@ -949,6 +949,7 @@ class Analyzer:
         live = (np.maximum(heard, self.deaf_until) >= since) | (latest >= front - self.quiet_after)
         for h, rec in list(self._stopped.items()):
             if latest[h] > rec.start:
+                self.engine.host_gaps[h][-1][1] = float(latest[h])  # (its silence, in data time)
                 rec.end = now
                 rec.evidence["quiet_seconds"] = round(now - rec.start, 1)
                 rec.summary = (f"{rec.host}: node stopped reporting from {to_rfc3339(rec.start)}; reporting "
@@ -972,6 +973,8 @@ class Analyzer:
             rec.id = incident_id(rec)
             self._stopped[h] = rec
             self.notes.append(rec)
+            gaps = self.engine.host_gaps.setdefault(h, [])
+            gaps[:] = [*gaps[-7:], [float(latest[h]), math.inf]]
 
     def finish(self) -> None:
         self._cut(final=True)

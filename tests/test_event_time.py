@@ -894,3 +894,38 @@ def test_a_late_host_s_gpus_are_judged_with_its_inlet_landed_in_time(monkeypatch
     got = np.concatenate(seen)
     assert len(got) == 20, "b's rows of minute 10 were not analysed late, each once"
     assert (got == 24.0).all(), got
+
+
+def test_a_fault_across_its_node_s_silence_is_one_incident_when_its_live_rows_land_first():
+    """b's GPU 1 throttles thermally all along. b is cut off for 70 minutes (longer than the
+    hour thermal throttling takes to resolve); its live rows land first, its backlog after. The
+    silence was no data, not a quiet fault: one incident, as in batch, not a second page."""
+    lines = []
+    for s in range(0, 6000, 10):
+        ns = (T + s) * 10**9
+        for h in ("a", "b"):
+            for g in range(2):
+                hot = int(h == "b" and g == 1)
+                lines.append((ns, h.encode(), (
+                    f"gpu,host={h},gpu={g} up=1i,power_watts=650,power_limit_watts=700,"
+                    f"utilization_gpu_ratio=1,clock_event_hw_thermal={hot}i,temperature_gpu_celsius="
+                    f"{88 if hot else 60}i,temperature_slowdown_celsius=90i {ns}").encode()))
+    cut, back = T + 600, T + 600 + 4200
+
+    def arrive(t, host, _i):
+        return back + 120.0 if host == b"b" and cut <= t < back else t + 1.0
+
+    def throttling(recs):
+        return [(r.host, r.gpu, round(r.start)) for r in recs if r.kind == "thermal_throttle"]
+
+    want = [("b", 1, T)]
+    path_lines = "\n".join(x.decode() for _t, _h, x in lines) + "\n"
+    an = Analyzer()
+    an.feed_bytes(path_lines.encode())
+    an.finish()
+    assert throttling(an.incidents()) == want
+    online = replay(lines, arrive, poll=10.0)
+    online.an.finish()
+    got = online.an.incidents()
+    assert [r.host for r in got if r.kind == "node_stopped_reporting"] == ["b"]  # the silence was seen
+    assert throttling(got) == want, throttling(got)
