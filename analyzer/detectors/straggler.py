@@ -19,7 +19,9 @@ it). A GPU whose peers sit far below it (under ``peer_activity_min`` of its acti
 while they waited the whole interval (a rank with more work, a data-loader stall: the
 collective-wait nuisance): its clock below theirs is the power cap of the one GPU working, not a
 fault, so it is not a straggler. A GPU far below its peers (under ``waiting_activity``) is the
-one waiting: not a straggler either. Without GPM the clock evidence decides alone.
+one waiting: not a straggler either. Without GPM the clock evidence decides alone, but for its
+power: a GPU drawing ``min_power_drop`` more than its peers' does more work than they do (its clock
+held by its power limit), and is not a straggler with GPM or without.
 
 **Peers of the same model and power limit.** A job that spans GPU models is compared within each
 model (an A100 beside H100s is no slower H100), and GPUs whose power limit an operator lowered are
@@ -213,6 +215,10 @@ class Straggler(Detector):
         sm, _ = self._feature(window, "sm_active_ratio")  # NaN where the GPUs report no GPM
         with np.errstate(invalid="ignore"):
             not_same_work = (sm > -np.log(self.peer_activity_min)) | (sm < np.log(self.waiting_activity))
+            # drawing well more power than its peers (min_power_drop above theirs): more work, its
+            # clock held by its power limit while they wait on it (a rank with more data, a node
+            # a phase ahead), not a slower GPU, which does the same work at its peers' power or less
+            not_same_work |= power_f > -np.log(1 - self.min_power_drop)
         candidate = valid & slow & ~explained & ~not_same_work
         hit = candidate & nan_as_zero_gt(sc, self.distance)
 
