@@ -204,7 +204,7 @@ class Engine:
                     st.incident.start = t
                 self._extend(st, t, score, critical, e)
                 continue
-            if st.incident is not None and self._quiet(st, t) > resolve:
+            if st.incident is not None and t - st.last_hit > resolve and self._quiet(st, t) > resolve:
                 self._close(st)
             if st.incident is not None:
                 self._extend(st, t, score, critical, e)
@@ -417,7 +417,8 @@ class Engine:
     def _quiet(self, st: _State, t: float) -> float:
         """How long an incident has been quiet at ``t``: since its last hit, less the stretches its
         host sent no rows (a node cut off whose live rows land before its backlog: its silence is
-        no sign the fault has gone, and batch, which has those rows, keeps one incident)."""
+        no sign the fault has gone, and batch, which has those rows, keeps one incident). Never
+        more than ``t - last_hit``: asked only where that alone would resolve it."""
         q = t - st.last_hit
         for a, b in self.host_gaps.get(st.key[1], ()) if q > 0 else ():
             q -= max(0.0, min(b, t) - max(a, st.last_hit))
@@ -457,7 +458,7 @@ class Engine:
                 wm = min(wm, max(hp[h], wm - self.host_bound))
             if st.incident is not None:
                 resolve = float(self.params.get(st.kind, {}).get("resolve_seconds", 900.0))
-                if self._quiet(st, wm) > resolve:
+                if wm - st.last_hit > resolve and self._quiet(st, wm) > resolve:
                     self._close(st)
             elif st.run_hits and wm - st.last_hit > float(
                 self.params.get(st.kind, {}).get("gap_seconds", 60.0)
