@@ -117,8 +117,16 @@ class Registry:
         host_rack = np.array(
             [racks[r] if r is not None else 10**6 + i for i, r in enumerate(self.host_rack)], np.int64
         )
-        node = np.array(self.gpu_node, np.int64)
+        node = self.node_array()
         return node, host_rack[node] if len(node) else node
+
+    def node_array(self) -> np.ndarray:
+        """GPU id -> its node's id, as an array (GPUs are only ever added, never moved)."""
+        cache = getattr(self, "_node_array", None)
+        if cache is None or len(cache) != len(self.gpu_node):
+            cache = self._node_array = np.array(self.gpu_node, np.int64).reshape(-1)
+            cache.flags.writeable = False
+        return cache
 
     def model_ids(self) -> np.ndarray:
         """GPU id -> its model's number (models numbered in first-seen order; GPUs reporting no

@@ -169,6 +169,7 @@ class Analyzer:
         self.late: dict[str, list[_Block]] = {m: [] for m in MEASUREMENTS}  # rows behind the cursor
         self.late_ctx: dict[str, _Block | None] = {m: None for m in MEASUREMENTS}
         self.hist: dict[str, list[_Block]] = {m: [] for m in MEASUREMENTS}  # analysed rows held as peers
+        self.let_go: dict[str, int] = {}  # stream -> the latest row (ns) of its held rows let go
         self.held_bytes = 0
         self.held_oldest = 2**62  # the latest row of the oldest block held (ns)
         # (stream, host id) -> the stretches of its rows analysed in late windows, [from, to] (s), in
@@ -185,6 +186,7 @@ class Analyzer:
         self.ent_last: dict[str, np.ndarray] = {}
         self.late_last: dict[str, np.ndarray] = {}
         self.join = 3 * self.poll  # rows further apart than this leave a gap
+        self.every: dict[str, float] = {}  # stream -> its rows' interval (s), where seen: see _joins
         self.late_wm: dict[tuple[str, int], int] = {}  # (stream, host id) -> latest late row (ns)
         self._late_grew: set[tuple[str, int]] = set()  # late rows arrived since the last clock tick
         self._late_idle: dict[tuple[str, int], int] = {}  # clock ticks since they last grew
@@ -289,7 +291,7 @@ class Analyzer:
             # analysed in its own time order: the engine sees its hits in order)
             behind = blk.t < int(ws * 1e9)
             if pending:
-                behind |= np.isin(self.host_of(m, blk.ent), pending)
+                behind |= self._hosts_mask(pending)[self.host_of(m, blk.ent)]
             if behind.any():
                 self._add_late(m, _sub(blk, behind))
             if behind.all():
@@ -322,10 +324,16 @@ class Analyzer:
         kind = MEASUREMENTS[m]
         if kind == "host":
             return ent
-        node = np.asarray(self.reg.gpu_node, np.int64)
+        node = self.reg.node_array()
         if kind == "gpu":
             return node[ent]
         return node[self.reg.link_arrays()[0][ent]]
+
+    def _hosts_mask(self, hosts) -> np.ndarray:
+        """Host id -> whether it is one of ``hosts`` (a look-up per row, not a set test)."""
+        mask = np.zeros(len(self.reg.hosts), bool)
+        mask[list(hosts)] = True
+        return mask
 
     def _add_late(self, m: str, blk: _Block) -> None:
         hosts = self.host_of(m, blk.ent)
@@ -339,6 +347,8 @@ class Analyzer:
             # older than what its late windows analysed (landing after it) is analysed still
             e = blk.ent[idx]
             drop = self._copies(m, h, e, t) | self._late_copies(m, h, e, t)
+            if drop.any():
+                drop[drop] = self._held_copies(m, e[drop], t[drop])
             if drop.any():
                 name = self.reg.hosts[h]
                 self.late_points += int(drop.sum())
@@ -456,13 +466,14 @@ class Analyzer:
         """Analysed rows of stream ``m`` still held with ``lo <= t < hi``, but those the late
         windows of ``hosts`` analysed (their own context, ``late_ctx``, holds those)."""
         lo_ns, hi_ns = int(lo * 1e9), int(hi * 1e9)
-        parts = []
+        parts, mask = [], None
         for b in self.hist[m]:
             if b.tmax < lo_ns or b.tmin >= hi_ns:
                 continue
             take = (b.t >= lo_ns) & (b.t < hi_ns)
             if b.late:
-                take &= ~np.isin(self.host_of(m, b.ent), list(hosts))
+                mask = self._hosts_mask(hosts) if mask is None else mask
+                take &= ~mask[self.host_of(m, b.ent)]
             parts.append(_sub(b, take))
         return _concat(parts)
 
@@ -478,7 +489,7 @@ class Analyzer:
         # and their context are context only (analysed already)
         peers = False
         if held is not None and len(held.t):
-            own = np.isin(self.host_of(m, held.ent), list(hosts))
+            own = self._hosts_mask(hosts)[self.host_of(m, held.ent)]
             peers = not own.all()
             if peers and not any(d.peer_rows for d in self.detectors if m in d.tables):
                 held, own = _sub(held, own), own[own]
@@ -511,9 +522,12 @@ class Analyzer:
         hosts = set(np.unique(of).tolist())
         for h in hosts:
             # from its first row to just after its last, not the window's end: a row of a sparse
-            # stream landing later inside a window cut early (its host idle a while) is analysed
-            t = cur.t[of == h]
-            self._late_span(m, h, int(t.min()) / 1e9, min(end, int(t.max()) / 1e9 + 1e-6))
+            # stream landing later inside a window cut early (its host idle a while) is analysed;
+            # nor across a gap in its rows (a batch of them held back, landing later: its backlog)
+            t = np.unique(cur.t[of == h]) / 1e9
+            cut = np.flatnonzero(np.diff(t) > self._joins(m))
+            for lo, hi in zip([t[0], *t[cut + 1]], [*t[cut], t[-1]], strict=True):
+                self._late_span(m, h, float(lo), min(end, float(hi) + 1e-6))
         self._mark(self.late_last, m, cur.ent, cur.t / 1e9)
         self.late_rows += len(cur.t)
         if m in ("bmc_sensor", "bmc_fan", "host"):
@@ -523,6 +537,7 @@ class Analyzer:
             self._keep_held(m, [cur], late=True)
             return
         tab, peers = self._late_table(m, start, end, cur, hosts)
+        of_late = self._hosts_mask(hosts)
         empty = Table.empty()
         empty.new = np.zeros(0, bool)
         tables = {k: empty for k in WINDOW_TABLE}
@@ -534,10 +549,10 @@ class Analyzer:
             if len(tab):
                 last = np.flatnonzero(np.append(tab.ent[1:] != tab.ent[:-1], True))
                 g = tab.ent[last]
-                mine = np.isin(np.asarray(self.reg.gpu_node)[g], list(hosts))
+                node = self.reg.node_array()
+                mine = of_late[node[g]]
                 # the late hosts' GPUs as of this window's end (the main path may be past it)
-                node = np.asarray(self.reg.gpu_node, np.int64)
-                theirs = np.isin(node, list(hosts))
+                theirs = of_late[node]
                 last_seen[theirs & (last_seen >= start)] = -np.inf
                 last_seen[g[mine]] = np.maximum(last_seen[g[mine]], tab.t[last][mine])
                 self.last_seen[g[mine]] = np.maximum(self.last_seen[g[mine]], tab.t[last][mine])
@@ -552,7 +567,7 @@ class Analyzer:
                 # behind the GPU stream's: a host's BMC rows written after its GPU rows), and its
                 # context there: the inlet of the GPUs' own time (a table keeps one row per time)
                 pending = [
-                    _sub(b, (b.t >= lo_ns) & (b.t < hi_ns) & np.isin(self.host_of(k, b.ent), list(hosts)))
+                    _sub(b, (b.t >= lo_ns) & (b.t < hi_ns) & of_late[self.host_of(k, b.ent)])
                     for b in (*self.late[k], *self.buffer[k], self.ctx.get(k))
                     if b is not None and b.tmax >= lo_ns and b.tmin < hi_ns
                 ]
@@ -578,7 +593,7 @@ class Analyzer:
         alone = w
         reads = {d.peer_rows for d in self.detectors if m in d.tables}
         if peers and reads == {True, False}:  # (with no reader of them the table has no peers' rows)
-            mine = np.isin(self.host_of(m, tab.ent), list(hosts))
+            mine = of_late[self.host_of(m, tab.ent)]
             alone = dataclasses.replace(w, **{WINDOW_TABLE[m]: tab.subset(mine)})
         rack_names = list(dict.fromkeys(r for r in self.reg.host_rack if r is not None))
         for det in self.detectors:
@@ -639,29 +654,85 @@ class Analyzer:
                 a[: len(cov[0])], z[: len(cov[1])] = cov
             cov = self.covered[m] = (a, z)
         a, z = cov
+        holes = self._holes(m, ent, t)
         has = np.flatnonzero(np.isfinite(lo))
-        gap = lo[has] - z[has] > self.join
+        gap = lo[has] - z[has] > self._joins(m)
         for h in has[gap].tolist():
             if np.isfinite(z[h]):  # a gap in the host's rows: the stretch before it is closed
-                self.closed.setdefault((m, h), []).append((a[h], z[h]))
+                self._close(m, h, a[h], z[h])
             a[h] = lo[h]
+        for h, t0, t1 in holes:  # a gap inside the window closes one too
+            self._close(m, h, a[h], t0)
+            a[h] = t1
         z[has] = np.maximum(z[has], hi[has])
+
+    def _close(self, m: str, h: int, a: float, z: float) -> None:
+        """Host ``h``'s stretch ``[a, z]`` of stream ``m`` ended in a gap; stretches further behind
+        the stream's cursor than the late bound are let go (rows that old are never analysed here)."""
+        spans = self.closed.setdefault((m, h), [])
+        spans.append((a, z))
+        if len(spans) > 64 and math.isfinite(self.bound):
+            floor = (self.window_start.get(m) or z) - self.bound
+            spans[:] = [x for x in spans if x[1] >= floor]
+
+    def _holes(self, m: str, ent: np.ndarray, t: np.ndarray) -> list[tuple[int, float, float]]:
+        """Per host, the gaps between its rows (``ent``, ``t`` s, in entity and time order) with
+        none of its rows inside, longer than ``_joins``: ``(host, last row before, first row
+        after)``, in host and time order. A batch of a host's rows held back lands there later: its
+        backlog, not copies of what was analysed around it."""
+        d = np.diff(t)[ent[1:] == ent[:-1]]
+        d = d[d > 0]
+        if len(d) >= 8:  # the stream's own interval, from an entity's rows in a row
+            self.every[m] = float(np.median(d))
+        join = self._joins(m)
+        if not (d > join).any():  # (no entity's rows with a gap: none)
+            return []
+        hosts = self.host_of(m, ent)
+        order = np.lexsort((t, hosts))
+        hs, ts = hosts[order], t[order]
+        at = np.flatnonzero((hs[1:] == hs[:-1]) & (np.diff(ts) > join))
+        return list(zip(hs[at].tolist(), ts[at].tolist(), ts[at + 1].tolist(), strict=True))
+
+    def _joins(self, m: str) -> float:
+        """Rows of stream ``m`` further apart than this leave a gap: ``join``, or two and a half of
+        the stream's own intervals where it is polled less often (NVLink's 30 s: two polls missing
+        are a gap, a late poll is none)."""
+        return max(self.join, 2.5 * self.every.get(m, 0.0))
 
     def _late_span(self, m: str, h: int, lo: float, hi: float) -> None:
         """Host ``h``'s rows of stream ``m`` in ``[lo, hi]`` were analysed in a late window."""
         spans = self.late_spans.setdefault((m, h), [])
-        if spans and spans[-1][0] <= lo <= spans[-1][1] + self.join:  # the next window, as a rule
+        join = self._joins(m)
+        if spans and spans[-1][0] <= lo <= spans[-1][1] + join:  # the next window, as a rule
             spans[-1][1] = max(spans[-1][1], hi)
             return
         spans.append([lo, hi])
         spans.sort()
         merged = [spans[0]]
         for a, z in spans[1:]:
-            if a <= merged[-1][1] + self.join:
+            if a <= merged[-1][1] + join:
                 merged[-1][1] = max(merged[-1][1], z)
             else:
                 merged.append([a, z])
         self.late_spans[(m, h)] = merged
+
+    def _held_copies(self, m: str, ent: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """Of rows (entities, ns) a stretch takes for copies, those that are: where the analysed
+        rows of their time are still held, a row is a copy only if one of them has its entity and
+        time (a poll split across two bodies at the edge of a held-back batch is not); older ones
+        (and a stream not held) keep the stretch's word."""
+        out = t <= self.let_go.get(m, 2**62 if self.hold <= 0 or m == "host" else -(2**62))
+        lo, hi = int(t.min()), int(t.max())
+        held = [b for b in self.hist[m] if b.tmax >= lo and b.tmin <= hi]
+        if out.all() or not held:
+            return out
+
+        def key(e: np.ndarray, x: np.ndarray) -> np.ndarray:  # entity and µs since lo in one int
+            return (e.astype(np.int64) << 37) | ((x - lo) // 1000)
+
+        at = [(b.t >= lo) & (b.t <= hi) for b in held]
+        seen = np.concatenate([key(b.ent[k], b.t[k]) for b, k in zip(held, at, strict=True)])
+        return out | np.isin(key(ent, t), seen)
 
     def _late_copies(self, m: str, h: int, ent: np.ndarray, t: np.ndarray) -> np.ndarray:
         """Which of host ``h``'s late rows (entities, ns) lie inside a stretch its late windows
@@ -738,6 +809,7 @@ class Analyzer:
                 gone.add(id(b))
                 over -= b.nbytes
                 self.held_bytes -= b.nbytes
+                self.let_go[k] = max(self.let_go.get(k, -(2**62)), tmax)
         for k in floor:
             self.hist[k] = [b for b in self.hist[k] if id(b) not in gone]
         self.held_oldest = min((b.tmax for k in self.hist for b in self.hist[k]), default=2**62)

@@ -198,6 +198,33 @@ def _dbe_fleet(dbe: int, seconds: int = 300) -> list:
     return lines
 
 
+@pytest.mark.parametrize("late", [False, True], ids=["fleet-backlog", "host-backlog"])
+def test_a_batch_of_a_host_s_rows_held_back_inside_one_window_is_analysed_when_it_lands(late):
+    """b's rows of 420-480 s (its DBE at 450 among them) are held back and land a minute after the
+    rest: a gap inside one window of b's rows, not copies of what was analysed around it; with
+    them the row of b's GPU 1 at 419 s, the rest of a poll whose other row was analysed (a body
+    cut mid-poll). Whether the fleet's rows all land at once ahead of their time (a replay:
+    analysed in five-minute windows, b in time with a; the held rows a minute later) or a is on
+    time and b's rows land at 900 s (b's five-minute late windows; the held rows at 960 s), the
+    hole lies inside one window; the held rows are analysed when they land: no analysis_gap
+    record, the DBE's incident takes its true start, one incident."""
+    lines = _dbe_fleet(450, seconds=900)
+
+    def arrive(t, host, i):
+        held = host == b"b" and (420 <= t - T < 480 or (t - T == 419 and b"gpu=1" in lines[i][2]))
+        if not late:
+            return T + (60.5 if held else 0.5)
+        if host == b"b":
+            return T + (960.5 if held else 900.5)
+        return t + 0.5
+
+    an = replay(lines, arrive, poll=1.0).an
+    assert [r for r in an.incidents() if r.kind == "analysis_gap"] == []
+    got = [r for r in an.incidents() if r.kind == "memory_errors"]
+    assert [(r.host, r.gpu, r.start) for r in got] == [("b", 1, T + 450)], got
+    assert an.late_points == 0 and an.dropped_rows == 0 and an.late_rows >= 2 * 60
+
+
 def test_a_short_node_cut_whose_rows_land_after_its_live_rows_keeps_one_incident_with_its_true_start(
         tmp_path):
     """gpu b is cut off for 2 minutes (less than the context) and has a DBE inside the cut; its rows
