@@ -225,6 +225,21 @@ def test_a_batch_of_a_host_s_rows_held_back_inside_one_window_is_analysed_when_i
     assert an.late_points == 0 and an.dropped_rows == 0 and an.late_rows >= 2 * 60
 
 
+def test_one_gpu_s_rows_landing_late_among_its_host_s_on_time_rows_are_analysed():
+    """b's GPU 1 rows of 200-260 s (its DBE at 230) land at 400 s, GPU 0's on time: inside the
+    stretch b has analysed, yet no row of GPU 1 at their times was (the held rows say so): its
+    backlog, analysed in b's own time, the DBE paged with its true start; no analysis_gap."""
+    lines = _dbe_fleet(230, seconds=500)
+
+    def arrive(t, host, i):
+        return T + 400.5 if host == b"b" and 200 <= t - T < 260 and b"gpu=1" in lines[i][2] else t + 0.5
+
+    an = replay(lines, arrive, poll=1.0).an
+    got = [(r.kind, r.host, r.gpu, r.start) for r in an.incidents()]
+    assert got == [("memory_errors", "b", 1, T + 230)], got
+    assert an.late_rows == 60 and an.late_points == 0
+
+
 def test_a_short_node_cut_whose_rows_land_after_its_live_rows_keeps_one_incident_with_its_true_start(
         tmp_path):
     """gpu b is cut off for 2 minutes (less than the context) and has a DBE inside the cut; its rows
