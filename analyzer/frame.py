@@ -192,17 +192,6 @@ class Table:
 
     @classmethod
     def build(cls, ent: np.ndarray, t_ns: np.ndarray, cols: dict, text: dict | None = None) -> Table:
-        idx, tab = cls.ordered(ent, t_ns)
-        # ndarray.take: the same rows as indexing, without indexing's per-call overhead
-        tab.cols = {k: v.take(idx) for k, v in cols.items()}
-        tab.text = {k: v.take(idx) for k, v in (text or {}).items()}
-        return tab
-
-    @classmethod
-    def ordered(cls, ent: np.ndarray, t_ns: np.ndarray) -> tuple[np.ndarray, Table]:
-        """The rows' order in a table (by entity, then time; of rows with the same entity and time
-        the last one only) and the table of their entities and times, its columns to be taken by
-        that order (``build``; a caller joining parts takes them one column at a time)."""
         n = len(ent)
         if n > 1 and bool((t_ns[1:] >= t_ns[:-1]).all()):
             # rows already in time order (as files and exports are): a stable sort by entity keeps
@@ -220,7 +209,11 @@ class Table:
         else:
             idx = order[keep]
             ent, t_ns = ent[keep], t_ns[keep]
-        return idx, cls(ent, t_ns / 1e9)
+        tab = cls(ent, t_ns / 1e9)
+        # ndarray.take: the same rows as indexing, without indexing's per-call overhead
+        tab.cols = {k: v.take(idx) for k, v in cols.items()}
+        tab.text = {k: v.take(idx) for k, v in (text or {}).items()}
+        return tab
 
     @classmethod
     def empty(cls) -> Table:

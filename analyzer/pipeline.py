@@ -1086,33 +1086,21 @@ class Analyzer:
             self.buffer[m] = rest
             self._keep_held(m, cur, end)
         ctx = self.ctx.get(m)
-        parts = [p for p in ([ctx] if ctx is not None else []) + cur if len(p.t)]
-        if not parts:
+        blk = _concat(([ctx] if ctx is not None else []) + cur)
+        if blk is None:
             tab = Table.empty()
             tab.new = np.zeros(0, bool)
             if consume:
                 self.ctx[m] = None
             return tab
-        # the context and the table, taken from the joined parts a column at a time: a window's
-        # rows are never all copied twice at once (at 10,000 GPUs an NVLink window is 300 MB)
-        blk = _concat(parts, columns=False)
-        keep = None
         if consume:
             keep = blk.t >= ctx_from
             if m in ANCHORED:  # a silent entity's last row: its counters' step over the gap is judged
                 keep = _anchored(blk, keep, int((end - self.bound) * 1e9), functools.partial(self.host_of, m))
-            keep = np.flatnonzero(keep) if keep.any() else None
-        idx, tab = Table.ordered(blk.ent, blk.t) if build else (None, None)
-        kept = _Block(blk.ent.take(keep), blk.t.take(keep), {}, {}) if keep is not None else None
-        for text, name, v in _columns(parts):
-            if kept is not None:
-                (kept.text if text else kept.cols)[name] = v.take(keep)
-            if tab is not None:
-                (tab.text if text else tab.cols)[name] = v.take(idx)
-        if consume:
-            self.ctx[m] = kept
-        if tab is None:
+            self.ctx[m] = _sub(blk, keep) if keep.any() else None
+        if not build:
             return None
+        tab = Table.build(blk.ent, blk.t, blk.cols, blk.text)
         tab.new = tab.t >= start
         return tab
 
@@ -1270,27 +1258,20 @@ def _sub(b: _Block, mask) -> _Block:
     )
 
 
-def _columns(parts: list[_Block]):
-    """Each column of the parts joined, one at a time: (text?, name, values), a part without it
-    NaN (None for text) there."""
-    for text in (False, True):
-        of = [p.text if text else p.cols for p in parts]
-        fill, dtype = (None, object) if text else (np.nan, float)
-        for k in dict.fromkeys(k for c in of for k in c):
-            yield text, k, np.concatenate(
-                [c[k] if k in c else np.full(len(p.t), fill, dtype) for c, p in zip(of, parts, strict=True)]
-            )
-
-
-def _concat(parts: list[_Block], columns: bool = True) -> _Block | None:
-    """The parts' rows as one block (``columns`` False: their entities and times only)."""
+def _concat(parts: list[_Block]) -> _Block | None:
     parts = [p for p in parts if p is not None and len(p.t)]
     if not parts:
         return None
     if len(parts) == 1:
-        p = parts[0]
-        return p if columns else _Block(p.ent, p.t, {}, {})
-    blk = _Block(np.concatenate([p.ent for p in parts]), np.concatenate([p.t for p in parts]), {}, {})
-    for text, k, v in _columns(parts) if columns else ():
-        (blk.text if text else blk.cols)[k] = v
-    return blk
+        return parts[0]
+    cols = {
+        k: np.concatenate([p.cols[k] if k in p.cols else np.full(len(p.t), np.nan) for p in parts])
+        for k in dict.fromkeys(k for p in parts for k in p.cols)
+    }
+    text = {
+        k: np.concatenate(
+            [p.text[k] if k in p.text else np.full(len(p.t), None, dtype=object) for p in parts]
+        )
+        for k in dict.fromkeys(k for p in parts for k in p.text)
+    }
+    return _Block(np.concatenate([p.ent for p in parts]), np.concatenate([p.t for p in parts]), cols, text)
