@@ -721,7 +721,7 @@ class Analyzer:
         rows of their time are still held, a row is a copy only if one of them has its entity and
         time (a poll split across two bodies at the edge of a held-back batch is not); older ones
         (and a stream not held) keep the stretch's word."""
-        out = t <= self.let_go.get(m, 2**62 if self.hold <= 0 or m == "host" else -(2**62))
+        out = t <= self.let_go.get(m, -(2**62) if self._holds(m) else 2**62)
         lo, hi = int(t.min()), int(t.max())
         held = [b for b in self.hist[m] if b.tmax >= lo and b.tmin <= hi]
         if out.all() or not held:
@@ -779,6 +779,11 @@ class Analyzer:
         if len(self.last_seen) < n_gpu:
             self.last_seen = np.concatenate([self.last_seen, np.full(n_gpu - len(self.last_seen), -np.inf)])
 
+    def _holds(self, m: str) -> bool:
+        """Whether stream ``m``'s analysed rows are held (``_keep_held``): not in a batch run, nor
+        the ``host`` stream's (no late window reads them)."""
+        return self.hold > 0 and m != "host"
+
     def _keep_held(self, m: str, cur: list[_Block], front: float | None = None, late: bool = False) -> None:
         """Hold a window's analysed rows for the late rows of other hosts (their peers): each
         stream's for ``peers_hold_seconds`` behind its cursor, and older ones (never more than the
@@ -786,7 +791,7 @@ class Analyzer:
         let go first. ``late``: a late window's rows, held as well (a host cut off over the same
         hours as another is its peer there, as in batch). Not the ``host`` stream's: a late window
         reads the peers' gpu, link and BMC rows only. ``front``: the stream's new cursor."""
-        if self.hold <= 0 or m == "host":
+        if not self._holds(m):
             return
         for b in cur:
             if len(b.t):
