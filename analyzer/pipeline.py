@@ -117,7 +117,7 @@ class _Block:
     @functools.cached_property
     def nbytes(self) -> int:
         arrays = (self.ent, self.t, *self.cols.values(), *self.text.values())
-        return sum(a.nbytes for a in arrays)
+        return sum(a.nbytes if a.strides[0] else a.itemsize for a in arrays)  # a broadcast value: one
 
 
 def shard_of(host: str, n: int) -> int:
@@ -475,7 +475,7 @@ class Analyzer:
                 mask = self._hosts_mask(hosts) if mask is None else mask
                 take &= ~mask[self.host_of(m, b.ent)]
             parts.append(_sub(b, take))
-        return _concat(parts)
+        return _widened(_concat(parts))
 
     def _late_table(self, m: str, start: float, end: float, cur: _Block | None, hosts: set[int]):
         """A late window's table: held rows of ``[start - context, end)``, the late hosts' own
@@ -795,7 +795,7 @@ class Analyzer:
             return
         for b in cur:
             if len(b.t):
-                b = _Block(b.ent, b.t, b.cols, b.text, late=True) if late else b
+                b = _compact(b, late)
                 self.hist[m].append(b)
                 self.held_bytes += b.nbytes
                 self.held_oldest = min(self.held_oldest, b.tmax)
@@ -1261,6 +1261,35 @@ def _sub(b: _Block, mask) -> _Block:
         {k: v.take(idx) for k, v in b.cols.items()},
         {k: v.take(idx) for k, v in b.text.items()},
     )
+
+
+def _compact(b: _Block, late: bool) -> _Block:
+    """A block to hold (``Analyzer._keep_held``) in less memory, its values unchanged: a column of
+    one value is that value broadcast (no memory), a column whose every value float32 holds exactly
+    is float32, entity ids are int32; a copy, so no larger array it was cut from stays alive.
+    :func:`_widened` gives the rows back as the rest of the pipeline has them."""
+
+    def small(v: np.ndarray) -> np.ndarray:
+        if not len(v) or v.dtype != np.float64:
+            return v.copy()
+        first = v[0]
+        if (np.isnan(v).all() if np.isnan(first) else (v == first).all()):
+            return np.broadcast_to(first, v.shape)
+        f = v.astype(np.float32)
+        return f if np.array_equal(f, v, equal_nan=True) else v.copy()
+
+    return _Block(b.ent.astype(np.int32), b.t.copy(), {k: small(v) for k, v in b.cols.items()},
+                  {k: v.copy() for k, v in b.text.items()}, late=late)
+
+
+def _widened(b: _Block | None) -> _Block | None:
+    """Held rows (:func:`_compact`) as the pipeline has its rows: float64 values in arrays of
+    their own, int64 entities."""
+    if b is None:
+        return None
+    cols = {k: v.astype(np.float64) if v.dtype == np.float32 or not v.strides[0] else v
+            for k, v in b.cols.items()}
+    return _Block(b.ent.astype(np.int64), b.t, cols, b.text, late=b.late)
 
 
 def _concat(parts: list[_Block]) -> _Block | None:

@@ -803,6 +803,38 @@ def test_analysed_rows_are_held_past_peers_hold_only_while_they_fit_the_budget()
     assert none < some <= everything // 2 and 60 < first < cursor - 60 and last == cursor - 10
 
 
+def test_rows_held_for_peers_take_less_memory_and_read_back_unchanged():
+    """A held block keeps a column of one value as that value, one float32 holds exactly as
+    float32, entity ids as int32; the rows read back are the rows held, float64 and int64 in
+    arrays of their own."""
+    from gpufleet.analyzer.pipeline import _Block, _compact, _widened
+
+    rng = np.random.default_rng(3)
+    n = 1000
+    cols = {
+        "one": np.full(n, 7.0),
+        "none": np.full(n, np.nan),
+        "temp": rng.integers(30, 90, n).astype(float),
+        "gaps": np.where(rng.random(n) < 0.3, np.nan, rng.integers(0, 10, n).astype(float)),
+        "ratio": rng.random(n),
+        "bytes": 2.0**40 + np.arange(n),
+    }
+    b = _Block(rng.integers(0, 500, n), np.arange(n, dtype=np.int64) * 10**9, cols,
+               {"job": np.array(["j1", None] * (n // 2), dtype=object)})
+    held = _compact(b, late=True)
+    # int32 ids and int64 times, two values, two float32 and two float64 columns, the text's pointers
+    assert held.late and held.nbytes == 12 * n + 2 * 8 + 2 * 4 * n + 2 * 8 * n + 8 * n < 0.62 * b.nbytes
+    assert held.cols["one"].strides == (0,) and held.cols["none"].strides == (0,)
+    assert held.cols["temp"].dtype == np.float32 and held.cols["gaps"].dtype == np.float32
+    assert held.cols["ratio"].dtype == np.float64 and held.cols["bytes"].dtype == np.float64
+    back = _widened(held)
+    assert back.ent.dtype == np.int64 and np.array_equal(back.ent, b.ent) and np.array_equal(back.t, b.t)
+    for k, v in cols.items():
+        got = back.cols[k]
+        assert got.dtype == np.float64 and got.flags.writeable and np.array_equal(got, v, equal_nan=True), k
+    assert list(back.text["job"]) == list(b.text["job"])
+
+
 def test_a_long_backlog_s_gpu_windows_see_its_own_bmc_rows(fleet, monkeypatch):
     """A backlog's gpu late windows see the host's own inlet readings of their time (the cooling
     model takes the inlet out), however the BMC stream's own late windows stand: all of them cut
