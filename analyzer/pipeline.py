@@ -1272,10 +1272,11 @@ def _compact(b: _Block, late: bool) -> _Block:
     def small(v: np.ndarray) -> np.ndarray:
         if not len(v) or v.dtype != np.float64:
             return v.copy()
-        first = v[0]
-        if (np.isnan(v).all() if np.isnan(first) else (v == first).all()):
-            return np.broadcast_to(first, v.shape)
-        f = v.astype(np.float32)
+        bits = v.view(np.uint64)
+        if (bits == bits[0]).all():  # bit for bit: NaN is NaN, -0.0 stays -0.0
+            return np.broadcast_to(v[0], v.shape)
+        with np.errstate(over="ignore"):  # beyond float32's range: inf, unequal, kept float64
+            f = v.astype(np.float32)
         return f if np.array_equal(f, v, equal_nan=True) else v.copy()
 
     return _Block(b.ent.astype(np.int32), b.t.copy(), {k: small(v) for k, v in b.cols.items()},

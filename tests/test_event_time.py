@@ -818,20 +818,24 @@ def test_rows_held_for_peers_take_less_memory_and_read_back_unchanged():
         "gaps": np.where(rng.random(n) < 0.3, np.nan, rng.integers(0, 10, n).astype(float)),
         "ratio": rng.random(n),
         "bytes": 2.0**40 + np.arange(n),
+        "zeros": np.where(np.arange(n) % 2, 0.0, -0.0),  # not one value, bit for bit
+        "huge": np.full(n, 1e300) + np.arange(n) * 1e290,  # beyond float32's range
     }
     b = _Block(rng.integers(0, 500, n), np.arange(n, dtype=np.int64) * 10**9, cols,
                {"job": np.array(["j1", None] * (n // 2), dtype=object)})
     held = _compact(b, late=True)
     # int32 ids and int64 times, two values, two float32 and two float64 columns, the text's pointers
-    assert held.late and held.nbytes == 12 * n + 2 * 8 + 2 * 4 * n + 2 * 8 * n + 8 * n < 0.62 * b.nbytes
+    assert held.late and held.nbytes == 12 * n + 2 * 8 + 3 * 4 * n + 3 * 8 * n + 8 * n < 0.65 * b.nbytes
     assert held.cols["one"].strides == (0,) and held.cols["none"].strides == (0,)
     assert held.cols["temp"].dtype == np.float32 and held.cols["gaps"].dtype == np.float32
     assert held.cols["ratio"].dtype == np.float64 and held.cols["bytes"].dtype == np.float64
+    assert held.cols["zeros"].dtype == np.float32 and held.cols["huge"].dtype == np.float64
     back = _widened(held)
     assert back.ent.dtype == np.int64 and np.array_equal(back.ent, b.ent) and np.array_equal(back.t, b.t)
     for k, v in cols.items():
         got = back.cols[k]
         assert got.dtype == np.float64 and got.flags.writeable and np.array_equal(got, v, equal_nan=True), k
+        assert np.array_equal(np.signbit(got), np.signbit(v)), k
     assert list(back.text["job"]) == list(b.text["job"])
 
 
