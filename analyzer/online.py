@@ -390,10 +390,17 @@ class Online:
         return hosts
 
     def feed(self, rows: dict, not_before_ns: int | None = None) -> None:
-        """Pushed rows; those before ``not_before_ns`` (already read by a catch-up) are dropped."""
+        """Pushed rows. ``not_before_ns``: where a catch-up read to; of the rows stamped before it,
+        those it read are dropped (analysed already), and those it did not (written to the store
+        after it read their time: an agent's batch in flight, a write retried) are analysed, late."""
         if not_before_ns is not None:
+            before = {m: r.take(r.t < not_before_ns) for m, r in rows.items()
+                      if len(r) and int(r.t.min()) < not_before_ns}
+            unread = self._unread(before, -(2**62), not_before_ns)
             rows = {m: (r if int(r.t.min()) >= not_before_ns else r.take(r.t >= not_before_ns))
                     for m, r in rows.items() if len(r)}
+            if unread:
+                self.feed(unread)
         n = sum(len(r) for r in rows.values())
         if n:
             self.rows_in += n
@@ -557,8 +564,8 @@ def listen(online: Online, listener, since: float | None) -> None:
     The listener takes writes from the start; while the catch-up reads InfluxDB they wait in its
     queue (429 once it is full). Then the loop takes the queue every poll, and early when a chunk's
     worth waits (``Listener.ready``). Catch-up rounds repeat until one ends within a poll of now, and
-    none refused a write meanwhile; rows queued meanwhile older than where the last round read to
-    were read by it and are dropped, the rest are analysed, and so is every later write, whatever
+    none refused a write meanwhile; of the rows queued meanwhile older than where the last round
+    read to, those it read are dropped, the rest are analysed, and so is every later write, whatever
     its stamp (a host's backlog is analysed in its own time). An InfluxDB that cannot be read ends the
     catch-up (said once): the writes that arrive are analysed without it.
     """

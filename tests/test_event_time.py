@@ -538,6 +538,43 @@ def test_follow_reads_back_a_reappearing_host_s_gap(tmp_path):
 
 @pytest.mark.skipif(__import__("shutil").which("influxd") is None, reason="needs influxd")
 @pytest.mark.slow
+def test_listen_analyses_rows_written_while_its_catch_up_read_their_time(tmp_path):
+    """The listener's catch-up reads InfluxDB up to a cursor while writes wait in its queue, and
+    drops the queued rows it read (the subscription forwards every write). Host b's last two
+    seconds were in flight as it read (an agent's batch landing late, as on a loaded node): in
+    InfluxDB after the read, stamped before the cursor, forwarded after it. They are analysed, not
+    taken for rows the catch-up read; those are dropped: every row analysed once."""
+    from gpufleet.analyzer.sources import Influx
+
+    from tests.servers import InfluxDB1
+
+    def rows(h: str, a: int, b: int) -> bytes:
+        return b"".join(_rows(h, T + s) for s in range(a, b))
+
+    with InfluxDB1(tmp_path / "influx") as db:
+        db.create_db("fleet")
+        db.write("fleet", rows("a", 0, 60) + rows("b", 0, 58))
+        now = FakeClock(T + 61)
+        online = _loop(now, 1.0, Influx(db.url, "fleet"))
+        online.read(int((now.t - online.grace) * 1e9), since=120)  # the catch-up: up to T + 60
+        handoff = online.cursor
+        assert handoff == (T + 60) * 10**9 and online.an.gpu_samples == 2 * (60 + 58)
+        db.write("fleet", rows("b", 58, 60))  # b's batch in flight lands
+        # what the subscription forwarded meanwhile: a's last rows (read already) and b's batch
+        online.feed(online.an.parser.feed(rows("a", 50, 60) + rows("b", 58, 60)), handoff)
+        for s in range(60, 80):  # on time again
+            now.t = T + s + 1.5
+            online.feed(online.an.parser.feed(rows("a", s, s + 1) + rows("b", s, s + 1)))
+            online.deliver(int(now.t * 1e9))
+        an = online.an
+        an.finish()
+        assert an.gpu_samples == 2 * 2 * 80, an.gpu_samples  # each row once: none dropped, none twice
+        assert an.late_points == 0 and an.dropped_rows == 0
+        assert not [r for r in an.incidents() if r.kind == "analysis_gap"]
+
+
+@pytest.mark.skipif(__import__("shutil").which("influxd") is None, reason="needs influxd")
+@pytest.mark.slow
 def test_a_long_read_back_waits_for_the_on_time_pages_and_goes_a_step_per_cycle(tmp_path, monkeypatch):
     """Host b is quiet for 25 minutes and its spool drains into InfluxDB as a's XID 79 lands on
     time. The cycle's on-time incident goes out first; b's gap is then read back a step
