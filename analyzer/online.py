@@ -396,7 +396,8 @@ class Online:
         if not_before_ns is not None:
             before = {m: r.take(r.t < not_before_ns) for m, r in rows.items()
                       if len(r) and int(r.t.min()) < not_before_ns}
-            unread = self._unread(before, -(2**62), not_before_ns)
+            since = min((int(r.t.min()) for r in before.values()), default=not_before_ns)
+            unread = self._unread(before, since, not_before_ns)
             rows = {m: (r if int(r.t.min()) >= not_before_ns else r.take(r.t >= not_before_ns))
                     for m, r in rows.items() if len(r)}
             if unread:
