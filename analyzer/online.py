@@ -392,7 +392,8 @@ class Online:
     def feed(self, rows: dict, not_before_ns: int | None = None) -> None:
         """Pushed rows. ``not_before_ns``: where a catch-up read to; of the rows stamped before it,
         those it read are dropped (analysed already), and those it did not (written to the store
-        after it read their time: an agent's batch in flight, a write retried) are analysed, late."""
+        after it read their time: an agent's batch in flight, a write retried) are analysed, late
+        where the analysis has passed their time."""
         if not_before_ns is not None:
             before = {m: r.take(r.t < not_before_ns) for m, r in rows.items()
                       if len(r) and int(r.t.min()) < not_before_ns}
