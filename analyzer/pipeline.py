@@ -462,37 +462,42 @@ class Analyzer:
                     self.late_wm.pop((m, h), None)
             self.late[m] = [rest] if rest is not None and len(rest.t) else []
 
-    def _held(self, m: str, lo: float, hi: float, hosts: set[int]) -> _Block | None:
+    def _held(self, m: str, lo: float, hi: float, hosts: set[int], peers: bool = True
+              ) -> tuple[_Block | None, bool]:
         """Analysed rows of stream ``m`` still held with ``lo <= t < hi``, but those the late
-        windows of ``hosts`` analysed (their own context, ``late_ctx``, holds those)."""
+        windows of ``hosts`` analysed (their own context, ``late_ctx``, holds those); ``peers``
+        False: the rows of ``hosts`` alone (no other host's are taken, let alone widened). With
+        whether rows of other hosts are held there."""
         lo_ns, hi_ns = int(lo * 1e9), int(hi * 1e9)
-        parts, mask = [], None
+        parts, mask, others = [], None, False
         for b in self.hist[m]:
             if b.tmax < lo_ns or b.tmin >= hi_ns:
                 continue
             take = (b.t >= lo_ns) & (b.t < hi_ns)
-            if b.late:
+            if b.late or not peers or not others:
                 mask = self._hosts_mask(hosts) if mask is None else mask
-                take &= ~mask[self.host_of(m, b.ent)]
+                mine = mask[self.host_of(m, b.ent)]
+                others = others or bool((take & ~mine).any())
+                if b.late:
+                    take &= ~mine
+                if not peers:
+                    take &= mine
             parts.append(_sub(b, take))
-        return _widened(_concat(parts))
+        return _widened(_concat(parts)), others
 
     def _late_table(self, m: str, start: float, end: float, cur: _Block | None, hosts: set[int]):
         """A late window's table: held rows of ``[start - context, end)``, the late hosts' own
         context and their rows; the late hosts' own earlier held rows are context only. The peers'
         rows only where a detector of the stream reads them (``peer_rows``); (table, peers held)."""
-        held = self._held(m, start - self.context, end, hosts)
+        reads = any(d.peer_rows for d in self.detectors if m in d.tables)
+        held, peers = self._held(m, start - self.context, end, hosts, peers=reads)
         ctx = self.late_ctx.get(m)
         if ctx is not None:
             ctx = _sub(ctx, (ctx.t >= int((start - self.context) * 1e9)) & (ctx.t < int(start * 1e9)))
         # new rows: the late rows and the peers' rows of the window; the late hosts' own held rows
         # and their context are context only (analysed already)
-        peers = False
         if held is not None and len(held.t):
             own = self._hosts_mask(hosts)[self.host_of(m, held.ent)]
-            peers = not own.all()
-            if peers and not any(d.peer_rows for d in self.detectors if m in d.tables):
-                held, own = _sub(held, own), own[own]
             held = _Block(held.ent, held.t, {**held.cols, NEW: (~own).astype(float)}, held.text)
         if ctx is not None and len(ctx.t):
             ctx = _Block(ctx.ent, ctx.t, {**ctx.cols, NEW: np.zeros(len(ctx.t))}, ctx.text)
@@ -558,7 +563,7 @@ class Analyzer:
                 self.last_seen[g[mine]] = np.maximum(self.last_seen[g[mine]], tab.t[last][mine])
             lo_ns, hi_ns = int((start - self.context) * 1e9), int(end * 1e9)
             for k in BMC_STREAMS:
-                held = self._held(k, start - self.context, end, hosts)
+                held, _peers = self._held(k, start - self.context, end, hosts)
                 lc = self.late_ctx.get(k)
                 if lc is not None:
                     lc = _sub(lc, (lc.t >= lo_ns) & (lc.t < hi_ns))
@@ -1277,7 +1282,8 @@ def _compact(b: _Block, late: bool) -> _Block:
             return np.broadcast_to(v[0], v.shape)
         with np.errstate(over="ignore"):  # beyond float32's range: inf, unequal, kept float64
             f = v.astype(np.float32)
-        return f if np.array_equal(f, v, equal_nan=True) else v.copy()
+        # exact, bit for bit, in one pass (NaN and -0.0 included)
+        return f if (f.astype(np.float64).view(np.uint64) == bits).all() else v.copy()
 
     return _Block(b.ent.astype(np.int32), b.t.copy(), {k: small(v) for k, v in b.cols.items()},
                   {k: v.copy() for k, v in b.text.items()}, late=late)
