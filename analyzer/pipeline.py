@@ -485,12 +485,12 @@ class Analyzer:
             parts.append(_sub(b, take))
         return _widened(_concat(parts)), others
 
-    def _late_table(self, m: str, start: float, end: float, cur: _Block | None, hosts: set[int]):
+    def _late_table(self, m: str, start: float, end: float, cur: _Block | None, hosts: set[int],
+                    peers: bool):
         """A late window's table: held rows of ``[start - context, end)``, the late hosts' own
         context and their rows; the late hosts' own earlier held rows are context only. The peers'
-        rows only where a detector of the stream reads them (``peer_rows``); (table, peers held)."""
-        reads = any(d.peer_rows for d in self.detectors if m in d.tables)
-        held, peers = self._held(m, start - self.context, end, hosts, peers=reads)
+        rows only with ``peers`` (a detector of the stream reads them); (table, peers held)."""
+        held, peers = self._held(m, start - self.context, end, hosts, peers=peers)
         ctx = self.late_ctx.get(m)
         if ctx is not None:
             ctx = _sub(ctx, (ctx.t >= int((start - self.context) * 1e9)) & (ctx.t < int(start * 1e9)))
@@ -541,7 +541,8 @@ class Analyzer:
             self._trim_host_ctx(m)
             self._keep_held(m, [cur], late=True)
             return
-        tab, peers = self._late_table(m, start, end, cur, hosts)
+        reads = {d.peer_rows for d in self.detectors if m in d.tables}  # who reads the peers' rows
+        tab, peers = self._late_table(m, start, end, cur, hosts, peers=True in reads)
         of_late = self._hosts_mask(hosts)
         empty = Table.empty()
         empty.new = np.zeros(0, bool)
@@ -596,7 +597,6 @@ class Analyzer:
         # rows alone: the peers' rows, analysed in time already, would cost it a fleet's window
         # and pass through its state (latches, trailing sums) a second time
         alone = w
-        reads = {d.peer_rows for d in self.detectors if m in d.tables}
         if peers and reads == {True, False}:  # (with no reader of them the table has no peers' rows)
             mine = of_late[self.host_of(m, tab.ent)]
             alone = dataclasses.replace(w, **{WINDOW_TABLE[m]: tab.subset(mine)})

@@ -909,6 +909,38 @@ def test_a_long_backlog_s_gpu_windows_see_its_own_bmc_rows(fleet, monkeypatch):
     assert not missing, missing
 
 
+@pytest.mark.slow
+def test_a_late_nvlink_window_holds_its_late_host_s_rows_alone(fleet, monkeypatch):
+    """No NVLink detector reads the peers' rows (each link is judged against its own GPU's links
+    and the rates learned on time): a late NVLink window's table holds the late host's rows alone,
+    while its gpu late windows hold the peers' rows of their time (cooling judges against them)."""
+    from gpufleet.analyzer import pipeline
+
+    lines, _want, t0, _residual = fleet
+    hosts_in: dict[str, list[set[int]]] = {"gpu": [], "nvlink": []}
+    made = pipeline.Window
+
+    def spy(*a, **k):
+        w = made(*a, **k)
+        if w.late_hosts:
+            if len(w.nvlink):
+                gpu = w.reg.link_arrays()[0][w.nvlink.ent]
+                hosts_in["nvlink"].append(set(w.node_of[gpu].tolist()) - w.late_hosts)
+            if len(w.gpu):
+                hosts_in["gpu"].append(set(w.node_of[w.gpu.ent].tolist()) - w.late_hosts)
+        return w
+
+    monkeypatch.setattr(pipeline, "Window", spy)
+
+    def arrive(t, host, _i):  # gpu0002 cut off 10 minutes, its spool drained as it is back
+        return t0 + 1230.0 if host == b"gpu0002" and t0 + 600 <= t < t0 + 1200 else t + 1.0
+
+    online = replay(lines, arrive, poll=POLL)
+    assert online.an.late_rows > 0 and online.an.dropped_rows == 0
+    assert hosts_in["nvlink"] and not any(hosts_in["nvlink"]), hosts_in["nvlink"]
+    assert any(hosts_in["gpu"])  # the peers are there where a detector reads them
+
+
 def _pcie_fleet(minutes: int = 40, per_poll: int = 12) -> list:
     """Hosts a and b, 2 GPUs each, a row every 10 s from T, loaded at PCIe gen 5 x16; a's GPU 0
     takes ``per_poll`` receiver errors every poll: 72 a minute, below the 120 that page."""
