@@ -486,11 +486,11 @@ class Analyzer:
         return _widened(_concat(parts)), others
 
     def _late_table(self, m: str, start: float, end: float, cur: _Block | None, hosts: set[int],
-                    peers: bool):
+                    read: bool):
         """A late window's table: held rows of ``[start - context, end)``, the late hosts' own
         context and their rows; the late hosts' own earlier held rows are context only. The peers'
-        rows only with ``peers`` (a detector of the stream reads them); (table, peers held)."""
-        held, peers = self._held(m, start - self.context, end, hosts, peers=peers)
+        rows only where ``read`` (a detector of the stream reads them); (table, peers held)."""
+        held, peers = self._held(m, start - self.context, end, hosts, peers=read)
         ctx = self.late_ctx.get(m)
         if ctx is not None:
             ctx = _sub(ctx, (ctx.t >= int((start - self.context) * 1e9)) & (ctx.t < int(start * 1e9)))
@@ -542,7 +542,7 @@ class Analyzer:
             self._keep_held(m, [cur], late=True)
             return
         reads = {d.peer_rows for d in self.detectors if m in d.tables}  # who reads the peers' rows
-        tab, peers = self._late_table(m, start, end, cur, hosts, peers=True in reads)
+        tab, peers = self._late_table(m, start, end, cur, hosts, read=True in reads)
         of_late = self._hosts_mask(hosts)
         empty = Table.empty()
         empty.new = np.zeros(0, bool)
