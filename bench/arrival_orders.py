@@ -23,17 +23,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.arrival import EXCLUDE, batch, lines_of, replay, same  # noqa: E402 - after the path line
+from tests.arrival import batch, differ, lines_of, open_twice, replay, same, within  # noqa: E402 - after the path line
 
 POLL = 30.0
 FLEETS = ("chaos:8:60m:31", "chaos:6:90m:33", "mixed:6:60m:33", "thermal:6:60m:32", "memory:6:60m:32",
           "link:6:60m:31", "sdc:6:60m:33", "straggler:6:60m:31", "healthy:4:60m:32")
-
-
-def _keys(diff) -> tuple[set, set]:
-    a, b = diff
-    return ({(r.kind, r.host, r.gpu, r.link, round(r.start)) for r in a},
-            {(r.kind, r.host, r.gpu, r.link, round(r.start / POLL)) for r in b})
 
 
 def _orders(rs: random.Random, hosts: list[bytes], span: int, n: int) -> list:
@@ -78,11 +72,6 @@ def _fault(r) -> tuple:
     return r.kind, r.host, r.gpu, r.link
 
 
-def _twice(recs) -> bool:
-    k = [_fault(r) for r in recs if r.kind not in EXCLUDE and r.end is None]
-    return len(k) != len(set(k))
-
-
 def fleet(spec: str, tmp: Path, n: int, rs: random.Random) -> dict:
     scenario, nodes, duration, seed = spec.split(":")
     out = tmp / spec.replace(":", "-")
@@ -97,21 +86,20 @@ def fleet(spec: str, tmp: Path, n: int, rs: random.Random) -> dict:
     span = int(max(t for t, _h, _l in lines) / 1e9 - t0)
     want = batch(path)
     ontime = _replayed(lines, t0, ({}, 0.0, 5000, 0))
-    residual = _keys(same(want, ontime.an.incidents(), POLL))
+    residual = differ(want, ontime.an.incidents(), POLL)
     row = {"fleet": spec, "orders": n, "equal": 0, "start": 0, "kind": 0, "dropped": 0, "twice": 0,
            "residual": sum(len(x) for x in residual)}
     for order in _orders(rs, sorted({h for _t, h, _l in lines}), span, n):
         online = _replayed(lines, t0, order)
         got = online.an.incidents()
-        x, y = same(want, got, POLL)
-        a, b = _keys((x, y))
-        bad_dropped, bad_twice = online.an.dropped_rows > 0, _twice(got)
+        bad_dropped, bad_twice = online.an.dropped_rows > 0, bool(open_twice(got))
         row["dropped"] += bad_dropped
         row["twice"] += bad_twice
-        if a <= residual[0] and b <= residual[1] and not bad_dropped and not bad_twice:
+        if within(differ(want, got, POLL), residual) and not bad_dropped and not bad_twice:
             row["equal"] += 1
             continue
         # the same faults (kind, host, GPU, link) on both sides: only a start differs
+        x, y = same(want, got, POLL)
         faults = sorted(_fault(r) for r in x) == sorted(_fault(r) for r in y)
         row["start" if faults else "kind"] += 1
         print(f"{spec} order={order!r}: batch only "

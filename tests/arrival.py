@@ -108,3 +108,22 @@ def same(a, b, poll: float = 10.0) -> tuple[list, list]:
         else:
             right.remove(m)
     return only_a, right
+
+
+def differ(a, b, poll: float = 10.0) -> tuple[list, list]:
+    """:func:`same` as keys: (kind, host, GPU, link, start) of ``a``'s unmatched incidents and
+    (kind, host, GPU, link, start in polls) of ``b``'s."""
+    x, y = same(a, b, poll)
+    return ([(r.kind, r.host, r.gpu, r.link, round(r.start)) for r in x],
+            [(r.kind, r.host, r.gpu, r.link, round(r.start / poll)) for r in y])
+
+
+def within(diff, residual) -> bool:
+    """Online differs from batch at most where it does with every row on time (``residual``)."""
+    return set(diff[0]) <= set(residual[0]) and set(diff[1]) <= set(residual[1])
+
+
+def open_twice(recs) -> list:
+    """The faults (kind, host, GPU, link) with more than one open incident."""
+    k = [(r.kind, r.host, r.gpu, r.link) for r in recs if r.kind not in EXCLUDE and r.end is None]
+    return sorted({x for x in k if k.count(x) > 1})

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from gpufleet.cli import main
-from tests.arrival import EXCLUDE, FakeClock, batch, lines_of, replay, same
+from tests.arrival import FakeClock, batch, differ, lines_of, open_twice, replay, within
 
 POLL = 30.0  # the loop's poll (and the tolerance on starts): few cycles, a fast test
 
@@ -45,19 +45,12 @@ def fleet(tmp_path_factory):
 
 
 def _differ(a, b):
-    x, y = same(a, b, POLL)
-    return ([(r.kind, r.host, r.gpu, r.link, round(r.start)) for r in x],
-            [(r.kind, r.host, r.gpu, r.link, round(r.start / POLL)) for r in y])
-
-
-def _within(diff, residual) -> bool:
-    """Online differs from batch at most where it does with every row on time."""
-    return set(diff[0]) <= set(residual[0]) and set(diff[1]) <= set(residual[1])
+    return differ(a, b, POLL)
 
 
 def _once(recs):
-    k = [(r.kind, r.host, r.gpu, r.link) for r in recs if r.kind not in EXCLUDE and r.end is None]
-    assert len(k) == len(set(k)), f"an open incident twice: {k}"
+    twice = open_twice(recs)
+    assert not twice, f"an open incident twice: {twice}"
 
 
 @pytest.mark.slow
@@ -75,7 +68,7 @@ def test_a_node_cut_off_for_30_minutes_is_analysed_in_its_own_time(fleet):
     an = online.an
     an.finish()
     got = an.incidents()
-    assert _within(_differ(want, got), residual), (_differ(want, got), residual)
+    assert within(_differ(want, got), residual), (_differ(want, got), residual)
     _once(got)
     assert an.late_rows > 9000 and an.dropped_rows == 0 and an.late_points == 0
     late = [r for r in got if r.evidence.get("arrived_late")]
@@ -180,7 +173,7 @@ def test_online_equals_batch_whatever_the_arrival_order(fleet, order):
     online = replay(lines, arrive_dup, poll=POLL, burst=burst)
     online.an.finish()
     got = online.an.incidents()
-    assert _within(_differ(want, got), residual), (order, _differ(want, got), residual)
+    assert within(_differ(want, got), residual), (order, _differ(want, got), residual)
     _once(got)
     assert online.an.dropped_rows == 0
 
