@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.arrival import batch, differ, lines_of, open_twice, replay, same, within  # noqa: E402 - after the path line
+from tests.arrival import batch, differ, in_order, lines_of, open_twice, same, within  # noqa: E402 - after the path line
 
 POLL = 30.0
 FLEETS = ("chaos:8:60m:31", "chaos:6:90m:33", "mixed:6:60m:33", "thermal:6:60m:32", "memory:6:60m:32",
@@ -50,24 +50,6 @@ def _orders(rs: random.Random, hosts: list[bytes], span: int, n: int) -> list:
     return out
 
 
-def _replayed(lines, t0: float, order):
-    cuts, dup, burst, seed = order
-    rng = random.Random(seed)
-    copies = [lines[i] for i in range(len(lines)) if rng.random() < dup]
-    n = len(lines)
-
-    def arrive(t, host, i):
-        c = cuts.get(host)
-        a = t + 1.0
-        if c is not None and t0 + c[0] <= t < t0 + c[0] + c[1]:
-            a = t0 + c[0] + c[1] + c[2] + 1.0
-        return a + (POLL * rng.choice((1, 2)) if i >= n else 0.0)  # a copy lands a poll or two late
-
-    online = replay(lines + copies, arrive, poll=POLL, burst=burst)
-    online.an.finish()
-    return online
-
-
 def _fault(r) -> tuple:
     return r.kind, r.host, r.gpu, r.link
 
@@ -85,12 +67,12 @@ def fleet(spec: str, tmp: Path, n: int, rs: random.Random) -> dict:
     t0 = min(t for t, _h, _l in lines) / 1e9
     span = int(max(t for t, _h, _l in lines) / 1e9 - t0)
     want = batch(path)
-    ontime = _replayed(lines, t0, ({}, 0.0, 5000, 0))
+    ontime = in_order(lines, t0, ({}, 0.0, 5000, 0), POLL)
     residual = differ(want, ontime.an.incidents(), POLL)
     row = {"fleet": spec, "orders": n, "equal": 0, "start": 0, "kind": 0, "dropped": 0, "twice": 0,
            "residual": sum(len(x) for x in residual)}
     for order in _orders(rs, sorted({h for _t, h, _l in lines}), span, n):
-        online = _replayed(lines, t0, order)
+        online = in_order(lines, t0, order, POLL)
         got = online.an.incidents()
         bad_dropped, bad_twice = online.an.dropped_rows > 0, bool(open_twice(got))
         row["dropped"] += bad_dropped

@@ -5,6 +5,7 @@ late, in bursts, twice, from a host whose clock runs ahead."""
 from __future__ import annotations
 
 import gzip
+import random
 import re
 from pathlib import Path
 
@@ -74,6 +75,29 @@ def replay(lines, arrive, poll: float = 10.0, grace: float | None = None, cfg: C
         if after is not None:
             after(online, c)
         c += poll
+    return online
+
+
+def in_order(lines, t0: float, order, poll: float = 10.0) -> Online:
+    """``lines`` replayed (:func:`replay`) in an arrival ``order`` of the property test's shape,
+    ``(cuts, dup, burst, seed)``: per host cut off, ``(start, length, drain)`` seconds from ``t0``
+    (its rows of the cut land together ``drain`` seconds after it); a share ``dup`` of the rows
+    sent twice, each copy a poll or two after the row; bodies of ``burst`` lines; ``seed`` draws
+    the copies. Its analysis finished."""
+    cuts, dup, burst, seed = order
+    rng = random.Random(seed)
+    copies = [lines[i] for i in range(len(lines)) if rng.random() < dup]
+    n = len(lines)
+
+    def arrive(t, host, i):
+        c = cuts.get(host)
+        a = t + 1.0
+        if c is not None and t0 + c[0] <= t < t0 + c[0] + c[1]:
+            a = t0 + c[0] + c[1] + c[2] + 1.0
+        return a + (poll * rng.choice((1, 2)) if i >= n else 0.0)  # a copy lands a poll or two late
+
+    online = replay(lines + copies, arrive, poll=poll, burst=burst)
+    online.an.finish()
     return online
 
 

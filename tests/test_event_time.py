@@ -8,7 +8,6 @@ poll, and its incidents are compared with the batch analysis of the same file.""
 from __future__ import annotations
 
 import json
-import random
 import re
 import time
 
@@ -21,7 +20,7 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from gpufleet.cli import main
-from tests.arrival import FakeClock, batch, differ, lines_of, open_twice, replay, within
+from tests.arrival import FakeClock, batch, differ, in_order, lines_of, open_twice, replay, within
 
 POLL = 30.0  # the loop's poll (and the tolerance on starts): few cycles, a fast test
 
@@ -150,28 +149,7 @@ def test_online_equals_batch_whatever_the_arrival_order(fleet, order):
     """The same data gives the same incidents (kind, host, GPU, link, start within one poll)
     however it lands."""
     lines, want, t0, residual = fleet
-    cuts, dup, burst, seed = order
-    rng = random.Random(seed)
-    copies = {i for i in range(len(lines)) if rng.random() < dup}
-
-    def arrive(t, host, i):
-        c = cuts.get(host)
-        a = t + 1.0
-        if c is not None and t0 + c[0] <= t < t0 + c[0] + c[1]:
-            a = t0 + c[0] + c[1] + c[2] + 1.0
-        return a
-
-    if copies:  # a copy of a row lands a poll or two after the row itself
-        extra = [lines[i] for i in sorted(copies)]
-        lines = lines + extra
-        n = len(lines) - len(extra)
-
-        def arrive_dup(t, host, i, _a=arrive):
-            return _a(t, host, i) + (POLL * rng.choice((1, 2)) if i >= n else 0.0)
-    else:
-        arrive_dup = arrive
-    online = replay(lines, arrive_dup, poll=POLL, burst=burst)
-    online.an.finish()
+    online = in_order(lines, t0, order, POLL)
     got = online.an.incidents()
     assert within(_differ(want, got), residual), (order, _differ(want, got), residual)
     _once(got)
