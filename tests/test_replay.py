@@ -10,6 +10,7 @@ from gpufleet.cli import main
 from gpufleet.sim import scenario as scen
 from gpufleet.sim.engine import generate
 from gpufleet.sim.fleet import Fleet
+from tests.agent_support import wait_for
 from tests.servers import skip_unless
 
 ONE_FIELD = {
@@ -148,8 +149,15 @@ def test_replay_v2_write_api(victoria, fleet_dir, tmp_path):
         )
         == 0
     )
-    series = victoria.export('{__name__="gpu_up"}')
     manifest = json.loads((fleet_dir / "manifest.json").read_text())
+
+    def stored():  # a new series can take seconds to be searchable, even after a flush
+        got = victoria.export('{__name__="gpu_up"}')
+        rows = sum(len(x["values"]) for x in got)
+        full = len(got) >= manifest["fleet"]["gpus"] and rows >= manifest["telemetry"]["lines"]["gpu"]
+        return got if full else None
+
+    series = wait_for(stored, 30, 0.5) or victoria.export('{__name__="gpu_up"}')
     assert len(series) == manifest["fleet"]["gpus"]
     assert sum(len(s["values"]) for s in series) == manifest["telemetry"]["lines"]["gpu"]
 
