@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.arrival import batch, differ, in_order, lines_of, open_twice, same, within  # noqa: E402 - after the path line
+from tests.arrival import batch, differ, fault, in_order, lines_of, open_twice, same, within  # noqa: E402 - after the path line
 
 POLL = 30.0
 FLEETS = ("chaos:8:60m:31", "chaos:6:90m:33", "mixed:6:60m:33", "thermal:6:60m:32", "memory:6:60m:32",
@@ -48,10 +48,6 @@ def _orders(rs: random.Random, hosts: list[bytes], span: int, n: int) -> list:
         dup = rs.uniform(0.01, 0.02) if k % 3 == 2 else rs.choice([0.0, rs.uniform(0, 0.02)])
         out.append((cuts, dup, rs.choice([200, 1000, 5000]), rs.randint(0, 2**16)))
     return out
-
-
-def _fault(r) -> tuple:
-    return r.kind, r.host, r.gpu, r.link
 
 
 def fleet(spec: str, tmp: Path, n: int, rs: random.Random) -> dict:
@@ -82,7 +78,7 @@ def fleet(spec: str, tmp: Path, n: int, rs: random.Random) -> dict:
             continue
         # the same faults (kind, host, GPU, link) on both sides: only a start differs
         x, y = same(want, got, POLL)
-        faults = sorted(_fault(r) for r in x) == sorted(_fault(r) for r in y)
+        faults = sorted(fault(r) for r in x) == sorted(fault(r) for r in y)
         row["start" if faults else "kind"] += 1
         print(f"{spec} order={order!r}: batch only "
               f"{[(r.kind, r.host, r.gpu, round(r.start - t0)) for r in x]}, online only "

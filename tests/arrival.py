@@ -101,9 +101,14 @@ def in_order(lines, t0: float, order, poll: float = 10.0) -> Online:
     return online
 
 
+def fault(r) -> tuple:
+    """What an incident is of: (kind, host, GPU, link)."""
+    return r.kind, r.host, r.gpu, r.link
+
+
 def keys(recs, poll: float = 10.0) -> list[tuple]:
     """Incidents as (kind, host, GPU, link, start rounded to a poll), the faults only."""
-    return sorted((r.kind, r.host, r.gpu, r.link, round(r.start / poll))
+    return sorted((*fault(r), round(r.start / poll))
                   for r in recs if r.kind not in EXCLUDE)
 
 
@@ -125,7 +130,7 @@ def same(a, b, poll: float = 10.0) -> tuple[list, list]:
     right = [r for r in b if r.kind not in EXCLUDE]
     only_a = []
     for r in left:
-        m = next((o for o in right if (o.kind, o.host, o.gpu, o.link) == (r.kind, r.host, r.gpu, r.link)
+        m = next((o for o in right if fault(o) == fault(r)
                   and abs(o.start - r.start) <= poll), None)
         if m is None:
             only_a.append(r)
@@ -138,8 +143,8 @@ def differ(a, b, poll: float = 10.0) -> tuple[list, list]:
     """:func:`same` as keys: (kind, host, GPU, link, start) of ``a``'s unmatched incidents and
     (kind, host, GPU, link, start in polls) of ``b``'s."""
     x, y = same(a, b, poll)
-    return ([(r.kind, r.host, r.gpu, r.link, round(r.start)) for r in x],
-            [(r.kind, r.host, r.gpu, r.link, round(r.start / poll)) for r in y])
+    return ([(*fault(r), round(r.start)) for r in x],
+            [(*fault(r), round(r.start / poll)) for r in y])
 
 
 def within(diff, residual) -> bool:
@@ -149,5 +154,5 @@ def within(diff, residual) -> bool:
 
 def open_twice(recs) -> list:
     """The faults (kind, host, GPU, link) with more than one open incident."""
-    k = [(r.kind, r.host, r.gpu, r.link) for r in recs if r.kind not in EXCLUDE and r.end is None]
+    k = [fault(r) for r in recs if r.kind not in EXCLUDE and r.end is None]
     return sorted({x for x in k if k.count(x) > 1})
